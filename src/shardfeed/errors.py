@@ -1,0 +1,104 @@
+"""The project's own exceptions.
+
+Every error says what was wrong and where: the URL (with credentials masked), the byte
+offset, the record index, the feature. Storage failures use the built-in exceptions
+(``FileNotFoundError``, ``PermissionError``) or :class:`StorageError`, an ``OSError``.
+"""
+
+from __future__ import annotations
+
+
+class ShardfeedError(Exception):
+    """Base class of every error raised by shardfeed itself."""
+
+
+class StorageError(ShardfeedError, OSError):
+    """A storage operation failed for a reason other than a missing file or a denied access.
+
+    ``url`` is masked (no credentials, no signatures).
+    """
+
+    def __init__(self, message: str, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class CorruptRecordError(ShardfeedError, ValueError):
+    """A TFRecord frame failed a check.
+
+    Attributes: ``url`` (masked), ``offset`` (byte offset of the frame's start in the
+    uncompressed stream), ``check`` (one of ``"length crc"``, ``"data crc"``,
+    ``"truncated length"``, ``"truncated length crc"``, ``"truncated data"``,
+    ``"truncated data crc"``, ``"absurd length"``), ``record_index`` (how many frames
+    came before it in the file).
+    """
+
+    def __init__(
+        self,
+        check: str,
+        url: str | None,
+        offset: int,
+        record_index: int | None = None,
+        detail: str = "",
+    ) -> None:
+        where = url or "<buffer>"
+        msg = f"corrupt TFRecord in {where} at byte offset {offset}: {check} check failed"
+        if record_index is not None:
+            msg += f" (record #{record_index})"
+        if detail:
+            msg += f"; {detail}"
+        super().__init__(msg)
+        self.check = check
+        self.url = url
+        self.offset = offset
+        self.record_index = record_index
+        self.detail = detail
+
+    def __reduce__(self):  # keep pickling (process pools) working with the custom init
+        return (type(self), (self.check, self.url, self.offset, self.record_index, self.detail))
+
+
+class DecodeError(ShardfeedError, ValueError):
+    """Bytes given to a protobuf decoder are not a valid message of the expected type.
+
+    ``record_index`` is the record's position in the batch or file when known, ``url``
+    and ``offset`` where the record came from when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        record_index: int | None = None,
+        url: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        parts = [message]
+        if record_index is not None:
+            parts.append(f"record #{record_index}")
+        if url is not None:
+            parts.append(f"in {url}")
+        if offset is not None:
+            parts.append(f"at byte offset {offset}")
+        super().__init__(", ".join(parts) if len(parts) > 1 else message)
+        self.record_index = record_index
+        self.url = url
+        self.offset = offset
+
+
+class ParseError(ShardfeedError, ValueError):
+    """A record does not match the feature spec (wrong type, wrong length, missing).
+
+    ``feature`` names the feature key, ``record_index`` the record's position in the batch.
+    """
+
+    def __init__(self, message: str, *, feature: str | None = None, record_index: int | None = None) -> None:
+        parts = []
+        if feature is not None:
+            parts.append(f"feature {feature!r}")
+        if record_index is not None:
+            parts.append(f"record #{record_index}")
+        prefix = (", ".join(parts) + ": ") if parts else ""
+        super().__init__(prefix + message)
+        self.feature = feature
+        self.record_index = record_index

@@ -1,0 +1,128 @@
+"""TFRecord index files and random access through them.
+
+An index file holds one line per record, ``offset length``, in bytes: where the frame
+starts in the (uncompressed) shard and how long the whole frame is (header, data and
+footer), the format DALI's TFRecord reader takes.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import storage
+from ..errors import CorruptRecordError, ShardfeedError
+from ..storage.urls import mask
+from .crc import masked_crc32c, masked_length_crc
+
+
+def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Read an index file into an ``int64`` array of shape ``(records, 2)``: offset, length.
+
+    Raises :class:`ShardfeedError` naming the file and line for a malformed line.
+    """
+    text = storage.read_bytes(index_url, storage_options=storage_options).decode("ascii", errors="replace")
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            off, n = int(parts[0]), int(parts[1])
+            if off < 0 or n < 16:
+                raise ValueError
+        except ValueError:
+            raise ShardfeedError(
+                f"{mask(index_url)}: line {lineno} is not 'offset length' with offset >= 0 and length >= 16: {line[:80]!r}"
+            ) from None
+        rows.append((off, n))
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def build_index(
+    url: str,
+    index_url: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    verify_crc: bool = True,
+) -> np.ndarray:
+    """Scan ``url`` (uncompressed) and write its index to ``index_url`` (default
+    ``<url>.idx``); return the index. Corrupt frames raise :class:`CorruptRecordError`."""
+    from .tfrecord import TFRecordReader, format_index, normalize_compression  # noqa: PLC0415
+
+    if normalize_compression("auto", url) is not None:
+        raise ValueError(f"{mask(url)}: index files address uncompressed TFRecord files only")
+    entries = []
+    with TFRecordReader(url, compression=None, verify_crc=verify_crc, storage_options=storage_options) as reader:
+        for record in reader:
+            entries.append((reader.offset, len(record) + 16))
+    storage.write_bytes(index_url or os.fspath(url) + ".idx", format_index(entries), storage_options)
+    return np.array(entries, dtype=np.int64).reshape(-1, 2)
+
+
+class IndexedTFRecord:
+    """Random access to the records of one uncompressed shard through its index.
+
+    ``len(shard)`` is the record count; ``shard[i]`` reads record ``i`` with one ranged
+    read and checks its CRCs. ``read_range(i, j)`` reads records ``i..j-1`` in one request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        index_url: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        verify_crc: bool = True,
+    ):
+        self.url = os.fspath(url)
+        self.index_url = index_url or self.url + ".idx"
+        self._storage_options = storage_options
+        self.verify_crc = verify_crc
+        self.index = read_index(self.index_url, storage_options)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> bytes:
+        n = len(self.index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"record {i} out of range: {mask(self.url)} has {n} records")
+        return self.read_range(i, i + 1)[0]
+
+    def read_range(self, start: int, stop: int) -> list[bytes]:
+        """Records ``start..stop-1`` (clipped to the shard) with a single ranged read."""
+        start, stop = max(0, start), min(len(self.index), stop)
+        if start >= stop:
+            return []
+        first = int(self.index[start, 0])
+        last_end = int(self.index[stop - 1, 0] + self.index[stop - 1, 1])
+        blob = storage.read_bytes(self.url, first, last_end, self._storage_options)
+        out = []
+        for i in range(start, stop):
+            off, n = int(self.index[i, 0]), int(self.index[i, 1])
+            out.append(self._unframe(blob, off - first, off, n, i))
+        return out
+
+    def _unframe(self, blob: bytes, pos: int, offset: int, n: int, i: int) -> bytes:
+        if pos + n > len(blob):
+            raise CorruptRecordError("truncated data", mask(self.url), offset, i,
+                                     "the index points past the end of the file (stale index?)")
+        length, length_crc = struct.unpack_from("<QI", blob, pos)
+        if length + 16 != n:
+            raise CorruptRecordError("length crc" if masked_length_crc(length) != length_crc else "index length",
+                                     mask(self.url), offset, i,
+                                     f"index says {n} bytes, frame says {length + 16} (stale index?)")
+        data = blob[pos + 12: pos + 12 + length]
+        if self.verify_crc:
+            if masked_length_crc(length) != length_crc:
+                raise CorruptRecordError("length crc", mask(self.url), offset, i)
+            (data_crc,) = struct.unpack_from("<I", blob, pos + 12 + length)
+            if masked_crc32c(data) != data_crc:
+                raise CorruptRecordError("data crc", mask(self.url), offset, i)
+        return data

@@ -1,0 +1,452 @@
+"""TFRecord framing: read and write, uncompressed, GZIP and ZLIB, on any storage URL.
+
+A frame is ``uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)``,
+little-endian. Readers check both CRCs by default. On a failed check the policy
+``on_corrupt`` decides: ``"raise"`` (default) raises :class:`CorruptRecordError` naming the
+file, the byte offset of the frame and the check; ``"skip"`` counts the bad frame in
+:class:`ReadStats`, logs it, and goes on (after a bad length it resynchronises on the next
+offset where a whole frame checks out). A file that ends inside a frame is reported the
+same way (check ``"truncated ..."``). A length beyond what the file holds is never
+allocated: remote and compressed streams are read in bounded chunks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Iterable, Iterator, Mapping
+
+from .. import storage
+from ..errors import CorruptRecordError
+from ..storage.urls import mask
+from .crc import masked_crc32c, masked_length_crc
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<QI")
+_FOOTER = struct.Struct("<I")
+HEADER_SIZE = 12
+FOOTER_SIZE = 4
+FRAME_OVERHEAD = HEADER_SIZE + FOOTER_SIZE
+MAX_RECORD_BYTES = (1 << 31) - 1  # a serialized protobuf cannot exceed 2 GiB
+_CHUNK = 4 << 20
+
+COMPRESSIONS = (None, "GZIP", "ZLIB")
+ON_CORRUPT = ("raise", "skip")
+
+
+def normalize_compression(compression: str | None, url: str | None = None) -> str | None:
+    """``None``/``""``/``"NONE"`` -> ``None``; ``"GZIP"``/``"ZLIB"`` (any case); ``"auto"``
+    picks by the file name (``.gz``/``.gzip`` -> GZIP, ``.zz``/``.zlib`` -> ZLIB)."""
+    if compression is None:
+        return None
+    c = str(compression).upper()
+    if c in ("", "NONE"):
+        return None
+    if c == "AUTO":
+        name = (url or "").split("?", 1)[0].lower()
+        if name.endswith((".gz", ".gzip")):
+            return "GZIP"
+        if name.endswith((".zz", ".zlib")):
+            return "ZLIB"
+        return None
+    if c in ("GZIP", "ZLIB"):
+        return c
+    raise ValueError(f"compression must be None, 'GZIP', 'ZLIB' or 'auto', got {compression!r}")
+
+
+@dataclass
+class ReadStats:
+    """What a reader saw: records delivered, bytes of frames read, frames skipped as
+    corrupt (with the errors describing them), and bytes skipped while resynchronising."""
+
+    records: int = 0
+    bytes: int = 0
+    skipped_records: int = 0
+    skipped_bytes: int = 0
+    corrupt: list[CorruptRecordError] = field(default_factory=list)
+
+    def merge(self, other: "ReadStats") -> None:
+        self.records += other.records
+        self.bytes += other.bytes
+        self.skipped_records += other.skipped_records
+        self.skipped_bytes += other.skipped_bytes
+        self.corrupt.extend(other.corrupt)
+
+
+class _ZlibReader(io.RawIOBase):
+    """A raw stream that inflates a zlib stream read from ``raw``, at most one chunk of
+    output at a time (a zlib bomb cannot make it allocate more)."""
+
+    def __init__(self, raw: BinaryIO):
+        super().__init__()
+        self._raw = raw
+        self._d = zlib.decompressobj()
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._pending:
+            if self._d.eof:
+                return 0
+            data = self._d.unconsumed_tail
+            if not data:
+                data = self._raw.read(_CHUNK)
+                if not data:
+                    raise EOFError("zlib stream ends before its end marker (truncated file)")
+            self._pending = self._d.decompress(data, _CHUNK)
+        n = min(len(b), len(self._pending))
+        b[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def open_stream(url: str, compression: str | None = "auto", storage_options: Mapping[str, Any] | None = None,
+                buffer_size: int = 8 << 20) -> BinaryIO:
+    """Open ``url`` for reading, decompressed."""
+    comp = normalize_compression(compression, url)
+    raw = storage.open_input(url, storage_options, buffer_size=buffer_size)
+    if comp == "GZIP":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if comp == "ZLIB":
+        return io.BufferedReader(_ZlibReader(raw), buffer_size=1 << 20)  # type: ignore[return-value]
+    return raw
+
+
+class TFRecordReader:
+    """Iterate the records of one TFRecord file as ``bytes``.
+
+    ``offset`` after each record is that record's frame offset (uncompressed stream);
+    ``stats`` counts what was read and skipped. Use as an iterator, or a context manager
+    to close the file early.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        compression: str | None = "auto",
+        verify_crc: bool = True,
+        on_corrupt: str = "raise",
+        storage_options: Mapping[str, Any] | None = None,
+        buffer_size: int = 8 << 20,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        start_offset: int = 0,
+    ):
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
+        self.url = os.fspath(url)
+        self.compression = normalize_compression(compression, self.url)
+        self.verify_crc = verify_crc
+        self.on_corrupt = on_corrupt
+        self.max_record_bytes = max_record_bytes
+        self.stats = ReadStats()
+        self.offset = start_offset
+        self._stream = open_stream(self.url, self.compression, storage_options, buffer_size)
+        if start_offset:
+            if self.compression is not None:
+                self._skip_stream(start_offset)
+            else:
+                self._stream.seek(start_offset)
+        self._iter = self._records(start_offset)
+
+    def _skip_stream(self, n: int) -> None:
+        while n > 0:
+            got = self._stream.read(min(n, _CHUNK))
+            if not got:
+                break
+            n -= len(got)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._iter)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> "TFRecordReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _corrupt(self, check: str, offset: int, index: int, detail: str = "") -> CorruptRecordError:
+        hint = detail
+        if index == 0 and offset == 0 and self.compression is None and check in ("length crc", "absurd length"):
+            hint = (detail + "; " if detail else "") + "is the file compressed? pass compression='GZIP' or 'ZLIB'"
+        return CorruptRecordError(check, mask(self.url), offset, index, hint)
+
+    def _records(self, base: int) -> Iterator[bytes]:
+        """The framing loop over a sliding buffer of at most a few chunks plus one record."""
+        stream = self._stream
+        buf = b""
+        pos = 0  # position in buf
+        buf_base = base  # stream offset of buf[0]
+        eof = False
+        index = 0
+        verify = self.verify_crc
+        stats = self.stats
+
+        def fill(need: int) -> bool:
+            """Make ``need`` bytes available at pos; False at end of stream."""
+            nonlocal buf, pos, buf_base, eof
+            if len(buf) - pos >= need:
+                return True
+            parts = [buf[pos:]]
+            have = len(parts[0])
+            buf_base += pos
+            pos = 0
+            while have < need and not eof:
+                try:
+                    chunk = stream.read(max(_CHUNK, min(need - have, 64 << 20)))
+                except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                    err = self._corrupt("compressed stream", buf_base + have, index, f"{type(exc).__name__}: {exc}")
+                    if self.on_corrupt == "raise":
+                        raise err from exc
+                    self._skip(err, 0, frames=0)
+                    chunk = b""
+                if not chunk:
+                    eof = True
+                    break
+                parts.append(chunk)
+                have += len(chunk)
+            buf = b"".join(parts)
+            return have >= need
+
+        while True:
+            if not fill(HEADER_SIZE):
+                left = len(buf) - pos
+                if left == 0:
+                    return
+                check = "truncated length" if left < 8 else "truncated length crc"
+                err = self._corrupt(check, buf_base + pos, index, f"{left} bytes left at end of file")
+                if self.on_corrupt == "raise":
+                    raise err
+                self._skip(err, left, frames=1)
+                return
+            frame_off = buf_base + pos
+            length, length_crc = _HEADER.unpack_from(buf, pos)
+            if verify and masked_length_crc(length) != length_crc:
+                err = self._corrupt("length crc", frame_off, index)
+                if self.on_corrupt == "raise":
+                    raise err
+                # resynchronise: the next offset where a whole frame checks out
+                skipped = 1
+                pos += 1
+                while True:
+                    if not fill(HEADER_SIZE):
+                        skipped += len(buf) - pos
+                        pos = len(buf)
+                        break
+                    ln, lc = _HEADER.unpack_from(buf, pos)
+                    if masked_length_crc(ln) == lc and ln <= self.max_record_bytes:
+                        if fill(HEADER_SIZE + ln + FOOTER_SIZE):
+                            (dc,) = _FOOTER.unpack_from(buf, pos + HEADER_SIZE + ln)
+                            if masked_crc32c(memoryview(buf)[pos + HEADER_SIZE: pos + HEADER_SIZE + ln]) == dc:
+                                break
+                    pos += 1
+                    skipped += 1
+                self._skip(err, skipped, frames=1)
+                index += 1
+                continue
+            if length > self.max_record_bytes:
+                err = self._corrupt("absurd length", frame_off, index,
+                                    f"length field says {length} bytes (limit {self.max_record_bytes})")
+                if self.on_corrupt == "raise":
+                    raise err
+                left = len(buf) - pos
+                self._skip(err, left, frames=1)
+                return
+            total = HEADER_SIZE + length + FOOTER_SIZE
+            if not fill(total):
+                left = len(buf) - pos
+                check = "truncated data" if left < HEADER_SIZE + length else "truncated data crc"
+                err = self._corrupt(check, frame_off, index,
+                                    f"frame needs {total} bytes, only {left} left at end of file")
+                if self.on_corrupt == "raise":
+                    raise err
+                self._skip(err, left, frames=1)
+                return
+            start = pos + HEADER_SIZE
+            end = start + length
+            if verify:
+                (data_crc,) = _FOOTER.unpack_from(buf, end)
+                if masked_crc32c(memoryview(buf)[start:end]) != data_crc:
+                    err = self._corrupt("data crc", frame_off, index)
+                    if self.on_corrupt == "raise":
+                        raise err
+                    pos += total
+                    self._skip(err, total, frames=1)
+                    index += 1
+                    continue
+            record = buf[start:end]
+            pos += total
+            index += 1
+            stats.records += 1
+            stats.bytes += total
+            self.offset = frame_off
+            yield record
+
+    def _skip(self, err: CorruptRecordError, nbytes: int, frames: int) -> None:
+        logger.warning("skipping corrupt data: %s (%d bytes)", err, nbytes)
+        self.stats.skipped_records += frames
+        self.stats.skipped_bytes += nbytes
+        self.stats.corrupt.append(err)
+
+
+def read_records(
+    urls: str | Iterable[str],
+    compression: str | None = "auto",
+    verify_crc: bool = True,
+    on_corrupt: str = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    stats: ReadStats | None = None,
+) -> Iterator[bytes]:
+    """Yield the serialized records of every file in ``urls`` (a URL, a glob or a list), in order.
+
+    Pass a :class:`ReadStats` as ``stats`` to collect counts (and skipped frames) across files.
+    """
+    for url in storage.expand(urls, storage_options):
+        with TFRecordReader(url, compression, verify_crc, on_corrupt, storage_options) as reader:
+            try:
+                yield from reader
+            finally:
+                if stats is not None:
+                    stats.merge(reader.stats)
+
+
+def frame(record: bytes) -> bytes:
+    """One TFRecord frame around ``record``."""
+    n = len(record)
+    return b"".join((_HEADER.pack(n, masked_length_crc(n)), record, _FOOTER.pack(masked_crc32c(record))))
+
+
+class TFRecordWriter:
+    """Write records to a TFRecord file at ``url``, atomically.
+
+    Nothing appears at ``url`` until :meth:`close` succeeds; used as a context manager an
+    exception discards the file. ``index=True`` also writes ``<url>.idx`` (or give the index
+    URL): one ``offset length`` line per record, as DALI reads (uncompressed files only).
+    ``compression`` is ``None``, ``"GZIP"`` or ``"ZLIB"``; ``"auto"`` picks by extension.
+    GZIP output carries no timestamp, so the same records give the same bytes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        compression: str | None = None,
+        index: bool | str = False,
+        storage_options: Mapping[str, Any] | None = None,
+        compression_level: int = 6,
+    ):
+        self.url = os.fspath(url)
+        self.compression = normalize_compression(compression, self.url)
+        if index and self.compression is not None:
+            raise ValueError("index files address uncompressed TFRecord files; use compression=None with index")
+        self.index_url = (self.url + ".idx" if index is True else index) or None
+        self._storage_options = storage_options
+        self._raw = storage.open_output(self.url, storage_options)
+        self._zobj = None
+        self._gz = None
+        if self.compression == "GZIP":
+            self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=compression_level, mtime=0, filename="")
+        elif self.compression == "ZLIB":
+            self._zobj = zlib.compressobj(compression_level)
+        self._offset = 0
+        self._index: list[tuple[int, int]] = []
+        self.records = 0
+        self._closed = False
+
+    def write(self, record: bytes) -> None:
+        """Append one serialized record."""
+        if self._closed:
+            raise ValueError(f"write to a closed TFRecordWriter ({mask(self.url)})")
+        if not isinstance(record, (bytes, bytearray, memoryview)):
+            raise TypeError(f"TFRecordWriter.write takes bytes, got {type(record).__name__}")
+        data = frame(bytes(record))
+        if self._gz is not None:
+            self._gz.write(data)
+        elif self._zobj is not None:
+            self._raw.write(self._zobj.compress(data))
+        else:
+            self._raw.write(data)
+        if self.index_url:
+            self._index.append((self._offset, len(data)))
+        self._offset += len(data)
+        self.records += 1
+
+    def write_many(self, records: Iterable[bytes]) -> None:
+        for r in records:
+            self.write(r)
+
+    @property
+    def bytes_written(self) -> int:
+        """Uncompressed bytes of frames written so far."""
+        return self._offset
+
+    def close(self) -> None:
+        """Finish the file and make it (and its index) appear."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._gz is not None:
+                self._gz.close()
+            elif self._zobj is not None:
+                self._raw.write(self._zobj.flush())
+            self._raw.commit()
+        except BaseException:
+            self._raw.abort()
+            raise
+        if self.index_url:
+            storage.write_bytes(self.index_url, format_index(self._index), self._storage_options)
+
+    def abort(self) -> None:
+        """Discard the file; nothing appears at ``url``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._raw.abort()
+
+    def __enter__(self) -> "TFRecordWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_records(url: str, records: Iterable[bytes], compression: str | None = "auto", index: bool | str = False,
+                  storage_options: Mapping[str, Any] | None = None) -> int:
+    """Write ``records`` to ``url`` atomically; return how many were written."""
+    with TFRecordWriter(url, compression, index, storage_options) as w:
+        w.write_many(records)
+    return w.records
+
+
+def format_index(entries: Iterable[tuple[int, int]]) -> bytes:
+    """Index file content: ``offset length`` per line."""
+    return "".join(f"{o} {n}\n" for o, n in entries).encode()
+
+
+from .index import IndexedTFRecord, build_index, read_index  # noqa: E402  (re-export)
+
+__all__ = [
+    "TFRecordReader", "TFRecordWriter", "ReadStats", "read_records", "write_records", "frame",
+    "normalize_compression", "open_stream", "IndexedTFRecord", "build_index", "read_index",
+    "format_index",
+]

@@ -1,0 +1,382 @@
+"""Read, ranged-read, write, list and glob by URL.
+
+Every operation retries transient errors (:mod:`.retry`) and turns library errors into
+``FileNotFoundError``, ``PermissionError`` or :class:`~shardfeed.errors.StorageError`
+whose message names the (masked) URL and says why.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import StorageError
+from .fs import get_filesystem
+from .retry import call_with_retry, transient_reason
+from .urls import ParsedURL, has_magic, mask, parse_url
+
+DEFAULT_BUFFER_SIZE = 8 << 20  # bytes per ranged read of a remote object
+_SPOOL_MAX = 64 << 20  # remote writes are staged in memory up to this, then on local disk
+
+
+def _translate(exc: BaseException, url: str, op: str) -> BaseException:
+    """An exception that names ``url`` (masked) and the operation, keeping the original as cause."""
+    if isinstance(exc, StorageError):
+        return exc
+    where = mask(url)
+    detail = mask(exc) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"{where}: no such file or object ({op})")
+    if isinstance(exc, PermissionError):
+        return PermissionError(f"{where}: access denied ({op}): {detail}")
+    if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
+        return type(exc)(f"{where}: {detail}")
+    status = getattr(exc, "response", None)
+    code = status.get("Error", {}).get("Code") if isinstance(status, dict) else None
+    if code in ("NoSuchBucket",):
+        return FileNotFoundError(f"{where}: the bucket does not exist ({op})")
+    if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"):
+        return PermissionError(f"{where}: access denied ({code}) ({op})")
+    reason = transient_reason(exc)
+    extra = f" after retries ({reason})" if reason else ""
+    return StorageError(f"{where}: {op} failed{extra}: {type(exc).__name__}: {detail}", url=where)
+
+
+def _run(op: str, url: str, fn):
+    try:
+        return call_with_retry(fn, op=op, url=url)
+    except (ValueError, TypeError, ImportError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - translated with context
+        raise _translate(exc, url, op) from exc
+
+
+def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Size of the object or file at ``url`` in bytes."""
+    parsed = parse_url(url)
+    if parsed.is_local:
+        try:
+            st = os.stat(parsed.path)
+        except OSError as exc:
+            raise _translate(exc, url, "stat") from exc
+        if not os.path.isfile(parsed.path):
+            raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
+        return st.st_size
+    fs, path = get_filesystem(parsed, storage_options)
+    info = _run("stat", url, lambda: fs.info(path))
+    if info.get("type") == "directory":
+        raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
+    return int(info["size"])
+
+
+def exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether a file or object exists at ``url``."""
+    parsed = parse_url(url)
+    if parsed.is_local:
+        return os.path.exists(parsed.path)
+    fs, path = get_filesystem(parsed, storage_options)
+    return bool(_run("exists", url, lambda: fs.exists(path)))
+
+
+def read_bytes(
+    url: str,
+    start: int | None = None,
+    end: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> bytes:
+    """Bytes ``[start, end)`` of ``url`` (all of it by default); fewer at the end of the file."""
+    parsed = parse_url(url)
+    if parsed.is_local:
+        try:
+            with open(parsed.path, "rb") as f:
+                if start:
+                    f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - (start or 0)))
+        except OSError as exc:
+            raise _translate(exc, url, "read") from exc
+    fs, path = get_filesystem(parsed, storage_options)
+    return _run("read", url, lambda: fs.cat_file(path, start=start, end=end))
+
+
+class RangedReader(io.RawIOBase):
+    """A read-only, seekable file over ranged reads, each retried on its own.
+
+    Used for remote objects: one request per ``buffer_size`` bytes (default 8 MiB), so a
+    dropped connection costs one range, not the whole object.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, buffer_size: int = DEFAULT_BUFFER_SIZE):
+        super().__init__()
+        self.url = url
+        self._fs, self._path = get_filesystem(url, storage_options)
+        self._size = size(url, storage_options)
+        self._pos = 0
+        self._buffer_size = max(1, int(buffer_size))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._read_range(self._pos, self._pos + n)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._size if n is None or n < 0 else min(self._size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self._read_range(self._pos, end)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        data = _run("read", self.url, lambda: self._fs.cat_file(self._path, start=start, end=end))
+        if len(data) != end - start:
+            raise StorageError(
+                f"{mask(self.url)}: short read at byte offset {start}: asked for {end - start} bytes, "
+                f"got {len(data)} (the object changed while it was read?)",
+                url=mask(self.url),
+            )
+        return data
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+
+def open_input(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    buffer_size: int = DEFAULT_BUFFER_SIZE,
+) -> io.BufferedReader:
+    """Open ``url`` for binary reading with a buffer of ``buffer_size`` bytes.
+
+    Local files are opened directly; remote objects through :class:`RangedReader`.
+    Raises ``FileNotFoundError`` naming the URL when there is nothing there.
+    """
+    parsed = parse_url(url)
+    if parsed.is_local:
+        try:
+            if os.path.isdir(parsed.path):
+                raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
+            return open(parsed.path, "rb", buffering=min(buffer_size, 1 << 20))
+        except OSError as exc:
+            raise _translate(exc, url, "open") from exc
+    return io.BufferedReader(RangedReader(url, storage_options, buffer_size), buffer_size=buffer_size)
+
+
+class AtomicWriter(io.RawIOBase):
+    """A binary file whose content appears at ``url`` only when closed without error.
+
+    Local: a hidden temporary file in the same directory, renamed into place (``os.replace``)
+    on commit. Remote: data is staged in memory (up to 64 MiB, then a local temporary
+    file) and uploaded in one put on commit; object stores never show a half-written object.
+    Used as a context manager, an exception inside the block discards everything.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None):
+        super().__init__()
+        self.url = url
+        self._parsed: ParsedURL = parse_url(url)
+        self._storage_options = storage_options
+        self._done = False
+        self.bytes_written = 0
+        if self._parsed.is_local:
+            final = os.path.abspath(self._parsed.path)
+            directory = os.path.dirname(final)
+            try:
+                os.makedirs(directory, exist_ok=True)
+                fd, self._tmp_path = tempfile.mkstemp(
+                    prefix=f".{os.path.basename(final)}.", suffix=".tmp", dir=directory
+                )
+            except OSError as exc:
+                raise _translate(exc, url, "create") from exc
+            self._final = final
+            self._file = os.fdopen(fd, "wb", buffering=1 << 20)
+        else:
+            self._final = self._parsed.path
+            self._file = tempfile.SpooledTemporaryFile(max_size=_SPOOL_MAX)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        n = self._file.write(b)
+        self.bytes_written += n
+        return n
+
+    def abort(self) -> None:
+        """Discard everything written; nothing appears at ``url``."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._file.close()
+        finally:
+            if self._parsed.is_local:
+                try:
+                    os.unlink(self._tmp_path)
+                except FileNotFoundError:
+                    pass
+        super().close()
+
+    def commit(self) -> None:
+        """Make the written bytes appear at ``url`` (atomically)."""
+        if self._done:
+            return
+        try:
+            if self._parsed.is_local:
+                self._file.flush()
+                self._file.close()
+                os.replace(self._tmp_path, self._final)
+            else:
+                self._file.flush()
+                self._upload()
+                self._file.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        super().close()
+
+    def _upload(self) -> None:
+        fs, path = get_filesystem(self._parsed, self._storage_options)
+        parent = path.rsplit("/", 1)[0] if "/" in path else path
+
+        def put():
+            self._file.seek(0)
+            if self.bytes_written <= _SPOOL_MAX:
+                fs.pipe_file(path, self._file.read())
+            else:
+                with fs.open(path, "wb") as out:  # multipart: visible only on completion
+                    while chunk := self._file.read(16 << 20):
+                        out.write(chunk)
+
+        if self._parsed.protocol == "memory":
+            fs.makedirs(parent, exist_ok=True)
+        _run("write", self.url, put)
+
+    def close(self) -> None:
+        self.commit()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+
+def open_output(url: str, storage_options: Mapping[str, Any] | None = None) -> AtomicWriter:
+    """Open ``url`` for an atomic binary write (see :class:`AtomicWriter`)."""
+    return AtomicWriter(url, storage_options)
+
+
+def write_bytes(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write ``data`` to ``url`` atomically."""
+    with open_output(url, storage_options) as f:
+        f.write(data)
+
+
+def remove(url: str, storage_options: Mapping[str, Any] | None = None, missing_ok: bool = True) -> None:
+    """Delete the file or object at ``url``."""
+    parsed = parse_url(url)
+    if parsed.is_local:
+        try:
+            os.unlink(parsed.path)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise FileNotFoundError(f"{mask(url)}: no such file or object (remove)") from None
+        return
+    fs, path = get_filesystem(parsed, storage_options)
+    if not missing_ok and not exists(url, storage_options):  # object-store deletes are idempotent
+        raise FileNotFoundError(f"{mask(url)}: no such file or object (remove)")
+    try:
+        _run("remove", url, lambda: fs.rm_file(path))
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def list_dir(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """URLs of the files directly under ``url``, sorted."""
+    parsed = parse_url(url)
+    fs, path = get_filesystem(parsed, storage_options)
+    entries = _run("list", url, lambda: fs.ls(path, detail=True))
+    return sorted(parsed.with_path(_unstrip(fs, e["name"], parsed)) for e in entries if e.get("type") != "directory")
+
+
+def glob(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """URLs of the files matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted."""
+    parsed = parse_url(pattern)
+    fs, path = get_filesystem(parsed, storage_options)
+    found = _run("glob", pattern, lambda: fs.glob(path, detail=True))
+    return sorted(parsed.with_path(_unstrip(fs, name, parsed)) for name, info in found.items() if info.get("type") != "directory")
+
+
+def _unstrip(fs, name: str, parsed: ParsedURL) -> str:
+    if parsed.protocol == "memory" and not name.startswith("/"):
+        return "/" + name
+    return name
+
+
+def expand(urls: str | os.PathLike | Iterable[str | os.PathLike], storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Turn a URL, a glob or a list of them into a list of file URLs.
+
+    Globs are expanded (sorted); a directory expands to the files in it (sorted); plain URLs
+    keep the order given. Raises ``FileNotFoundError`` for a glob that matches nothing or a
+    plain URL with nothing there, naming it.
+    """
+    if isinstance(urls, (str, os.PathLike)):
+        items: Sequence[str] = [os.fspath(urls)]
+    else:
+        items = [os.fspath(u) for u in urls]
+    out: list[str] = []
+    for item in items:
+        if has_magic(item):
+            matched = glob(item, storage_options)
+            if not matched:
+                raise FileNotFoundError(f"{mask(item)}: no files match this pattern")
+            out.extend(matched)
+            continue
+        parsed = parse_url(item)
+        if parsed.is_local:
+            if os.path.isdir(parsed.path):
+                out.extend(sorted(os.path.join(parsed.path, n) for n in os.listdir(parsed.path)
+                                  if not n.startswith(".") and os.path.isfile(os.path.join(parsed.path, n))))
+            elif not os.path.exists(parsed.path):
+                raise FileNotFoundError(f"{mask(item)}: no such file or object")
+            else:
+                out.append(item)
+            continue
+        if parsed.protocol in ("http", "https"):
+            out.append(item)
+            continue
+        fs, path = get_filesystem(parsed, storage_options)
+        info = _run("stat", item, lambda: fs.info(path))
+        if info.get("type") == "directory":
+            out.extend(u for u in list_dir(item, storage_options) if not u.rsplit("/", 1)[-1].startswith("."))
+        else:
+            out.append(item)
+    return out
+

@@ -1,0 +1,181 @@
+"""Retries with exponential backoff and full jitter on transient storage errors.
+
+Transient: HTTP 5xx, throttling (``SlowDown``, ``Throttling``, ``RequestTimeout``),
+timeouts, connection resets and refused connections. Never retried: 4xx answers,
+missing files, denied access, bad arguments. Every retry is counted; read the counts
+with :func:`retry_stats`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from .urls import mask
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "503 SlowDown", "RequestLimitExceeded",
+    "TooManyRequests", "ProvisionedThroughputExceededException", "BandwidthLimitExceeded",
+    "Busy", "ServerBusy", "InternalServerError",
+}
+_TRANSIENT_ERRNOS = {
+    errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
+    errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETRESET, errno.EAGAIN,
+}
+_TRANSIENT_NAMES = {
+    # by class name, so that optional libraries need not be imported to classify them
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "ResponseStreamingError", "IncompleteReadError", "ServerDisconnectedError", "ClientPayloadError",
+    "ClientConnectorError", "ClientOSError", "ServerTimeoutError", "FSTimeoutError", "IncompleteRead",
+    "RemoteDisconnected", "ProtocolError", "ChunkedEncodingError",
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry. Delays in seconds: attempt ``n`` (from 1) waits a
+    uniform random time in ``[0, min(max_delay, base_delay * 2**(n-1))]`` (full jitter)."""
+
+    max_attempts: int = 8
+    base_delay: float = 0.05
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2 ** (attempt - 1))))
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.retries = 0
+        self.gave_up = 0
+        self.by_reason: Counter[str] = Counter()
+        self.by_op: Counter[str] = Counter()
+
+    def record(self, op: str, reason: str) -> None:
+        with self._lock:
+            self.retries += 1
+            self.by_reason[reason] += 1
+            self.by_op[op] += 1
+
+    def record_give_up(self) -> None:
+        with self._lock:
+            self.gave_up += 1
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "retries": self.retries,
+                "gave_up": self.gave_up,
+                "by_reason": dict(self.by_reason),
+                "by_op": dict(self.by_op),
+            }
+
+    def reset(self) -> None:
+        with self._lock:
+            self.retries = 0
+            self.gave_up = 0
+            self.by_reason.clear()
+            self.by_op.clear()
+
+
+_STATS = _Stats()
+_rng = random.Random()
+
+
+def retry_stats() -> dict:
+    """Counts of retries since start (or the last reset): ``retries``, ``gave_up`` (operations
+    that failed after the last attempt), ``by_reason`` and ``by_op``."""
+    return _STATS.snapshot()
+
+
+def reset_retry_stats() -> None:
+    """Set every retry count back to zero."""
+    _STATS.reset()
+
+
+def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):  # botocore ClientError
+        meta = response.get("ResponseMetadata", {}) or {}
+        err = response.get("Error", {}) or {}
+        status = meta.get("HTTPStatusCode")
+        return (int(status) if status else None), err.get("Code")
+    status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status, None
+    return None, None
+
+
+def transient_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` is worth retrying (a short tag), or ``None`` when it is not.
+
+    Follows the ``__cause__``/``__context__`` chain, since fsspec backends wrap client errors.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+            return None
+        status, code = _status_and_code(e)
+        if code in _TRANSIENT_CODES:
+            return code
+        if status is not None:
+            if status >= 500 or status in (408, 429):
+                return f"HTTP {status}"
+            if 400 <= status < 500:
+                return None
+        name = type(e).__name__
+        if name in _TRANSIENT_NAMES:
+            return name
+        if isinstance(e, (TimeoutError, ConnectionError)):
+            return type(e).__name__
+        if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+            return errno.errorcode.get(e.errno, str(e.errno))
+        text = str(e)
+        for token in ("SlowDown", "Service Unavailable", "503", "InternalError", "RequestTimeout"):
+            if token in text and not isinstance(e, ValueError):
+                return token
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def call_with_retry(
+    fn: Callable[[], T],
+    *,
+    op: str,
+    url: str,
+    policy: RetryPolicy = DEFAULT_POLICY,
+) -> T:
+    """Run ``fn()``; on a transient error sleep with backoff and try again, up to
+    ``policy.max_attempts`` attempts. Non-transient errors propagate at once."""
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - classified below
+            reason = transient_reason(exc)
+            if reason is None:
+                raise
+            if attempt >= policy.max_attempts:
+                _STATS.record_give_up()
+                raise
+            _STATS.record(op, reason)
+            delay = policy.delay(attempt, _rng)
+            logger.debug("%s %s: transient error (%s), retry %d in %.3fs", op, mask(url), reason, attempt, delay)
+            time.sleep(delay)
+            attempt += 1

@@ -1,0 +1,123 @@
+"""URL parsing and masking of secrets.
+
+Every URL that reaches a log line or an error message goes through :func:`mask` first:
+``user:password@`` becomes ``user:***@``, signed query parameters become ``***``, and any
+secret registered with :func:`register_secret` (keys given as arguments) is replaced too.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlsplit
+
+# Query parameters whose values are secrets (compared case-insensitively).
+_SECRET_PARAMS = {
+    "signature", "x-amz-signature", "x-amz-credential", "x-amz-security-token",
+    "x-goog-signature", "x-goog-credential", "sig", "token", "access_token",
+    "security-token", "securitytoken", "password", "secret", "secret_key",
+    "access_key_secret", "accesskeysecret", "ossaccesskeyid", "accesskeyid",
+    "access_key_id", "key",
+}
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+_QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s'\"]*)")
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+
+# Protocols handled by fsspec implementations that shardfeed knows about.
+LOCAL_PROTOCOLS = ("file", "local")
+KNOWN_PROTOCOLS = ("file", "memory", "s3", "oss", "gs", "gcs", "http", "https")
+
+
+def register_secret(value: str | None) -> None:
+    """Mask ``value`` wherever it appears in shardfeed's log lines and error messages."""
+    if value and len(value) >= 4:
+        with _secrets_lock:
+            _secrets.add(value)
+
+
+def mask(text: object) -> str:
+    """Return ``str(text)`` with passwords, signatures and registered secrets replaced by ``***``."""
+    s = str(text)
+    s = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", s)
+    s = _QUERY_PARAM.sub(
+        lambda m: f"{m['sep']}{m['name']}=***" if m["name"].lower() in _SECRET_PARAMS else m.group(0), s
+    )
+    with _secrets_lock:
+        secrets = sorted(_secrets, key=len, reverse=True)
+    for secret in secrets:
+        s = s.replace(secret, "***")
+    return s
+
+
+@dataclass(frozen=True)
+class ParsedURL:
+    """A storage URL split into what fsspec needs.
+
+    ``protocol`` is ``"file"`` for plain paths; ``path`` is what the filesystem expects
+    (bucket/key for object stores, an absolute path locally); ``query`` holds parameters
+    shardfeed consumes (``endpoint``/``host`` for ``oss://``) and is re-attached to URLs
+    built from this one, so globbing ``oss://b/*?endpoint=...`` yields routable URLs.
+    """
+
+    protocol: str
+    path: str
+    query: tuple[tuple[str, str], ...] = field(default=())
+    original: str = ""
+
+    def with_path(self, path: str) -> str:
+        """A URL of the same protocol and query for another path of the same filesystem."""
+        if self.protocol == "file" and "://" not in self.original:
+            return path
+        url = f"{self.protocol}://{path}"
+        if self.query:
+            url += "?" + "&".join(f"{k}={v}" for k, v in self.query)
+        return url
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol in LOCAL_PROTOCOLS
+
+
+def parse_url(url: str) -> ParsedURL:
+    """Split ``url`` into protocol, filesystem path and shardfeed's own query parameters.
+
+    Plain paths and ``file://`` URLs are local. Query strings are kept for ``http(s)``
+    (part of the object's address) and parsed for object stores.
+    """
+    if not isinstance(url, str):
+        url = str(url)  # os.PathLike
+    if not url:
+        raise ValueError("empty storage URL")
+    if "://" not in url:
+        return ParsedURL("file", url, (), url)
+    protocol, rest = url.split("://", 1)
+    protocol = protocol.lower()
+    if protocol in ("http", "https"):
+        return ParsedURL(protocol, url, (), url)
+    if protocol in LOCAL_PROTOCOLS:
+        return ParsedURL("file", rest if rest.startswith("/") else "/" + rest, (), url)
+    query: tuple[tuple[str, str], ...] = ()
+    if "?" in rest:
+        rest, qs = rest.split("?", 1)
+        query = tuple(parse_qsl(qs, keep_blank_values=True))
+    if protocol == "gcs":
+        protocol = "gs"
+    if protocol in ("s3", "oss", "gs"):
+        parts = urlsplit(f"{protocol}://{rest}")
+        if not parts.netloc:
+            raise ValueError(f"{mask(url)}: an object-store URL needs a bucket, as {protocol}://bucket/key")
+        if "@" in parts.netloc:
+            raise ValueError(
+                f"{mask(url)}: put credentials in storage_options or environment variables, not in the URL"
+            )
+    return ParsedURL(protocol, rest, query, url)
+
+
+def has_magic(url: str) -> bool:
+    """True when ``url`` holds glob characters (``*``, ``?`` outside a query, ``[``)."""
+    p = parse_url(url)
+    path = p.path if p.protocol not in ("http", "https") else url.split("?", 1)[0]
+    return any(c in path for c in "*?[")

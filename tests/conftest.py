@@ -1,0 +1,192 @@
+"""Shared fixtures: a real S3 API server (moto, server mode) on loopback, a fault-injecting
+proxy in front of it, and a loopback HTTP file server."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import socket
+import threading
+import uuid
+from contextlib import contextmanager
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Credentials for the loopback S3 server only; never real ones.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-value")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """URL of a moto S3 server on 127.0.0.1 (a real HTTP S3 API)."""
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """A fresh bucket; yields ``(bucket, storage_options)``."""
+    import boto3
+
+    bucket = f"sf-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    yield bucket, {"endpoint_url": s3_endpoint}
+    from shardfeed.storage import clear_cache
+
+    clear_cache()
+
+
+class FaultProxy:
+    """An HTTP proxy on 127.0.0.1 in front of ``target`` that fails chosen requests.
+
+    ``fail_every = n`` answers every n-th request with ``status`` (503 SlowDown by default)
+    instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
+    ``max_faults`` caps how many faults are injected in all.
+    ``failed`` counts injected faults, ``forwarded`` the requests that reached the target.
+    """
+
+    SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>Please reduce your request rate.</Message><RequestId>sf</RequestId></Error>")
+
+    def __init__(self, target: str):
+        self.target_host, self.target_port = target.split("://", 1)[1].split(":")
+        self.fail_every = 0
+        self.reset_every = 0
+        self.status = 503
+        self.max_faults: int | None = None
+        self.count = 0
+        self.failed = 0
+        self.forwarded = 0
+        self.log: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                with proxy._lock:
+                    proxy.count += 1
+                    n = proxy.count
+                    budget = proxy.max_faults is None or proxy.failed < proxy.max_faults
+                    fail = budget and proxy.fail_every and n % proxy.fail_every == 0
+                    reset = budget and proxy.reset_every and n % proxy.reset_every == 0
+                    proxy.log.append((self.command, self.path, "fail" if fail else "reset" if reset else "ok"))
+                    if fail or reset:
+                        proxy.failed += 1
+                    else:
+                        proxy.forwarded += 1
+                if reset:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fail:
+                    self.send_response(proxy.status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(FaultProxy.SLOWDOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(FaultProxy.SLOWDOWN)
+                    return
+                conn = http.client.HTTPConnection(proxy.target_host, int(proxy.target_port), timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status, resp.reason)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fault_proxy(s3_endpoint):
+    proxy = FaultProxy(s3_endpoint)
+    yield proxy
+    proxy.close()
+    from shardfeed.storage import clear_cache
+
+    clear_cache()
+
+
+@contextmanager
+def serve_directory(directory: str):
+    """Serve ``directory`` over HTTP on 127.0.0.1 (supports Range requests); yields the base URL."""
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=directory, **kw)
+
+        def log_message(self, *args):
+            pass
+
+        def send_head(self):
+            rng = self.headers.get("Range")
+            path = self.translate_path(self.path)
+            if not rng or not os.path.isfile(path):
+                return super().send_head()
+            size = os.path.getsize(path)
+            start_s, _, end_s = rng.split("=", 1)[1].partition("-")
+            start = int(start_s) if start_s else max(0, size - int(end_s))
+            end = min(size - 1, int(end_s)) if (end_s and start_s) else size - 1
+            f = open(path, "rb")
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            import io
+
+            data = f.read(end - start + 1)
+            f.close()
+            return io.BytesIO(data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def http_dir(tmp_path):
+    """``(directory, base_url)``: files put in the directory are served on loopback."""
+    with serve_directory(str(tmp_path)) as url:
+        yield tmp_path, url

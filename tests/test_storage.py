@@ -1,0 +1,316 @@
+"""Storage by URL, one conformance suite over local files, memory://, s3:// and oss://
+(both against a real S3 API server on loopback), plus http(s) reads, retries and masking."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import pytest
+
+from shardfeed import storage
+from shardfeed.errors import StorageError
+
+
+@pytest.fixture(params=["local", "file-url", "memory", "s3", "oss"])
+def root(request, tmp_path):
+    """``(base_url, storage_options)`` of an empty writable location on each backend."""
+    kind = request.param
+    if kind == "local":
+        yield str(tmp_path), None
+    elif kind == "file-url":
+        yield f"file://{tmp_path}", None
+    elif kind == "memory":
+        yield f"memory://sf-{uuid.uuid4().hex[:8]}", None
+    else:
+        bucket, opts = request.getfixturevalue("s3_bucket")
+        if kind == "s3":
+            yield f"s3://{bucket}/data", opts
+        else:
+            # oss:// is the S3 protocol with an OSS endpoint: here the endpoint is in the URL query
+            yield f"oss://{bucket}/data", {"endpoint_url": opts["endpoint_url"]}
+
+
+def test_write_then_read_roundtrip(root):
+    base, opts = root
+    url = f"{base}/a/b.bin"
+    payload = os.urandom(100_000)
+    storage.write_bytes(url, payload, opts)
+    assert storage.exists(url, opts)
+    assert storage.size(url, opts) == len(payload)
+    assert storage.read_bytes(url, storage_options=opts) == payload
+
+
+def test_ranged_read_returns_the_requested_bytes(root):
+    base, opts = root
+    url = f"{base}/r.bin"
+    payload = bytes(range(256)) * 100
+    storage.write_bytes(url, payload, opts)
+    assert storage.read_bytes(url, 10, 20, opts) == payload[10:20]
+    assert storage.read_bytes(url, 25_500, None, opts) == payload[25_500:]
+    assert storage.read_bytes(url, 25_590, 30_000, opts) == payload[25_590:]
+
+
+def test_open_input_reads_in_small_buffers_and_seeks(root):
+    base, opts = root
+    url = f"{base}/s.bin"
+    payload = os.urandom(50_000)
+    storage.write_bytes(url, payload, opts)
+    with storage.open_input(url, opts, buffer_size=4096) as f:
+        assert f.read(10) == payload[:10]
+        f.seek(30_000)
+        assert f.read(5000) == payload[30_000:35_000]
+        assert f.read() == payload[35_000:]
+        assert f.read() == b""
+
+
+def test_glob_and_list_are_sorted_and_keep_the_scheme(root):
+    base, opts = root
+    for name in ["c.tfrecord", "a.tfrecord", "b.tfrecord", "x.txt"]:
+        storage.write_bytes(f"{base}/g/{name}", b"x", opts)
+    found = storage.glob(f"{base}/g/*.tfrecord", opts)
+    assert [u.rsplit("/", 1)[1] for u in found] == ["a.tfrecord", "b.tfrecord", "c.tfrecord"]
+    assert all(u.split("://")[0] == base.split("://")[0] for u in found) if "://" in base else True
+    # the globbed URLs are usable as they are
+    assert storage.read_bytes(found[0], storage_options=opts) == b"x"
+    listed = storage.list_dir(f"{base}/g", opts)
+    assert [u.rsplit("/", 1)[1] for u in listed] == ["a.tfrecord", "b.tfrecord", "c.tfrecord", "x.txt"]
+
+
+def test_expand_directory_glob_and_list(root):
+    base, opts = root
+    for name in ["1", "2"]:
+        storage.write_bytes(f"{base}/e/{name}.rec", b"x", opts)
+    assert len(storage.expand(f"{base}/e", opts)) == 2
+    assert len(storage.expand(f"{base}/e/*.rec", opts)) == 2
+    assert storage.expand([f"{base}/e/2.rec", f"{base}/e/1.rec"], opts) == [f"{base}/e/2.rec", f"{base}/e/1.rec"]
+
+
+def test_missing_file_error_names_the_url(root):
+    base, opts = root
+    url = f"{base}/does-not-exist.bin"
+    with pytest.raises(FileNotFoundError, match="does-not-exist.bin"):
+        storage.read_bytes(url, storage_options=opts)
+    with pytest.raises(FileNotFoundError, match="does-not-exist.bin"):
+        storage.expand(url, opts)
+    with pytest.raises(FileNotFoundError, match="no files match"):
+        storage.expand(f"{base}/nothing-*.bin", opts)
+
+
+def test_failed_atomic_write_leaves_nothing(root):
+    base, opts = root
+    url = f"{base}/atomic/out.bin"
+    with pytest.raises(RuntimeError):
+        with storage.open_output(url, opts) as f:
+            f.write(b"partial data")
+            assert not storage.exists(url, opts)  # not visible while being written
+            raise RuntimeError("crash in the middle")
+    assert not storage.exists(url, opts)
+    if "://" not in base or base.startswith("file://"):
+        directory = os.path.dirname(storage.parse_url(url).path)
+        assert os.listdir(directory) == []  # no temp file left behind
+
+
+def test_atomic_write_replaces_whole(root):
+    base, opts = root
+    url = f"{base}/replace.bin"
+    storage.write_bytes(url, b"old" * 1000, opts)
+    w = storage.open_output(url, opts)
+    w.write(b"new")
+    assert storage.read_bytes(url, storage_options=opts) == b"old" * 1000
+    w.close()
+    assert storage.read_bytes(url, storage_options=opts) == b"new"
+
+
+def test_remove(root):
+    base, opts = root
+    url = f"{base}/rm.bin"
+    storage.write_bytes(url, b"x", opts)
+    storage.remove(url, opts)
+    assert not storage.exists(url, opts)
+    storage.remove(url, opts)  # missing_ok
+    with pytest.raises(FileNotFoundError):
+        storage.remove(url, opts, missing_ok=False)
+
+
+def test_s3_reads_survive_slowdown_and_count_retries(s3_bucket, fault_proxy):
+    bucket, opts = s3_bucket
+    payload = os.urandom(300_000)
+    storage.write_bytes(f"s3://{bucket}/retry.bin", payload, opts)
+    storage.reset_retry_stats()
+    fault_proxy.fail_every = 3  # every third request answers 503 SlowDown
+    proxied = {"endpoint_url": fault_proxy.url}
+    url = f"s3://{bucket}/retry.bin"
+    got = b""
+    with storage.open_input(url, proxied, buffer_size=16_384) as f:
+        while chunk := f.read(16_384):
+            got += chunk
+    assert got == payload
+    assert fault_proxy.failed > 0
+    stats = storage.retry_stats()
+    assert stats["retries"] == fault_proxy.failed
+    assert stats["by_reason"].get("SlowDown", 0) + sum(
+        v for k, v in stats["by_reason"].items() if k.startswith("HTTP 5")) == fault_proxy.failed
+
+
+def test_s3_writes_and_listing_survive_503(s3_bucket, fault_proxy):
+    bucket, _ = s3_bucket
+    fault_proxy.fail_every = 3
+    proxied = {"endpoint_url": fault_proxy.url}
+    storage.reset_retry_stats()
+    for i in range(3):
+        storage.write_bytes(f"s3://{bucket}/w/{i}.bin", bytes([i]) * 1000, proxied)
+    assert len(storage.glob(f"s3://{bucket}/w/*.bin", proxied)) == 3
+    assert storage.read_bytes(f"s3://{bucket}/w/2.bin", storage_options=proxied) == b"\x02" * 1000
+    assert storage.retry_stats()["retries"] >= 1
+
+
+def test_s3_connection_resets_are_retried(s3_bucket, fault_proxy):
+    bucket, opts = s3_bucket
+    storage.write_bytes(f"s3://{bucket}/reset.bin", b"abc" * 1000, opts)
+    # the first four requests have their connection dropped without an answer (the HTTP
+    # client itself retries a dropped keep-alive connection once; the rest is ours)
+    fault_proxy.reset_every = 1
+    fault_proxy.max_faults = 4
+    storage.reset_retry_stats()
+    data = storage.read_bytes(f"s3://{bucket}/reset.bin", storage_options={"endpoint_url": fault_proxy.url})
+    assert data == b"abc" * 1000
+    assert storage.retry_stats()["retries"] >= 1
+
+
+def test_4xx_is_not_retried(s3_bucket, fault_proxy):
+    bucket, _ = s3_bucket
+    fault_proxy.fail_every = 1
+    fault_proxy.status = 403
+    storage.reset_retry_stats()
+    with pytest.raises(PermissionError) as info:
+        storage.read_bytes(f"s3://{bucket}/x.bin", storage_options={"endpoint_url": fault_proxy.url})
+    assert bucket in str(info.value)
+    assert storage.retry_stats()["retries"] == 0
+    assert fault_proxy.failed == 1
+
+
+def test_missing_bucket_error_says_which_url(s3_endpoint):
+    url = "s3://no-such-bucket-sf/key.bin"
+    with pytest.raises(FileNotFoundError) as info:
+        storage.read_bytes(url, storage_options={"endpoint_url": s3_endpoint})
+    assert "no-such-bucket-sf" in str(info.value)
+
+
+def test_unreadable_bucket_error_names_url_and_reason(s3_bucket):
+    """A server that refuses everything: the error is a PermissionError naming the URL."""
+    bucket, _ = s3_bucket
+    from tests.conftest import FaultProxy  # noqa: PLC0415
+
+    proxy = FaultProxy(s3_bucket[1]["endpoint_url"])
+    try:
+        proxy.fail_every, proxy.status = 1, 403
+        with pytest.raises(PermissionError, match=rf"s3://{bucket}/secret.bin.*access denied"):
+            storage.read_bytes(f"s3://{bucket}/secret.bin", storage_options={"endpoint_url": proxy.url})
+    finally:
+        proxy.close()
+
+
+def test_unreachable_endpoint_fails_with_storage_error_after_retries():
+    storage.reset_retry_stats()
+    with socket_closed_port() as port:
+        with pytest.raises(OSError) as info:
+            storage.read_bytes("s3://bkt/k", storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+    assert "s3://bkt/k" in str(info.value)
+    assert storage.retry_stats()["retries"] >= 1
+
+
+class socket_closed_port:
+    def __enter__(self):
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        return self.port
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_oss_endpoint_from_query_env_and_argument(s3_bucket, monkeypatch):
+    bucket, opts = s3_bucket
+    endpoint = opts["endpoint_url"]
+    storage.write_bytes(f"s3://{bucket}/o.bin", b"oss!", opts)
+    assert storage.read_bytes(f"oss://{bucket}/o.bin?endpoint={endpoint}") == b"oss!"
+    monkeypatch.setenv("OSS_ENDPOINT", endpoint)
+    storage.clear_cache()
+    assert storage.read_bytes(f"oss://{bucket}/o.bin") == b"oss!"
+    monkeypatch.delenv("OSS_ENDPOINT")
+    storage.clear_cache()
+    assert storage.read_bytes(f"oss://{bucket}/o.bin", storage_options={"endpoint_url": endpoint}) == b"oss!"
+    # globbing keeps the endpoint so the results are routable
+    found = storage.glob(f"oss://{bucket}/*.bin?endpoint={endpoint}")
+    assert found == [f"oss://{bucket}/o.bin?endpoint={endpoint}"]
+    assert storage.read_bytes(found[0]) == b"oss!"
+
+
+def test_oss_without_endpoint_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("OSS_ENDPOINT", raising=False)
+    storage.clear_cache()
+    with pytest.raises(ValueError, match="no OSS endpoint"):
+        storage.read_bytes("oss://bucket/key")
+
+
+def test_http_reads_and_ranges(http_dir):
+    directory, base = http_dir
+    payload = os.urandom(20_000)
+    (directory / "f.bin").write_bytes(payload)
+    url = f"{base}/f.bin"
+    assert storage.read_bytes(url) == payload
+    assert storage.read_bytes(url, 100, 200) == payload[100:200]
+    assert storage.size(url) == len(payload)
+    with storage.open_input(url, buffer_size=1000) as f:
+        assert f.read() == payload
+
+
+def test_http_missing_is_file_not_found(http_dir):
+    _, base = http_dir
+    with pytest.raises(FileNotFoundError, match="nope.bin"):
+        storage.read_bytes(f"{base}/nope.bin")
+
+
+def test_mask_hides_passwords_signatures_and_registered_secrets():
+    assert storage.mask("redis://user:hunter2@127.0.0.1:6379/0") == "redis://user:***@127.0.0.1:6379/0"
+    signed = "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIAXXX%2F2026&X-Amz-Signature=abcdef&x=1"
+    masked = storage.mask(signed)
+    assert "AKIAXXX" not in masked and "abcdef" not in masked and "x=1" in masked
+    oss = "https://b.oss-cn-hangzhou.aliyuncs.com/k?OSSAccessKeyId=LTAI123&Expires=1&Signature=zzz%3D"
+    assert "LTAI123" not in storage.mask(oss) and "zzz" not in storage.mask(oss)
+    storage.register_secret("s3cr3t-value-xyz")
+    assert "s3cr3t" not in storage.mask("error: bad key s3cr3t-value-xyz")
+
+
+def test_secrets_never_reach_errors_or_logs(s3_endpoint, caplog):
+    secret = "very-secret-key-" + uuid.uuid4().hex
+    caplog.set_level(logging.DEBUG, logger="shardfeed")
+    with pytest.raises(OSError) as info:
+        storage.read_bytes(
+            "s3://no-such-bucket-sf2/k?X-Amz-Signature=deadbeef",
+            storage_options={"endpoint_url": s3_endpoint, "key": "testing", "secret": secret},
+        )
+    text = str(info.value) + caplog.text
+    assert secret not in text
+    assert "deadbeef" not in text
+
+
+def test_credentials_in_url_are_refused_without_echoing_them():
+    with pytest.raises(ValueError) as info:
+        storage.read_bytes("s3://AKIA:topsecretpw@bucket/key")
+    assert "topsecretpw" not in str(info.value)
+
+
+def test_reading_a_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        storage.open_input(str(tmp_path))
+
+
+def test_storage_error_is_an_oserror():
+    assert issubclass(StorageError, OSError)
