@@ -1,1 +1,47 @@
-"""shardfeed"""
+"""shardfeed: feed ML training from object storage and tables without making the
+accelerator wait, and turn raw data into sharded TFRecords.
+
+The public surface is what ``__all__`` lists; everything else is an implementation detail.
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .errors import CorruptRecordError, DecodeError, ParseError, ShardfeedError, StorageError
+from .formats.example import (
+    decode_example,
+    decode_sequence_example,
+    encode_example,
+    encode_sequence_example,
+    parse_example,
+    parse_single_example,
+)
+from .formats.index import IndexedTFRecord, build_index, read_index
+from .formats.spec import FixedLen, RaggedColumn, Sparse, SparseColumn, VarLen
+from .formats.tfrecord import ReadStats, TFRecordReader, TFRecordWriter, read_records, write_records
+from .pipeline import Dataset, TFRecordDataset, read_tfrecord
+from .storage import retry_stats
+
+
+def native_available() -> bool:
+    """Whether the C core (framing, CRC, batched Example parsing) is built and in use."""
+    from .formats import native  # noqa: PLC0415
+
+    return native.native_available()
+
+
+def native_info() -> str:
+    """Which parsing path is active, and why (for ``shardfeed --version`` and bug reports)."""
+    from .formats import native  # noqa: PLC0415
+
+    return native.native_info()
+
+
+__all__ = [
+    "__version__", "CorruptRecordError", "DecodeError", "ParseError", "ShardfeedError", "StorageError",
+    "decode_example", "decode_sequence_example", "encode_example", "encode_sequence_example",
+    "parse_example", "parse_single_example", "IndexedTFRecord", "build_index", "read_index",
+    "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
+    "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
+    "retry_stats", "native_available", "native_info",
+]

@@ -210,7 +210,7 @@ class TFRecordReader:
             pos = 0
             while have < need and not eof:
                 try:
-                    chunk = stream.read(max(_CHUNK, min(need - have, 64 << 20)))
+                    chunk = stream.read(max(_CHUNK, min(need - have, 16 << 20)))
                 except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
                     err = self._corrupt("compressed stream", buf_base + have, index, f"{type(exc).__name__}: {exc}")
                     if self.on_corrupt == "raise":

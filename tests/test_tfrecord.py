@@ -1,0 +1,280 @@
+"""TFRecord framing: round trips on every storage, compressions, corrupt and hostile input,
+index files and random access."""
+
+from __future__ import annotations
+
+import os
+import struct
+import tracemalloc
+
+import pytest
+
+from shardfeed import storage
+from shardfeed.errors import CorruptRecordError
+from shardfeed.formats import tfrecord as tfr
+from shardfeed.formats.crc import masked_crc32c, masked_length_crc
+
+RECORDS = [os.urandom(n) for n in (0, 1, 7, 100, 5000, 12)]
+
+
+def _write(path, records=RECORDS, compression=None, index=False):
+    tfr.write_records(str(path), records, compression=compression, index=index)
+    return str(path)
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_roundtrip_every_compression(tmp_path, compression):
+    url = _write(tmp_path / "a.tfrecord", compression=compression)
+    assert list(tfr.read_records(url, compression=compression)) == RECORDS
+
+
+def test_auto_compression_by_extension(tmp_path):
+    gz = _write(tmp_path / "a.tfrecord.gz", compression="auto")
+    zz = _write(tmp_path / "a.tfrecord.zz", compression="auto")
+    with open(gz, "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"
+    assert list(tfr.read_records(gz)) == RECORDS
+    assert list(tfr.read_records(zz)) == RECORDS
+
+
+def test_gzip_output_is_deterministic(tmp_path):
+    a = _write(tmp_path / "a.gz", compression="GZIP")
+    b = _write(tmp_path / "b.gz", compression="GZIP")
+    assert open(a, "rb").read() == open(b, "rb").read()
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+def test_roundtrip_on_s3_and_memory(s3_bucket, compression):
+    bucket, opts = s3_bucket
+    for base in (f"s3://{bucket}/t", "memory://tfr-test"):
+        url = f"{base}/x.tfrecord"
+        tfr.write_records(url, RECORDS, compression=compression, storage_options=opts)
+        assert list(tfr.read_records(url, compression=compression, storage_options=opts)) == RECORDS
+
+
+def test_reading_many_files_by_glob_in_order(tmp_path):
+    for i in range(3):
+        _write(tmp_path / f"part-{i}.tfrecord", [bytes([i]) * 3, bytes([i])])
+    got = list(tfr.read_records(str(tmp_path / "part-*.tfrecord")))
+    assert got == [b"\x00" * 3, b"\x00", b"\x01" * 3, b"\x01", b"\x02" * 3, b"\x02"]
+
+
+def test_large_record_over_16_mib(tmp_path):
+    big = os.urandom(17 << 20)
+    url = _write(tmp_path / "big.tfrecord", [b"a", big, b"b"])
+    assert list(tfr.read_records(url)) == [b"a", big, b"b"]
+
+
+def test_empty_file_has_no_records(tmp_path):
+    p = tmp_path / "empty.tfrecord"
+    p.write_bytes(b"")
+    assert list(tfr.read_records(str(p))) == []
+
+
+def test_file_of_zeros_fails_the_length_crc(tmp_path):
+    p = tmp_path / "zeros.tfrecord"
+    p.write_bytes(b"\x00" * 64)
+    with pytest.raises(CorruptRecordError) as info:
+        list(tfr.read_records(str(p)))
+    e = info.value
+    assert e.check == "length crc" and e.offset == 0 and str(p) in str(e)
+
+
+def _corrupt_copy(tmp_path, mutate, name="bad.tfrecord"):
+    data = bytearray(open(_write(tmp_path / "good.tfrecord"), "rb").read())
+    mutate(data)
+    p = tmp_path / name
+    p.write_bytes(bytes(data))
+    return str(p)
+
+
+def _offsets():
+    out, off = [], 0
+    for r in RECORDS:
+        out.append(off)
+        off += len(r) + 16
+    return out
+
+
+@pytest.mark.parametrize(
+    "cut, check",
+    [
+        (lambda n: n - 3, "truncated data crc"),  # footer cut
+        (lambda n: n - 4 - 5, "truncated data"),  # data cut
+        (lambda n: n - 16 - 12 + 10, "truncated length crc"),  # length crc cut
+        (lambda n: n - 16 - 12 + 5, "truncated length"),  # length cut
+    ],
+)
+def test_truncated_last_record_is_reported(tmp_path, cut, check):
+    good = open(_write(tmp_path / "good.tfrecord"), "rb").read()
+    p = tmp_path / "trunc.tfrecord"
+    p.write_bytes(good[: cut(len(good))])
+    with pytest.raises(CorruptRecordError) as info:
+        list(tfr.read_records(str(p)))
+    assert info.value.check == check
+    assert info.value.offset == _offsets()[-1]
+    assert info.value.record_index == len(RECORDS) - 1
+    # with skip: every whole record before it, and the damage counted
+    stats = tfr.ReadStats()
+    assert list(tfr.read_records(str(p), on_corrupt="skip", stats=stats)) == RECORDS[:-1]
+    assert stats.skipped_records == 1 and stats.corrupt[0].check == check
+
+
+def test_flipped_bit_in_data_names_file_offset_and_check(tmp_path):
+    off = _offsets()[3]
+    p = _corrupt_copy(tmp_path, lambda d: d.__setitem__(off + 12 + 50, d[off + 12 + 50] ^ 0x10))
+    with pytest.raises(CorruptRecordError, match=rf"bad.tfrecord at byte offset {off}: data crc") as info:
+        list(tfr.read_records(p))
+    assert info.value.record_index == 3
+    stats = tfr.ReadStats()
+    got = list(tfr.read_records(p, on_corrupt="skip", stats=stats))
+    assert got == RECORDS[:3] + RECORDS[4:]
+    assert stats.skipped_records == 1 and stats.records == len(RECORDS) - 1
+    assert stats.corrupt[0].offset == off
+
+
+def test_flipped_bit_in_length_is_caught_and_skip_resynchronises(tmp_path):
+    off = _offsets()[2]
+    p = _corrupt_copy(tmp_path, lambda d: d.__setitem__(off + 1, d[off + 1] ^ 0x01))
+    with pytest.raises(CorruptRecordError) as info:
+        list(tfr.read_records(p))
+    assert (info.value.check, info.value.offset) == ("length crc", off)
+    stats = tfr.ReadStats()
+    got = list(tfr.read_records(p, on_corrupt="skip", stats=stats))
+    assert got == RECORDS[:2] + RECORDS[3:]
+    assert stats.skipped_records == 1
+    assert stats.skipped_bytes == len(RECORDS[2]) + 16
+
+
+def test_crc_checks_can_be_turned_off(tmp_path):
+    off = _offsets()[3]
+    p = _corrupt_copy(tmp_path, lambda d: d.__setitem__(off + 12, d[off + 12] ^ 0xFF))
+    got = list(tfr.read_records(p, verify_crc=False))
+    assert len(got) == len(RECORDS) and got[3] != RECORDS[3]
+
+
+def test_absurd_length_is_reported_without_allocating(tmp_path):
+    absurd = (1 << 62) + 5
+    p = tmp_path / "absurd.tfrecord"
+    p.write_bytes(struct.pack("<QI", absurd, masked_length_crc(absurd)) + b"x" * 100)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError) as info:
+            list(tfr.read_records(str(p)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.check == "absurd length"
+    assert peak < 64 << 20
+
+
+def test_length_past_end_of_file_is_truncation_not_allocation(tmp_path):
+    claimed = 1 << 30  # plausible length, valid CRC, but the file holds 100 bytes
+    p = tmp_path / "short.tfrecord"
+    p.write_bytes(struct.pack("<QI", claimed, masked_length_crc(claimed)) + b"x" * 100)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError) as info:
+            list(tfr.read_records(str(p)))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.check == "truncated data"
+    assert peak < 64 << 20
+
+
+def test_gzip_file_read_as_uncompressed_hints_at_compression(tmp_path):
+    src = _write(tmp_path / "a.tfrecord", compression="GZIP")
+    with pytest.raises(CorruptRecordError, match="compression='GZIP'"):
+        list(tfr.read_records(src, compression=None))
+
+
+def test_truncated_gzip_stream_is_reported(tmp_path):
+    src = _write(tmp_path / "a.tfrecord.gz", [os.urandom(3000) for _ in range(20)], compression="GZIP")
+    data = open(src, "rb").read()
+    p = tmp_path / "cut.tfrecord.gz"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptRecordError) as info:
+        list(tfr.read_records(str(p)))
+    assert info.value.check in ("compressed stream", "truncated data", "truncated data crc", "truncated length")
+    assert "cut.tfrecord.gz" in str(info.value)
+
+
+def test_missing_file_is_file_not_found_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.tfrecord"):
+        list(tfr.read_records(str(tmp_path / "nope.tfrecord")))
+
+
+def test_writer_failure_leaves_no_file(tmp_path):
+    url = str(tmp_path / "out.tfrecord")
+    with pytest.raises(RuntimeError):
+        with tfr.TFRecordWriter(url, index=True) as w:
+            w.write(b"abc")
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_rejects_non_bytes(tmp_path):
+    with tfr.TFRecordWriter(str(tmp_path / "x.tfrecord")) as w:
+        with pytest.raises(TypeError, match="bytes"):
+            w.write("text")  # type: ignore[arg-type]
+
+
+def test_index_written_by_writer_matches_build_index(tmp_path):
+    url = _write(tmp_path / "i.tfrecord", index=True)
+    lines = open(url + ".idx").read().split("\n")
+    assert lines[0] == f"0 {len(RECORDS[0]) + 16}"
+    built = tfr.build_index(url, url + ".idx2")
+    assert built.tolist() == tfr.read_index(url + ".idx").tolist()
+    assert [o for o, _ in built.tolist()] == _offsets()
+
+
+def test_random_access_through_index(s3_bucket):
+    bucket, opts = s3_bucket
+    url = f"s3://{bucket}/ix/data.tfrecord"
+    tfr.write_records(url, RECORDS, index=True, storage_options=opts)
+    shard = tfr.IndexedTFRecord(url, storage_options=opts)
+    assert len(shard) == len(RECORDS)
+    assert shard[4] == RECORDS[4] and shard[-1] == RECORDS[-1]
+    assert shard.read_range(1, 4) == RECORDS[1:4]
+    with pytest.raises(IndexError, match="out of range"):
+        shard[len(RECORDS)]
+
+
+def test_stale_index_is_detected(tmp_path):
+    url = _write(tmp_path / "s.tfrecord", index=True)
+    _write(tmp_path / "s.tfrecord", [b"different", b"content"])
+    shard = tfr.IndexedTFRecord(url)
+    with pytest.raises(CorruptRecordError, match="stale index"):
+        shard[3]
+
+
+def test_malformed_index_line_names_file_and_line(tmp_path):
+    url = _write(tmp_path / "m.tfrecord")
+    (tmp_path / "m.tfrecord.idx").write_text("0 16\nbanana\n")
+    with pytest.raises(Exception, match=r"m.tfrecord.idx: line 2"):
+        tfr.IndexedTFRecord(url)
+
+
+def test_index_refuses_compressed(tmp_path):
+    with pytest.raises(ValueError, match="uncompressed"):
+        tfr.TFRecordWriter(str(tmp_path / "x.gz"), compression="GZIP", index=True)
+
+
+def test_frame_matches_masked_crc_definition():
+    data = b"hello"
+    f = tfr.frame(data)
+    assert struct.unpack("<Q", f[:8])[0] == 5
+    assert struct.unpack("<I", f[8:12])[0] == masked_length_crc(5)
+    assert struct.unpack("<I", f[-4:])[0] == masked_crc32c(data)
+    # the known CRC-32C check value
+    from shardfeed.formats.crc import crc32c
+
+    assert crc32c(b"123456789") == 0xE3069283
+
+
+def test_reading_through_http(http_dir):
+    directory, base = http_dir
+    _write(directory / "h.tfrecord")
+    assert list(tfr.read_records(f"{base}/h.tfrecord")) == RECORDS
+    assert storage.size(f"{base}/h.tfrecord") == sum(len(r) + 16 for r in RECORDS)
