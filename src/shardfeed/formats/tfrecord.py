@@ -37,6 +37,9 @@ MAX_RECORD_BYTES = (1 << 31) - 1  # a serialized protobuf cannot exceed 2 GiB
 _CHUNK = 4 << 20
 
 COMPRESSIONS = (None, "GZIP", "ZLIB")
+# Files that sit beside shards and are never TFRecords themselves: left out when a
+# directory or a glob is expanded.
+SIDECAR_SUFFIXES = (".idx", ".json", ".csv", ".txt", ".md")
 ON_CORRUPT = ("raise", "skip")
 
 
@@ -318,13 +321,19 @@ def read_records(
 
     Pass a :class:`ReadStats` as ``stats`` to collect counts (and skipped frames) across files.
     """
-    for url in storage.expand(urls, storage_options):
+    for url in expand_files(urls, storage_options):
         with TFRecordReader(url, compression, verify_crc, on_corrupt, storage_options) as reader:
             try:
                 yield from reader
             finally:
                 if stats is not None:
                     stats.merge(reader.stats)
+
+
+def expand_files(urls: str | Iterable[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """TFRecord files named by ``urls`` (URL, glob, directory or list), leaving out the
+    index, manifest and report files that sit beside shards."""
+    return storage.expand(urls, storage_options, skip_suffixes=SIDECAR_SUFFIXES)
 
 
 def frame(record: bytes) -> bytes:
@@ -447,6 +456,6 @@ from .index import IndexedTFRecord, build_index, read_index  # noqa: E402  (re-e
 
 __all__ = [
     "TFRecordReader", "TFRecordWriter", "ReadStats", "read_records", "write_records", "frame",
-    "normalize_compression", "open_stream", "IndexedTFRecord", "build_index", "read_index",
+    "normalize_compression", "open_stream", "expand_files", "IndexedTFRecord", "build_index", "read_index",
     "format_index",
 ]

@@ -340,13 +340,23 @@ def _unstrip(fs, name: str, parsed: ParsedURL) -> str:
     return name
 
 
-def expand(urls: str | os.PathLike | Iterable[str | os.PathLike], storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def expand(
+    urls: str | os.PathLike | Iterable[str | os.PathLike],
+    storage_options: Mapping[str, Any] | None = None,
+    skip_suffixes: tuple[str, ...] = (),
+) -> list[str]:
     """Turn a URL, a glob or a list of them into a list of file URLs.
 
-    Globs are expanded (sorted); a directory expands to the files in it (sorted); plain URLs
-    keep the order given. Raises ``FileNotFoundError`` for a glob that matches nothing or a
-    plain URL with nothing there, naming it.
+    Globs are expanded (sorted); a directory expands to the files in it (sorted, hidden
+    files left out); plain URLs keep the order given. Names ending in one of
+    ``skip_suffixes`` are left out of glob and directory expansions (index files beside
+    shards, say), never out of names given explicitly. Raises ``FileNotFoundError`` for a
+    glob that matches nothing or a plain URL with nothing there, naming it.
     """
+    def keep(u: str) -> bool:
+        name = u.split("?", 1)[0]
+        return not (skip_suffixes and name.endswith(skip_suffixes))
+
     if isinstance(urls, (str, os.PathLike)):
         items: Sequence[str] = [os.fspath(urls)]
     else:
@@ -354,7 +364,7 @@ def expand(urls: str | os.PathLike | Iterable[str | os.PathLike], storage_option
     out: list[str] = []
     for item in items:
         if has_magic(item):
-            matched = glob(item, storage_options)
+            matched = [u for u in glob(item, storage_options) if keep(u)]
             if not matched:
                 raise FileNotFoundError(f"{mask(item)}: no files match this pattern")
             out.extend(matched)
@@ -363,7 +373,8 @@ def expand(urls: str | os.PathLike | Iterable[str | os.PathLike], storage_option
         if parsed.is_local:
             if os.path.isdir(parsed.path):
                 out.extend(sorted(os.path.join(parsed.path, n) for n in os.listdir(parsed.path)
-                                  if not n.startswith(".") and os.path.isfile(os.path.join(parsed.path, n))))
+                                  if not n.startswith(".") and os.path.isfile(os.path.join(parsed.path, n))
+                                  and keep(n)))
             elif not os.path.exists(parsed.path):
                 raise FileNotFoundError(f"{mask(item)}: no such file or object")
             else:
@@ -375,7 +386,8 @@ def expand(urls: str | os.PathLike | Iterable[str | os.PathLike], storage_option
         fs, path = get_filesystem(parsed, storage_options)
         info = _run("stat", item, lambda: fs.info(path))
         if info.get("type") == "directory":
-            out.extend(u for u in list_dir(item, storage_options) if not u.rsplit("/", 1)[-1].startswith("."))
+            out.extend(u for u in list_dir(item, storage_options)
+                       if not u.rsplit("/", 1)[-1].startswith(".") and keep(u))
         else:
             out.append(item)
     return out

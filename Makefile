@@ -1,0 +1,40 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each sets up what it
+# needs on a fresh machine (a virtual environment in .venv, pip packages, Debian packages).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PYTHON ?= python3
+
+.PHONY: demo test test-fast fuzz-smoke bench clean
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/shardfeed demo --out demo-out
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q
+
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -q -m "not slow and not tf"
+
+fuzz-smoke: $(VENV)/.installed-dev
+	bash fuzz/run_smoke.sh
+
+bench: $(VENV)/.installed-dev
+	$(PY) benchmarks/read_tfrecord.py
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+
+$(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py
+	bash scripts/system-deps.sh build
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	bash scripts/system-deps.sh test
+	$(PIP) install -q -e '.[dev,tf]'
+	touch $@
+
+clean:
+	rm -rf $(VENV) build demo-out bench-out src/*.egg-info src/shardfeed/*.so

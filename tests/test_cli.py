@@ -1,0 +1,100 @@
+"""The ``shardfeed`` command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import shardfeed as sf
+from shardfeed.cli.main import main
+from shardfeed.formats.index import read_index
+
+
+@pytest.fixture
+def shards(tmp_path):
+    for s in range(2):
+        sf.write_records(str(tmp_path / f"part-{s}.tfrecord"),
+                         [sf.encode_example({"id": [s * 10 + i], "name": [f"n{i}".encode()], "x": [0.5] * (i % 3)})
+                          for i in range(10)])
+    return tmp_path
+
+
+def test_head_prints_decoded_json_lines(shards, capsys):
+    assert main(["head", "-n", "3", str(shards / "part-0.tfrecord")]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["id"] for line in lines] == [[0], [1], [2]]
+    assert lines[1]["name"] == ["n1"] and lines[1]["x"] == [0.5]
+
+
+def test_head_raw_and_across_files(shards, capsys):
+    assert main(["head", "-n", "12", "--raw", str(shards / "*.tfrecord")]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 12 and lines[-1]["file"].endswith("part-1.tfrecord") and lines[-1]["index"] == 1
+
+
+def test_count_total_and_per_file(shards, capsys):
+    assert main(["count", "--json", str(shards)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total"] == 20 and len(report["files"]) == 2
+
+
+def test_verify_ok_then_corrupt_exits_nonzero_with_offsets(shards, capsys):
+    assert main(["verify", str(shards / "*.tfrecord")]) == 0
+    assert "OK: 20 good records" in capsys.readouterr().out
+    path = shards / "part-1.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0x40  # inside the data of the first record
+    path.write_bytes(bytes(data))
+    assert main(["verify", "--json", str(shards / "*.tfrecord")]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["corrupt_records"] == 1 and report["records"] == 19
+    assert report["errors"][0]["offset"] == 0 and report["errors"][0]["check"] == "data crc"
+    assert report["errors"][0]["file"].endswith("part-1.tfrecord")
+
+
+def test_index_writes_idx_files(shards, capsys):
+    assert main(["index", "-q", str(shards / "*.tfrecord")]) == 0
+    idx = read_index(str(shards / "part-0.tfrecord.idx"))
+    assert len(idx) == 10
+    # index files beside the shards are not mistaken for shards
+    assert main(["count", str(shards)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "20"
+
+
+def test_inspect_reports_kinds_and_suggests_specs(shards, capsys):
+    assert main(["inspect", "--json", str(shards)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    f = report["features"]
+    assert f["id"]["kind"] == "int64_list" and f["id"]["suggested_spec"] == "FixedLen('int64')"
+    assert f["x"]["suggested_spec"] == "VarLen('float32')" and f["x"]["max_len"] == 2
+
+
+def test_missing_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["count", str(tmp_path / "nope-*.tfrecord")]) == 2
+    err = capsys.readouterr().err
+    assert "no files match" in err and "Traceback" not in err
+
+
+def test_head_on_non_example_records_names_the_record(tmp_path, capsys):
+    sf.write_records(str(tmp_path / "junk.tfrecord"), [b"\xff\xff\xff"])
+    assert main(["head", str(tmp_path / "junk.tfrecord")]) == 2
+    err = capsys.readouterr().err
+    assert "record #0" in err and "junk.tfrecord" in err
+
+
+def test_demo_writes_and_reads_back(tmp_path, capsys):
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--records", "500", "--shards", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "OK: every record written was read back once" in out
+    assert main(["count", str(tmp_path / "demo")]) == 0
+    assert capsys.readouterr().out.strip() == "500"
+
+
+def test_version_says_which_parser_is_active():
+    out = subprocess.run([sys.executable, "-m", "shardfeed.cli.main", "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith(f"shardfeed {sf.__version__} (")
+    assert ("native" in out) == sf.native_available()
