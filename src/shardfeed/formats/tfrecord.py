@@ -131,7 +131,8 @@ class TFRecordReader:
     """Iterate the records of one TFRecord file as ``bytes``.
 
     ``offset`` after each record is that record's frame offset (uncompressed stream);
-    ``stats`` counts what was read and skipped. Use as an iterator, or a context manager
+    ``stats`` counts what was read and skipped. ``start_offset`` starts reading at that
+    frame offset (``start_index`` is then the number of frames before it, for messages). Use as an iterator, or a context manager
     to close the file early.
     """
 
@@ -145,6 +146,7 @@ class TFRecordReader:
         buffer_size: int = 8 << 20,
         max_record_bytes: int = MAX_RECORD_BYTES,
         start_offset: int = 0,
+        start_index: int = 0,
     ):
         if on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
@@ -161,7 +163,7 @@ class TFRecordReader:
                 self._skip_stream(start_offset)
             else:
                 self._stream.seek(start_offset)
-        self._iter = self._records(start_offset)
+        self._iter = self._records(start_offset, start_index)
 
     def _skip_stream(self, n: int) -> None:
         while n > 0:
@@ -191,14 +193,13 @@ class TFRecordReader:
             hint = (detail + "; " if detail else "") + "is the file compressed? pass compression='GZIP' or 'ZLIB'"
         return CorruptRecordError(check, mask(self.url), offset, index, hint)
 
-    def _records(self, base: int) -> Iterator[bytes]:
+    def _records(self, base: int, index: int) -> Iterator[bytes]:
         """The framing loop over a sliding buffer of at most a few chunks plus one record."""
         stream = self._stream
         buf = b""
         pos = 0  # position in buf
         buf_base = base  # stream offset of buf[0]
         eof = False
-        index = 0
         verify = self.verify_crc
         stats = self.stats
 

@@ -179,7 +179,7 @@ def open_input(
         try:
             if os.path.isdir(parsed.path):
                 raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
-            return open(parsed.path, "rb", buffering=min(buffer_size, 1 << 20))
+            return open(parsed.path, "rb", buffering=min(max(buffer_size, 1 << 16), 1 << 20))
         except OSError as exc:
             raise _translate(exc, url, "open") from exc
     return io.BufferedReader(RangedReader(url, storage_options, buffer_size), buffer_size=buffer_size)

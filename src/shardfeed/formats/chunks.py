@@ -1,0 +1,184 @@
+"""The fast read path: whole TFRecord frames found in large chunks, then batches of
+records handed to the batch parser as ``(buffer, offsets, lengths)``, with no ``bytes``
+object per record.
+
+The frame scan is native (CRC-32C with the CPU's instruction) when the C core is built.
+At the first failed check or at a frame cut off by the end of the file, the rest of that
+file goes through :class:`~shardfeed.formats.tfrecord.TFRecordReader`, the reference, which
+raises or skips (``on_corrupt``) and reports exactly as it always does.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+
+import numpy as np
+
+from .native import scan_frames
+from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
+
+DEFAULT_CHUNK = 8 << 20
+
+
+class FrameChunk(NamedTuple):
+    """Records ``buffer[offsets[k] : offsets[k] + lengths[k]]`` for ``k < len(offsets)``."""
+
+    buffer: Any
+    offsets: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def count(self) -> int:
+        """Number of records."""
+        return len(self.offsets)
+
+    def records(self) -> list[bytes]:
+        mv = memoryview(self.buffer)
+        return [bytes(mv[o: o + n]) for o, n in zip(self.offsets.tolist(), self.lengths.tolist())]
+
+
+def _chunk_of(records: list[bytes]) -> FrameChunk:
+    lengths = np.fromiter((len(r) for r in records), dtype=np.int64, count=len(records))
+    offsets = np.zeros(len(records), dtype=np.int64)
+    if len(records) > 1:
+        np.cumsum(lengths[:-1], out=offsets[1:])
+    return FrameChunk(b"".join(records), offsets, lengths)
+
+
+def iter_frame_chunks(
+    url: str,
+    compression: str | None = "auto",
+    verify_crc: bool = True,
+    on_corrupt: str = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    stats: ReadStats | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+) -> Iterator[FrameChunk]:
+    """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes."""
+    comp = normalize_compression(compression, url)
+    stats = stats if stats is not None else ReadStats()
+    stream = open_stream(url, comp, storage_options, buffer_size=chunk_size)
+    base = 0  # stream offset of buf[0]
+    index = 0
+    tail = b""
+    try:
+        while True:
+            need = chunk_size
+            if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it
+                (length,) = struct.unpack_from("<Q", tail, 0)
+                if length <= max_record_bytes:
+                    need = max(need, length + 16 - len(tail))
+            # read in pieces of at most 16 MiB, so a length field never sizes an allocation
+            parts = [tail] if tail else []
+            got = 0
+            while got < need:
+                piece = stream.read(min(need - got, max(chunk_size, 16 << 20)))
+                if not piece:
+                    break
+                parts.append(piece)
+                got += len(piece)
+            data = got > 0
+            buf = parts[0] if len(parts) == 1 else b"".join(parts)
+            if not buf:
+                return
+            offsets, lengths, consumed, error = scan_frames(buf, verify_crc, max_record_bytes)
+            if len(offsets):
+                stats.records += len(offsets)
+                stats.bytes += int(lengths.sum()) + 16 * len(offsets)
+                index += len(offsets)
+                yield FrameChunk(buf, offsets, lengths)
+            if error is not None or (not data and consumed < len(buf)):
+                # a failed check, or the file ends inside a frame: the reference reader
+                # takes over from that frame and raises or skips exactly as it does
+                stream.close()
+                reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
+                                        max_record_bytes=max_record_bytes,
+                                        start_offset=base + consumed, start_index=index)
+                with reader:
+                    pending: list[bytes] = []
+                    size = 0
+                    for record in reader:
+                        pending.append(record)
+                        size += len(record)
+                        if size >= chunk_size:
+                            yield _chunk_of(pending)
+                            pending, size = [], 0
+                    if pending:
+                        yield _chunk_of(pending)
+                stats.merge(reader.stats)
+                return
+            tail = buf[consumed:]
+            base += consumed
+            if not data:
+                return
+    finally:
+        stream.close()
+
+
+def rebatch(chunks: Iterable[FrameChunk], batch_size: int, drop_remainder: bool = False) -> Iterator[FrameChunk]:
+    """Regroup chunks into chunks of exactly ``batch_size`` records (the last may be
+    smaller unless ``drop_remainder``). Bytes are copied only for a batch that spans two
+    chunks."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    carry: list[FrameChunk] = []
+    carried = 0
+    for chunk in chunks:
+        start = 0
+        n = chunk.count
+        if carried:
+            take = min(batch_size - carried, n)
+            carry.append(FrameChunk(chunk.buffer, chunk.offsets[:take], chunk.lengths[:take]))
+            carried += take
+            start = take
+            if carried < batch_size:
+                continue
+            yield _merge(carry)
+            carry, carried = [], 0
+        while n - start >= batch_size:
+            yield FrameChunk(chunk.buffer, chunk.offsets[start:start + batch_size], chunk.lengths[start:start + batch_size])
+            start += batch_size
+        if start < n:
+            carry = [FrameChunk(chunk.buffer, chunk.offsets[start:], chunk.lengths[start:])]
+            carried = n - start
+    if carried and not drop_remainder:
+        yield _merge(carry)
+
+
+def _merge(pieces: list[FrameChunk]) -> FrameChunk:
+    if len(pieces) == 1:
+        return pieces[0]
+    parts, offsets, lengths = [], [], []
+    pos = 0
+    for p in pieces:
+        if not p.count:
+            continue
+        lo = int(p.offsets[0])
+        hi = int(p.offsets[-1] + p.lengths[-1])
+        parts.append(memoryview(p.buffer)[lo:hi])
+        offsets.append(p.offsets - lo + pos)
+        lengths.append(p.lengths)
+        pos += hi - lo
+    return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths))
+
+
+def iter_record_batches(
+    urls: str | Iterable[str],
+    batch_size: int,
+    compression: str | None = "auto",
+    verify_crc: bool = True,
+    on_corrupt: str = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    drop_remainder: bool = False,
+    stats: ReadStats | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Iterator[FrameChunk]:
+    """Batches of ``batch_size`` records from every file of ``urls`` in order, as chunks
+    ready for :func:`shardfeed.formats.parse.parse_batch`."""
+    def all_chunks() -> Iterator[FrameChunk]:
+        for url in expand_files(urls, storage_options):
+            yield from iter_frame_chunks(url, compression, verify_crc, on_corrupt, storage_options, chunk_size, stats)
+
+    return rebatch(all_chunks(), batch_size, drop_remainder)
