@@ -10,11 +10,15 @@ raises or skips (``on_corrupt``) and reports exactly as it always does.
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
+from ..storage.io import _translate
+from ..storage.urls import parse_url
 from .native import scan_frames
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
@@ -59,6 +63,9 @@ def iter_frame_chunks(
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
+    if comp is None and parse_url(url).is_local:
+        yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes)
+        return
     stream = open_stream(url, comp, storage_options, buffer_size=chunk_size)
     base = 0  # stream offset of buf[0]
     index = 0
@@ -93,21 +100,8 @@ def iter_frame_chunks(
                 # a failed check, or the file ends inside a frame: the reference reader
                 # takes over from that frame and raises or skips exactly as it does
                 stream.close()
-                reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
-                                        max_record_bytes=max_record_bytes,
-                                        start_offset=base + consumed, start_index=index)
-                with reader:
-                    pending: list[bytes] = []
-                    size = 0
-                    for record in reader:
-                        pending.append(record)
-                        size += len(record)
-                        if size >= chunk_size:
-                            yield _chunk_of(pending)
-                            pending, size = [], 0
-                    if pending:
-                        yield _chunk_of(pending)
-                stats.merge(reader.stats)
+                yield from _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes,
+                                           base + consumed, index, chunk_size, stats)
                 return
             tail = buf[consumed:]
             base += consumed
@@ -115,6 +109,62 @@ def iter_frame_chunks(
                 return
     finally:
         stream.close()
+
+
+def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes, offset, index,
+                    chunk_size, stats) -> Iterator[FrameChunk]:
+    """The rest of a file from frame ``offset`` on, through the reference reader."""
+    reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
+                            max_record_bytes=max_record_bytes, start_offset=offset, start_index=index)
+    with reader:
+        try:
+            pending: list[bytes] = []
+            size = 0
+            for record in reader:
+                pending.append(record)
+                size += len(record)
+                if size >= chunk_size:
+                    yield _chunk_of(pending)
+                    pending, size = [], 0
+            if pending:
+                yield _chunk_of(pending)
+        finally:
+            stats.merge(reader.stats)
+
+
+def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes) -> Iterator[FrameChunk]:
+    """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
+    Chunks keep the map alive for as long as they are referenced."""
+    path = parse_url(url).path
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise _translate(exc, url, "open") from exc
+    view = memoryview(mm)
+    pos = 0
+    index = 0
+    while pos < size:
+        end = min(size, pos + chunk_size)
+        offsets, lengths, consumed, error = scan_frames(view[pos:end], verify_crc, max_record_bytes)
+        if consumed == 0 and error is None and end < size and size - pos >= 8:
+            # a frame bigger than the chunk (its length CRC checked out): scan just past it
+            (length,) = struct.unpack_from("<Q", mm, pos)
+            end = min(size, pos + 16 + length)
+            offsets, lengths, consumed, error = scan_frames(view[pos:end], verify_crc, max_record_bytes)
+        if len(offsets):
+            stats.records += len(offsets)
+            stats.bytes += int(lengths.sum()) + 16 * len(offsets)
+            index += len(offsets)
+            yield FrameChunk(mm, offsets + pos, lengths)
+        pos += consumed
+        if error is not None or (end == size and pos < size):
+            yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
+                                       chunk_size, stats)
+            return
 
 
 def rebatch(chunks: Iterable[FrameChunk], batch_size: int, drop_remainder: bool = False) -> Iterator[FrameChunk]:
