@@ -33,7 +33,7 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	bash scripts/system-deps.sh test
-	$(PIP) install -q -e '.[dev,tf]'
+	SHARDFEED_REQUIRE_NATIVE=1 $(PIP) install -q -e '.[dev,tf]'
 	touch $@
 
 clean:
