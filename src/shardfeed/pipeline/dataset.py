@@ -1,34 +1,215 @@
-"""The base of every pipeline: an immutable description that makes iterators."""
+"""The base of every pipeline: an immutable description that makes iterators.
+
+Chain methods (``map``, ``batch``, ``prefetch`` ...) return new datasets; nothing runs until
+iteration. Stage classes live in their own modules and are imported inside the methods, so
+that stage modules can import this base without a cycle.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from .node import AUTOTUNE, Build, Node
+
+if TYPE_CHECKING:
+    from .iterator import PipelineIterator
+    from .stats import PipelineStats
+
+_counter_lock = threading.Lock()
 
 
 class Dataset:
     """A re-iterable description of a stream of elements.
 
-    A ``Dataset`` holds no iteration state: each ``iter(ds)`` starts a fresh pass, so the
-    same object can be iterated many times (one pass per epoch) and shared between threads.
-    Subclasses implement :meth:`__iter__`.
+    A ``Dataset`` holds no iteration state: each ``iter(ds)`` starts a fresh pass (a
+    :class:`~shardfeed.pipeline.iterator.PipelineIterator` that owns the pass's threads),
+    so the same object can be iterated many times (one pass per epoch). Passes are numbered:
+    the n-th pass of a seeded shuffle uses the seed of epoch n, the same in every run.
+
+    Subclasses implement :meth:`_build` (see :mod:`shardfeed.pipeline.node`); a subclass
+    that only implements ``__iter__`` still works, with resume by replay.
     """
 
-    def __iter__(self) -> Iterator[Any]:
-        raise NotImplementedError
+    kind = "dataset"
 
-    def take(self, count: int) -> list[Any]:
-        """The first ``count`` elements, as a list (a convenience for inspection)."""
-        out = []
-        if count <= 0:
-            return out
-        it = iter(self)
-        try:
-            for element in it:
-                out.append(element)
-                if len(out) >= count:
-                    break
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-        return out
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> "PipelineIterator":
+        from .iterator import PipelineIterator  # noqa: PLC0415
+
+        return PipelineIterator(self)
+
+    def iter_from_state(self, state: Mapping[str, Any]) -> "PipelineIterator":
+        """An iterator that resumes where the iterator whose ``get_state()`` gave ``state`` was."""
+        from .iterator import PipelineIterator  # noqa: PLC0415
+
+        return PipelineIterator(self, state)
+
+    def _next_pass(self) -> int:
+        with _counter_lock:
+            n = self.__dict__.get("_passes", 0)
+            self.__dict__["_passes"] = n + 1
+        return n
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        """A node for one pass, resumed from ``state`` (``None``: from the start)."""
+        if type(self).__iter__ is Dataset.__iter__:
+            raise NotImplementedError(f"{type(self).__name__} must implement _build (or __iter__)")
+        from .sources import IterableNode  # noqa: PLC0415
+
+        return IterableNode(b, self, lambda: type(self).__iter__(self), state)
+
+    def _deferred_spec(self) -> Mapping[str, Any] | None:
+        """The feature spec when this dataset can hand out serialized Example records for a
+        downstream ``batch`` to parse in one call; ``None`` otherwise."""
+        return None
+
+    def stats(self) -> "PipelineStats":
+        """Statistics of this dataset's most recent pass (see :class:`PipelineStats`)."""
+        from .stats import PipelineStats  # noqa: PLC0415
+
+        last = self.__dict__.get("_last_stats")
+        return last if last is not None else PipelineStats()
+
+    # -- stages --------------------------------------------------------------------
+    def map(self, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
+            deterministic: bool = True, use_processes: bool = False) -> "Dataset":
+        """Apply ``fn`` to every element; in ``num_parallel_calls`` threads (or processes,
+        for a picklable ``fn``) when given (``AUTOTUNE``: one per core). With
+        ``deterministic=False`` results come as they finish (and cannot be resumed exactly)."""
+        from .map import MapDataset  # noqa: PLC0415
+
+        return MapDataset(self, fn, num_parallel_calls, deterministic, use_processes)
+
+    def filter(self, predicate: Callable[[Any], bool]) -> "Dataset":
+        """Keep the elements for which ``predicate`` is true."""
+        from .map import FilterDataset  # noqa: PLC0415
+
+        return FilterDataset(self, predicate)
+
+    def shuffle(self, buffer_size: int, seed: int | None = None, reshuffle_each_iteration: bool = True) -> "Dataset":
+        """Shuffle through a buffer of ``buffer_size`` elements. Give ``seed`` for the same
+        order in every run; each pass (epoch) derives its own seed from it unless
+        ``reshuffle_each_iteration=False``."""
+        from .shuffle import ShuffleDataset  # noqa: PLC0415
+
+        return ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
+
+    def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
+        """Group ``batch_size`` elements into one: dicts/tuples of numpy arrays. Serialized
+        Examples of a dataset with a spec are parsed a whole batch at once."""
+        from .batch import BatchDataset  # noqa: PLC0415
+
+        return BatchDataset(self, batch_size, drop_remainder)
+
+    def unbatch(self) -> "Dataset":
+        """Split batches (dicts/tuples of arrays, or arrays) back into elements."""
+        from .batch import UnbatchDataset  # noqa: PLC0415
+
+        return UnbatchDataset(self)
+
+    def repeat(self, count: int | None = None) -> "Dataset":
+        """Repeat ``count`` times (``None`` or -1: forever). Each repetition is an epoch."""
+        from .slicing import RepeatDataset  # noqa: PLC0415
+
+        return RepeatDataset(self, count)
+
+    def take(self, count: int) -> "Dataset":
+        """The first ``count`` elements (``list(ds.take(3))`` to look at a few)."""
+        from .slicing import TakeDataset  # noqa: PLC0415
+
+        return TakeDataset(self, count)
+
+    def skip(self, count: int) -> "Dataset":
+        """All but the first ``count`` elements."""
+        from .slicing import SkipDataset  # noqa: PLC0415
+
+        return SkipDataset(self, count)
+
+    def shard(self, index: int, count: int) -> "Dataset":
+        """Elements ``index, index + count, index + 2*count, ...`` (worker ``index`` of ``count``)."""
+        from .slicing import ShardDataset  # noqa: PLC0415
+
+        return ShardDataset(self, index, count)
+
+    def prefetch(self, buffer_size: int = AUTOTUNE) -> "Dataset":
+        """Produce up to ``buffer_size`` elements ahead in a background thread
+        (``AUTOTUNE``: sized from the element size within the pass's memory budget)."""
+        from .prefetch import PrefetchDataset  # noqa: PLC0415
+
+        return PrefetchDataset(self, buffer_size)
+
+    def interleave(self, fn: Callable[[Any], "Dataset"], cycle_length: int = AUTOTUNE, block_length: int = 1,
+                   num_parallel_calls: int | None = None, deterministic: bool = True) -> "Dataset":
+        """Map each element to a dataset with ``fn`` and mix ``cycle_length`` of them,
+        ``block_length`` elements from each in turn; read them ahead in
+        ``num_parallel_calls`` threads when given."""
+        from .interleave import InterleaveDataset  # noqa: PLC0415
+
+        return InterleaveDataset(self, fn, cycle_length, block_length, num_parallel_calls, deterministic)
+
+    # -- outputs ---------------------------------------------------------------------
+    def as_numpy(self) -> Iterator[Any]:
+        """Iterate with every value as numpy (lists and scalars become arrays)."""
+        from ..adapters.jax import as_numpy  # noqa: PLC0415
+
+        return as_numpy(self)
+
+    def to_torch(self, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` (see :func:`shardfeed.adapters.torch.to_torch`)."""
+        from ..adapters.torch import to_torch  # noqa: PLC0415
+
+        return to_torch(self, **kwargs)
+
+    def to_tf(self, **kwargs: Any) -> Any:
+        """A ``tf.data.Dataset`` (see :func:`shardfeed.adapters.tf.to_tf`)."""
+        from ..adapters.tf import to_tf  # noqa: PLC0415
+
+        return to_tf(self, **kwargs)
+
+    def to_jax(self, **kwargs: Any) -> Iterator[Any]:
+        """Iterate with arrays placed by ``jax.device_put`` (see :func:`shardfeed.adapters.jax.to_jax`)."""
+        from ..adapters.jax import to_jax  # noqa: PLC0415
+
+        return to_jax(self, **kwargs)
+
+    # -- constructors --------------------------------------------------------------
+    @staticmethod
+    def from_list(items: Any) -> "Dataset":
+        """The items of a list (or anything with ``len`` and ``[i]``), in order."""
+        from .sources import from_list  # noqa: PLC0415
+
+        return from_list(items)
+
+    @staticmethod
+    def from_iterable(iterable: Any) -> "Dataset":
+        """The elements of a re-iterable object, or of what a zero-argument callable returns."""
+        from .sources import from_iterable  # noqa: PLC0415
+
+        return from_iterable(iterable)
+
+
+class UnaryDataset(Dataset):
+    """A stage with one upstream dataset, ``parent``."""
+
+    def __init__(self, parent: Dataset) -> None:
+        if not isinstance(parent, Dataset):
+            raise TypeError(f"expected a shardfeed Dataset upstream, got {type(parent).__name__}")
+        self.parent = parent
+
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.{self.kind}()"
+
+
+def positive_int(name: str, value: Any, allow_autotune: bool = False, allow_none: bool = False) -> Any:
+    """Validate a count argument at the boundary, with a message saying how to fix it."""
+    if value is None and allow_none:
+        return None
+    if allow_autotune and value == AUTOTUNE:
+        return AUTOTUNE
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        extra = " or sf.AUTOTUNE" if allow_autotune else ""
+        raise ValueError(f"{name} must be a positive int{extra}, got {value!r}")
+    return value
+
+

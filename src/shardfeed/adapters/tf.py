@@ -1,0 +1,49 @@
+"""TensorFlow: a shardfeed dataset as a ``tf.data.Dataset`` (via ``from_generator``)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..formats.spec import RaggedColumn, SparseColumn
+from ..pipeline.dataset import Dataset
+
+
+def _spec_of(x: Any, tf: Any, path: str) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_spec_of(v, tf, f"{path}[{i}]") for i, v in enumerate(x))
+    if isinstance(x, (RaggedColumn, SparseColumn)):
+        raise TypeError(f"{path} is a {type(x).__name__}; to_tf supports dense arrays only: "
+                        "pad it in a map, or pass output_signature and convert it yourself")
+    a = np.asarray(x)
+    dtype = tf.string if a.dtype == object or a.dtype.kind in "SU" else tf.as_dtype(a.dtype)
+    shape = (None,) + a.shape[1:] if a.ndim >= 1 else ()  # the last batch may be smaller
+    return tf.TensorSpec(shape=shape, dtype=dtype)
+
+
+def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
+    """A ``tf.data.Dataset`` yielding the elements of ``ds``. ``output_signature`` is
+    inferred from the first element when not given (first dimension left unknown).
+    Raises ``ImportError`` when TensorFlow is missing, ``TypeError`` for elements that are
+    not dense arrays (or dicts/tuples of them)."""
+    try:
+        import tensorflow as tf  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError("to_tf needs TensorFlow: pip install tensorflow-cpu (or tensorflow)") from exc
+    if output_signature is None:
+        first = list(ds.take(1))
+        if not first:
+            raise ValueError("to_tf cannot infer output_signature from an empty dataset; pass output_signature")
+        output_signature = _spec_of(first[0], tf, "element")
+
+    def gen():
+        it = iter(ds)
+        try:
+            yield from it
+        finally:
+            it.close()
+
+    return tf.data.Dataset.from_generator(gen, output_signature=output_signature)

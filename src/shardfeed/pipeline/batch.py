@@ -1,0 +1,167 @@
+"""``batch`` and ``unbatch``.
+
+When the upstream dataset hands out serialized Examples for a spec (a TFRecord source
+with ``spec=``, possibly through shuffle/shard/take/repeat/prefetch/interleave), ``batch``
+asks for the serialized records and parses the whole batch in one
+:func:`~shardfeed.formats.parse.parse_batch` call, straight into numpy columns. Other
+elements are stacked: dicts and tuples column by column, arrays along a new first axis,
+1-D arrays of different lengths into a :class:`~shardfeed.RaggedColumn`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..formats.parse import parse_batch
+from ..formats.spec import RaggedColumn, SparseColumn
+from .dataset import Dataset, UnaryDataset, positive_int
+from .node import Build, Node
+
+
+def stack(elements: list, where: str = "element") -> Any:
+    """Stack a list of like-structured elements into one batch."""
+    first = elements[0]
+    if isinstance(first, Mapping):
+        keys = list(first)
+        for e in elements:
+            if not isinstance(e, Mapping) or e.keys() != first.keys():
+                raise ValueError(f"cannot batch: {where}s have different keys ({keys} vs {list(e)})")
+        return {k: stack([e[k] for e in elements], f"{where}[{k!r}]") for k in keys}
+    if isinstance(first, tuple):
+        n = len(first)
+        if any(not isinstance(e, tuple) or len(e) != n for e in elements):
+            raise ValueError(f"cannot batch: {where}s are tuples of different lengths")
+        return tuple(stack([e[i] for e in elements], f"{where}[{i}]") for i in range(n))
+    if isinstance(first, (bytes, str)):
+        out = np.empty(len(elements), dtype=object)
+        out[:] = elements
+        return out
+    arrays = [np.asarray(e) for e in elements]
+    shape = arrays[0].shape
+    if all(a.shape == shape for a in arrays):
+        return np.stack(arrays)
+    if all(a.ndim == 1 for a in arrays):
+        lengths = np.array([len(a) for a in arrays], np.int64)
+        return RaggedColumn(np.concatenate(arrays), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    raise ValueError(f"cannot batch: {where}s have different shapes ({shape} and "
+                     f"{next(a.shape for a in arrays if a.shape != shape)}); pad them in a map first")
+
+
+def nbytes(batch: Any) -> int:
+    """Bytes held by a batch: its numpy arrays, and the bytes/str values of object arrays."""
+    if isinstance(batch, np.ndarray):
+        if batch.dtype == object:  # bytes/str values live outside the array
+            return batch.nbytes + sum(len(v) for v in batch.ravel() if isinstance(v, (bytes, str)))
+        return batch.nbytes
+    if isinstance(batch, Mapping):
+        return sum(nbytes(v) for v in batch.values())
+    if isinstance(batch, (tuple, list)):
+        return sum(nbytes(v) for v in batch)
+    if isinstance(batch, RaggedColumn):
+        return batch.values.nbytes + batch.row_splits.nbytes
+    if isinstance(batch, SparseColumn):
+        return batch.indices.nbytes + batch.values.nbytes
+    return 0
+
+
+class BatchDataset(UnaryDataset):
+    kind = "batch"
+
+    def __init__(self, parent: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
+        super().__init__(parent)
+        self.batch_size = positive_int("batch_size", batch_size)
+        self.drop_remainder = bool(drop_remainder)
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _BatchNode(b, self, state)
+
+
+class _BatchNode(Node):
+    def __init__(self, b: Build, ds: BatchDataset, state: Mapping[str, Any] | None) -> None:
+        self.spec = ds.parent._deferred_spec()
+        self.parent = ds.parent._build(b.but(raw=self.spec is not None), state)
+        super().__init__(b, ds, [self.parent])
+        self.size = ds.batch_size
+        self.drop = ds.drop_remainder
+
+    def _next(self) -> Any:
+        parent = self.parent
+        items = []
+        try:
+            for _ in range(self.size):
+                items.append(next(parent))
+        except StopIteration:
+            if not items or self.drop:
+                raise
+        out = parse_batch(items, self.spec) if self.spec is not None else stack(items)
+        self.stats.bytes += nbytes(out)
+        return out
+
+    def get_state(self) -> dict:
+        return self.parent.get_state()
+
+    def close(self) -> None:
+        self.parent.close()
+
+
+class UnbatchDataset(UnaryDataset):
+    kind = "unbatch"
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _UnbatchNode(b.but(raw=False), self, state)
+
+
+def split(batch: Any) -> list:
+    """The rows of a batch (inverse of :func:`stack`)."""
+    if isinstance(batch, Mapping):
+        cols = {k: split(v) for k, v in batch.items()}
+        n = {len(v) for v in cols.values()}
+        if len(n) > 1:
+            raise ValueError(f"cannot unbatch: columns have different lengths {sorted(n)}")
+        return [{k: cols[k][i] for k in cols} for i in range(n.pop() if n else 0)]
+    if isinstance(batch, tuple):
+        cols = [split(v) for v in batch]
+        return list(zip(*cols))
+    if isinstance(batch, RaggedColumn):
+        return batch.to_list()
+    if isinstance(batch, SparseColumn):
+        raise TypeError("cannot unbatch a SparseColumn; parse it as VarLen to get a RaggedColumn")
+    if isinstance(batch, (np.ndarray, list)):
+        return list(batch)
+    raise TypeError(f"cannot unbatch a {type(batch).__name__}: expected arrays, dicts or tuples of them")
+
+
+class _UnbatchNode(Node):
+    def __init__(self, b: Build, ds: UnbatchDataset, state: Mapping[str, Any] | None) -> None:
+        self.batch_state = state["parent"] if state else None  # upstream state before the current batch
+        self.parent = ds.parent._build(b, self.batch_state)
+        super().__init__(b, ds, [self.parent])
+        self.rows: list = []
+        self.i = 0
+        skip = int(state["row"]) if state else 0
+        if skip:
+            self._load()
+            self.i = skip
+
+    def _load(self) -> None:
+        self.batch_state = self.parent.get_state()
+        self.rows = split(next(self.parent))
+        self.i = 0
+
+    def _next(self) -> Any:
+        while self.i >= len(self.rows):
+            self._load()
+        x = self.rows[self.i]
+        self.i += 1
+        return x
+
+    def get_state(self) -> dict:
+        if self.i >= len(self.rows):
+            return {"parent": self.parent.get_state(), "row": 0}
+        return {"parent": self.batch_state, "row": self.i}
+
+    def close(self) -> None:
+        self.rows = []
+        self.parent.close()

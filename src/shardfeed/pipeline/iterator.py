@@ -1,0 +1,112 @@
+"""One pass over a dataset: owns its threads, measures the consumer, saves and resumes."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Mapping
+
+from .node import Build, Context
+from .stats import PipelineStats
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+STATE_VERSION = 1
+
+
+def _close_holder(holder: list) -> None:
+    ctx = holder[0]
+    if ctx is not None:
+        ctx.close()
+
+
+class PipelineIterator:
+    """Iterator over one pass of a :class:`Dataset`.
+
+    It owns the pass's threads: ``close()`` (idempotent), leaving a ``with`` block, the end
+    of the pass, an error, Ctrl-C, garbage collection and interpreter exit all stop and
+    join them. An exception raised in any worker is re-raised here with its traceback.
+    ``get_state()`` is a small dict; ``set_state(state)`` (or
+    ``dataset.iter_from_state(state)``) continues with exactly the elements an
+    uninterrupted pass would have yielded next.
+    """
+
+    def __init__(self, ds: "Dataset", state: Mapping[str, Any] | None = None) -> None:
+        self._ds = ds
+        self._holder: list = [None]
+        self._finalizer = weakref.finalize(self, _close_holder, self._holder)
+        self._start(state)
+
+    def _start(self, state: Mapping[str, Any] | None) -> None:
+        if state is not None:
+            if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION or "root" not in state:
+                raise ValueError(
+                    "state must be a dict returned by PipelineIterator.get_state() "
+                    f"(version {STATE_VERSION}), got {state!r:.200}")
+            self._pass = int(state["pass"])
+            root_state = state["root"]
+            self._done = bool(state.get("done", False))
+        else:
+            self._pass = self._ds._next_pass()
+            root_state = None
+            self._done = False
+        ctx = Context()
+        self._holder[0] = ctx
+        self._ctx = ctx
+        self._ds.__dict__["_last_stats"] = ctx.stats
+        self._root = self._ds._build(Build(ctx, raw=False, epoch=(self._pass,)), root_state)
+        ctx.on_close(self._root.close)
+
+    def __iter__(self) -> "PipelineIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._done or self._ctx.closed:
+            raise StopIteration
+        stats = self._ctx.stats
+        t = time.perf_counter()
+        if stats.started is None:
+            stats.started = t
+        try:
+            x = next(self._root)
+        except StopIteration:
+            self._done = True
+            self._ctx.close()
+            raise
+        except BaseException:
+            # an error (or Ctrl-C) ends the pass: stop the workers before it propagates
+            self._ctx.close()
+            raise
+        finally:
+            now = time.perf_counter()
+            stats.consumer_wait_s += now - t
+            stats.last = now
+        stats.consumer_elements += 1
+        return x
+
+    def get_state(self) -> dict:
+        """Where this pass is: a small JSON-able dict of cursors, counters and seeds."""
+        return {"version": STATE_VERSION, "pass": self._pass, "done": self._done, "root": self._root.get_state()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``get_state()`` of an iterator over the same dataset)."""
+        self._ctx.close()
+        self._start(state)
+
+    def stats(self) -> PipelineStats:
+        """Per-stage elements, bytes and busy time, consumer wait, and a verdict."""
+        return self._ctx.stats
+
+    def close(self) -> None:
+        """Stop and join this pass's threads (idempotent)."""
+        self._ctx.close()
+
+    def __enter__(self) -> "PipelineIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<PipelineIterator pass={self._pass} over {self._ds!r}>"

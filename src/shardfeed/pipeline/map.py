@@ -1,0 +1,201 @@
+"""``map`` (in the consumer's thread, or in worker threads or processes) and ``filter``.
+
+A parallel map pulls its input in chunks sized to about a millisecond of ``fn`` work
+(adapted as it runs), hands each chunk to a worker, and delivers results in input order.
+Its state is the upstream state at the start of the chunk being delivered plus how many
+of that chunk were delivered, so a resume re-reads one chunk at most and maps nothing twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, Callable, Mapping
+
+from .dataset import Dataset, UnaryDataset, positive_int
+from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node
+from .workers import WorkerPool
+
+MAX_CHUNK = 1024
+
+
+class MapDataset(UnaryDataset):
+    kind = "map"
+
+    def __init__(self, parent: Dataset, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
+                 deterministic: bool = True, use_processes: bool = False) -> None:
+        super().__init__(parent)
+        if not callable(fn):
+            raise TypeError(f"map needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.num_parallel_calls = positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True,
+                                               allow_none=True)
+        self.deterministic = bool(deterministic)
+        self.use_processes = bool(use_processes)
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        b = b.but(raw=False)  # fn sees parsed elements
+        if self.num_parallel_calls is None and not self.use_processes:
+            return _MapNode(b, self, state)
+        return _ParallelMapNode(b, self, state)
+
+
+class _MapNode(Node):
+    def __init__(self, b: Build, ds: MapDataset, state: Mapping[str, Any] | None) -> None:
+        self.parent = ds.parent._build(b, state)
+        self.fn = ds.fn
+        super().__init__(b, ds, [self.parent])
+
+    def _next(self) -> Any:
+        return self.fn(next(self.parent))
+
+    def get_state(self) -> dict:
+        return self.parent.get_state()
+
+    def close(self) -> None:
+        self.parent.close()
+
+
+def _apply(fn: Callable[[Any], Any], items: list) -> tuple[list, float]:
+    t = time.perf_counter()
+    out = [fn(x) for x in items]
+    return out, time.perf_counter() - t
+
+
+class _ProcessPool:
+    """A process pool with the :class:`WorkerPool` interface (``fn`` must be picklable)."""
+
+    def __init__(self, n: int) -> None:
+        self._ex = ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn"))
+        self.size = n
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        return self._ex.submit(fn, *args)
+
+    def close(self) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+
+class _ParallelMapNode(Node):
+    def __init__(self, b: Build, ds: MapDataset, state: Mapping[str, Any] | None) -> None:
+        self.init_state = state["parent"] if state else None
+        self.skip = int(state["skip"]) if state else 0
+        self.parent = ds.parent._build(b, self.init_state)
+        super().__init__(b, ds, [self.parent])
+        n = ds.num_parallel_calls
+        self.n = (os.cpu_count() or 1) if n in (None, AUTOTUNE) else n
+        self.fn = ds.fn
+        self.ds = ds
+        self.pool: Any = None
+        self.pending: collections.deque = collections.deque()
+        self.cur: list | None = None
+        self.cur_state: Any = None
+        self.pos = 0
+        self.chunk = 1
+        self.exhausted = False
+        self.stats.threaded = True
+        self.stats.parallelism = self.n
+
+    def _start(self) -> None:
+        if self.ctx.closed:
+            raise RuntimeError("the iterator was closed")
+        self.pool = _ProcessPool(self.n) if self.ds.use_processes else WorkerPool(self.n, "map")
+        self.ctx.on_close(self.pool.close)
+
+    def _fill(self) -> None:
+        if self.pool is None:
+            self._start()
+        parent = self.parent
+        stop = self.ctx.stop
+        while self.skip:  # resuming inside a chunk: those inputs were delivered already
+            next(parent)
+            self.skip -= 1
+        while not self.exhausted and len(self.pending) < 2 * self.n:
+            st = parent.get_state()
+            items = []
+            t0 = time.perf_counter()
+            try:
+                # a chunk is about a millisecond of fn work, and of waiting on the input too
+                while len(items) < self.chunk and not stop.is_set():
+                    items.append(next(parent))
+                    if time.perf_counter() - t0 >= CHUNK_SECONDS:
+                        break
+            except StopIteration:
+                self.exhausted = True
+            if items:
+                self.pending.append((st, self.pool.submit(_apply, self.fn, items)))
+
+    def _take_done(self) -> tuple[Any, Future]:
+        if self.ds.deterministic:
+            return self.pending.popleft()
+        done, _ = wait([f for _, f in self.pending], return_when=FIRST_COMPLETED)
+        for i, (st, f) in enumerate(self.pending):
+            if f in done:
+                del self.pending[i]
+                return st, f
+        raise AssertionError("unreachable")
+
+    def _next(self) -> Any:
+        while True:
+            cur = self.cur
+            if cur is not None and self.pos < len(cur):
+                x = cur[self.pos]
+                self.pos += 1
+                return x
+            self._fill()
+            if not self.pending:
+                raise StopIteration
+            st, fut = self._take_done()
+            results, dt = fut.result()  # a worker's exception is re-raised here, traceback kept
+            self.stats.work_s += dt
+            per = dt / len(results)
+            self.chunk = max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / per) if per > 0 else MAX_CHUNK))
+            self.cur, self.cur_state, self.pos = results, st, 0
+            self._fill()
+
+    def get_state(self) -> dict:
+        if not self.ds.deterministic:
+            raise ValueError("a map with deterministic=False cannot be resumed exactly; "
+                             "use deterministic=True to checkpoint this pipeline")
+        if self.cur is None:
+            return {"parent": self.init_state, "skip": self.skip}
+        return {"parent": self.cur_state, "skip": self.pos}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        for _, f in self.pending:
+            f.cancel()
+        self.pending.clear()
+        self.parent.close()
+
+
+class FilterDataset(UnaryDataset):
+    kind = "filter"
+
+    def __init__(self, parent: Dataset, predicate: Callable[[Any], bool]) -> None:
+        super().__init__(parent)
+        if not callable(predicate):
+            raise TypeError(f"filter needs a callable, got {type(predicate).__name__}")
+        self.predicate = predicate
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _FilterNode(b.but(raw=False), self, state)
+
+
+class _FilterNode(_MapNode):
+    def __init__(self, b: Build, ds: FilterDataset, state: Mapping[str, Any] | None) -> None:
+        self.parent = ds.parent._build(b, state)
+        self.predicate = ds.predicate
+        Node.__init__(self, b, ds, [self.parent])
+
+    def _next(self) -> Any:
+        pred = self.predicate
+        parent = self.parent
+        while True:
+            x = next(parent)
+            if pred(x):
+                return x

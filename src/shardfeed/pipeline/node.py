@@ -1,0 +1,115 @@
+"""The iterator contract every stage implements, and the context one pass shares.
+
+A :class:`Node` is one stage of one pass: ``next()`` gives the next element,
+``get_state()`` a small dict (cursors, counters, seeds; never buffered data) from which
+the same stage, rebuilt by ``Dataset._build(ctx, state, ...)``, yields exactly the
+elements that were not yet delivered, in the same order. A node's state describes what it
+has *delivered* to its consumer, not what it read ahead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from .stats import PipelineStats, StageStats
+
+logger = logging.getLogger(__name__)
+
+AUTOTUNE = -1
+"""Pass as a parallelism or buffer size to let shardfeed choose it (``sf.AUTOTUNE``)."""
+
+DEFAULT_MEMORY_BUDGET = 512 << 20
+"""Bytes that AUTOTUNE-sized buffers of one pass may hold together."""
+
+CHUNK_SECONDS = 0.001
+"""Work handed between threads at once: about a millisecond of it (a wake costs ~50 us)."""
+
+
+class Context:
+    """What all nodes of one pass share: the stop event, the things to close, the stats."""
+
+    def __init__(self, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
+        self.stop = threading.Event()
+        self.stats = PipelineStats()
+        self.memory_budget = memory_budget
+        self._closers: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the pass closes (at once if it already has)."""
+        with self._lock:
+            if not self.closed:
+                self._closers.append(fn)
+                return
+        fn()
+
+    def close(self) -> None:
+        """Stop every thread of the pass and join it; idempotent, never raises."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            closers, self._closers = self._closers, []
+        self.stop.set()
+        for fn in reversed(closers):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - closing must go on
+                logger.exception("error while closing a pipeline stage")
+
+
+@dataclass(frozen=True)
+class Build:
+    """How to build a node: the pass's context; ``raw``: the consumer accepts serialized
+    records where the dataset would parse them (a batch parses them all at once);
+    ``epoch``: the repetition path, from which seeded stages derive their seeds;
+    ``scope``: set for the per-element datasets an interleave opens, so their stats merge."""
+
+    ctx: Context
+    raw: bool = False
+    epoch: tuple = ()
+    scope: str = ""
+
+    def but(self, **changes: Any) -> "Build":
+        return replace(self, **changes)
+
+
+class Node:
+    """One stage of one pass. Subclasses implement ``_next`` and ``get_state``."""
+
+    kind = "node"
+
+    def __init__(self, b: Build, ds: Any, upstream: list["Node"] | None = None) -> None:
+        self.ctx = ctx = b.ctx
+        key = (b.scope, ds.kind) if b.scope else id(ds)
+        name = f"{b.scope}/{ds.kind}" if b.scope else ds.kind
+        self.stats: StageStats = ctx.stats.stage(key, name)
+        for up in upstream or ():
+            if up.stats not in self.stats.upstream and up.stats is not self.stats:
+                self.stats.upstream.append(up.stats)
+
+    def __iter__(self) -> "Node":
+        return self
+
+    def __next__(self) -> Any:
+        t = time.perf_counter()
+        try:
+            x = self._next()
+        finally:
+            self.stats.inclusive_s += time.perf_counter() - t
+        self.stats.elements += 1
+        return x
+
+    def _next(self) -> Any:
+        raise NotImplementedError
+
+    def get_state(self) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what this node holds (files, threads); the context calls it too."""

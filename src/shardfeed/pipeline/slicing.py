@@ -1,0 +1,176 @@
+"""Stages that choose which elements pass, by position: take, skip, shard, repeat."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .dataset import Dataset, UnaryDataset, positive_int
+from .node import Build, Node
+
+
+class _PassNode(Node):
+    """A synchronous one-upstream node; serialized records pass through untouched."""
+
+    def __init__(self, b: Build, ds: UnaryDataset, parent_state: Any) -> None:
+        self.parent = ds.parent._build(b, parent_state)
+        super().__init__(b, ds, [self.parent])
+
+    def close(self) -> None:
+        self.parent.close()
+
+
+class TakeDataset(UnaryDataset):
+    kind = "take"
+
+    def __init__(self, parent: Dataset, count: int) -> None:
+        super().__init__(parent)
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"take count must be an int, got {count!r}")
+        self.count = count  # negative: all
+
+    def _deferred_spec(self):
+        return self.parent._deferred_spec()
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _TakeNode(b, self, state)
+
+
+class _TakeNode(_PassNode):
+    def __init__(self, b: Build, ds: TakeDataset, state: Mapping[str, Any] | None) -> None:
+        super().__init__(b, ds, state["parent"] if state else None)
+        self.left = int(state["left"]) if state else ds.count
+
+    def _next(self) -> Any:
+        if self.left == 0:
+            raise StopIteration
+        x = next(self.parent)
+        self.left -= 1
+        return x
+
+    def get_state(self) -> dict:
+        return {"parent": self.parent.get_state(), "left": self.left}
+
+
+class SkipDataset(UnaryDataset):
+    kind = "skip"
+
+    def __init__(self, parent: Dataset, count: int) -> None:
+        super().__init__(parent)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"skip count must be an int >= 0, got {count!r}")
+        self.count = count
+
+    def _deferred_spec(self):
+        return self.parent._deferred_spec()
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _SkipNode(b, self, state)
+
+
+class _SkipNode(_PassNode):
+    def __init__(self, b: Build, ds: SkipDataset, state: Mapping[str, Any] | None) -> None:
+        super().__init__(b, ds, state["parent"] if state else None)
+        self.to_skip = int(state["to_skip"]) if state else ds.count
+
+    def _next(self) -> Any:
+        while self.to_skip:
+            next(self.parent)
+            self.to_skip -= 1
+        return next(self.parent)
+
+    def get_state(self) -> dict:
+        return {"parent": self.parent.get_state(), "to_skip": self.to_skip}
+
+
+class ShardDataset(UnaryDataset):
+    kind = "shard"
+
+    def __init__(self, parent: Dataset, index: int, count: int) -> None:
+        super().__init__(parent)
+        positive_int("shard count", count)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise ValueError(f"shard index must be an int in [0, {count}), got {index!r}")
+        self.index = index
+        self.count = count
+
+    def _deferred_spec(self):
+        return self.parent._deferred_spec()
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _ShardNode(b, self, state)
+
+
+class _ShardNode(_PassNode):
+    def __init__(self, b: Build, ds: ShardDataset, state: Mapping[str, Any] | None) -> None:
+        super().__init__(b, ds, state["parent"] if state else None)
+        self.count = ds.count
+        self.pos = int(state["pos"]) if state else 0  # position of the next upstream element
+        self.index = ds.index
+
+    def _next(self) -> Any:
+        parent = self.parent
+        while self.pos % self.count != self.index:
+            next(parent)
+            self.pos += 1
+        x = next(parent)
+        self.pos += 1
+        return x
+
+    def get_state(self) -> dict:
+        return {"parent": self.parent.get_state(), "pos": self.pos}
+
+
+class RepeatDataset(UnaryDataset):
+    kind = "repeat"
+
+    def __init__(self, parent: Dataset, count: int | None = None) -> None:
+        super().__init__(parent)
+        if count == -1:
+            count = None
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise ValueError(f"repeat count must be an int >= 0, or None/-1 for forever, got {count!r}")
+        self.count = count
+
+    def _deferred_spec(self):
+        return self.parent._deferred_spec()
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return _RepeatNode(b, self, state)
+
+
+class _RepeatNode(Node):
+    def __init__(self, b: Build, ds: RepeatDataset, state: Mapping[str, Any] | None) -> None:
+        self.b = b
+        self.ds = ds
+        self.epoch = int(state["epoch"]) if state else 0
+        self.yielded = bool(state["yielded"]) if state else False  # this epoch gave something
+        self.parent: Node | None = None
+        if ds.count is None or self.epoch < ds.count:
+            self.parent = ds.parent._build(b.but(epoch=b.epoch + (self.epoch,)), state["parent"] if state else None)
+        super().__init__(b, ds, [self.parent] if self.parent else [])
+
+    def _next(self) -> Any:
+        while self.parent is not None:
+            try:
+                x = next(self.parent)
+            except StopIteration:
+                self.parent.close()
+                self.parent = None
+                if not self.yielded:
+                    break  # an empty epoch: repeating it forever would never yield
+                self.epoch += 1
+                self.yielded = False
+                if self.ds.count is None or self.epoch < self.ds.count:
+                    self.parent = self.ds.parent._build(self.b.but(epoch=self.b.epoch + (self.epoch,)), None)
+                continue
+            self.yielded = True
+            return x
+        raise StopIteration
+
+    def get_state(self) -> dict:
+        return {"epoch": self.epoch, "yielded": self.yielded,
+                "parent": self.parent.get_state() if self.parent is not None else None}
+
+    def close(self) -> None:
+        if self.parent is not None:
+            self.parent.close()

@@ -1,0 +1,146 @@
+"""Where a pipeline's time went: per-stage counters and a one-line verdict.
+
+Every stage counts the elements and bytes it delivered and the time spent inside its
+``next`` as its consumer saw it (``inclusive_s``). A synchronous stage's own busy time is
+that minus its upstream's inclusive time; a threaded stage (prefetch, parallel map,
+parallel interleave) reports the time its workers spent working (``work_s``) and how many
+worked at once. The consumer's wait is the time the training loop spent inside
+``next(iterator)``: when that is a large part of the wall time, training is input-bound.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+INPUT_BOUND_WAIT_FRACTION = 0.10
+
+
+@dataclass
+class StageStats:
+    """Counters of one stage (one per dataset in the chain, shared by its copies)."""
+
+    name: str
+    elements: int = 0
+    bytes: int = 0
+    inclusive_s: float = 0.0
+    work_s: float = 0.0
+    parallelism: int = 1
+    threaded: bool = False
+    upstream: list["StageStats"] = field(default_factory=list, repr=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add_work(self, seconds: float) -> None:
+        with self.lock:
+            self.work_s += seconds
+
+    @property
+    def busy_s(self) -> float:
+        if self.threaded:
+            return self.work_s
+        # a synchronous stage's time includes the time it waited on its upstream stages
+        return max(0.0, self.inclusive_s - sum(u.inclusive_s for u in self.upstream))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "elements": self.elements, "bytes": self.bytes,
+            "busy_s": round(self.busy_s, 6), "parallelism": self.parallelism,
+            "threaded": self.threaded,
+        }
+
+
+class PipelineStats:
+    """The stages of one iterator, in pipeline order (source first), and the consumer."""
+
+    def __init__(self) -> None:
+        self.stages: list[StageStats] = []
+        self._by_key: dict[Any, StageStats] = {}
+        self.consumer_wait_s = 0.0
+        self.consumer_elements = 0
+        self.started: float | None = None
+        self.last: float | None = None
+
+    def stage(self, key: Any, name: str) -> StageStats:
+        st = self._by_key.get(key)
+        if st is None:
+            st = StageStats(f"{len(self.stages)}:{name}")
+            self._by_key[key] = st
+            self.stages.append(st)
+        return st
+
+    @property
+    def wall_s(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.last or time.perf_counter()) - self.started
+
+    @property
+    def wait_fraction(self) -> float:
+        wall = self.wall_s
+        return self.consumer_wait_s / wall if wall > 0 else 0.0
+
+    def slowest_stage(self) -> StageStats | None:
+        if not self.stages:
+            return None
+        return max(self.stages, key=lambda s: s.busy_s / max(1, s.parallelism))
+
+    def verdict(self) -> str:
+        """One line: input-bound or not, and the slowest stage."""
+        if self.started is None:
+            return "not started: no element was taken yet"
+        frac = self.wait_fraction
+        slow = self.slowest_stage()
+        slow_txt = f"; slowest stage {slow.name} ({slow.busy_s:.3f} s busy over {slow.parallelism} worker(s))" if slow else ""
+        if frac >= INPUT_BOUND_WAIT_FRACTION:
+            return f"input-bound: the consumer waited {frac:.0%} of {self.wall_s:.2f} s{slow_txt}"
+        return f"not input-bound: the consumer waited {frac:.1%} of {self.wall_s:.2f} s{slow_txt}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "wall_s": round(self.wall_s, 6), "consumer_wait_s": round(self.consumer_wait_s, 6),
+            "consumer_wait_fraction": round(self.wait_fraction, 6), "elements": self.consumer_elements,
+            "input_bound": self.wait_fraction >= INPUT_BOUND_WAIT_FRACTION and self.started is not None,
+            "verdict": self.verdict(), "stages": [s.to_dict() for s in self.stages],
+        }
+
+    def to_json(self, path: str | None = None) -> str:
+        """The statistics as JSON text; also written to ``path`` when given."""
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        return text
+
+    def write_tensorboard(self, logdir: str, step: int) -> bool:
+        """Write scalars with ``tf.summary`` when TensorFlow and TensorBoard are installed;
+        False (and nothing written) otherwise."""
+        try:
+            import tensorboard  # noqa: F401, PLC0415 - tf.summary needs it
+            import tensorflow as tf  # noqa: PLC0415 - optional, heavy
+        except ImportError:
+            logger.info("TensorFlow or TensorBoard is not installed; no TensorBoard scalars written")
+            return False
+        writer = tf.summary.create_file_writer(logdir)
+        with writer.as_default():
+            tf.summary.scalar("shardfeed/consumer_wait_fraction", self.wait_fraction, step=step)
+            for s in self.stages:
+                tf.summary.scalar(f"shardfeed/{s.name}/busy_s", s.busy_s, step=step)
+                tf.summary.scalar(f"shardfeed/{s.name}/elements", s.elements, step=step)
+        writer.flush()
+        writer.close()
+        return True
+
+    def __str__(self) -> str:
+        lines = [f"{'stage':<28}{'elements':>12}{'MB':>10}{'busy s':>10}{'workers':>9}"]
+        for s in self.stages:
+            lines.append(f"{s.name:<28}{s.elements:>12}{s.bytes / 1e6:>10.1f}{s.busy_s:>10.3f}{s.parallelism:>9}")
+        lines.append(self.verdict())
+        return "\n".join(lines)
+
+    __repr__ = __str__

@@ -1,0 +1,128 @@
+"""``read_text``: the lines of text files, with a ``(file, byte offset, line)`` cursor."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping
+
+from .. import storage
+from ..formats.tfrecord import normalize_compression, open_stream
+from .sources import SourceDataset
+
+_SKIP_CHUNK = 4 << 20
+
+
+class LineReader:
+    """Lines (``bytes``, newline stripped) of a list of files, resumable by byte offset.
+
+    ``line`` is the 1-based number of the last line returned, ``url`` its file.
+    """
+
+    def __init__(self, files: list[str], compression: str | None, storage_options: Mapping[str, Any] | None,
+                 state: Mapping[str, Any] | None, header: bool = False) -> None:
+        self.files = files
+        self.compression = compression
+        self.storage_options = storage_options
+        self.header = header
+        self.fi = int(state["file"]) if state else 0
+        self.offset = int(state["offset"]) if state else 0
+        self.line = int(state["line"]) if state else 0
+        self.stream: Any = None
+        self.bytes_read = 0
+
+    @property
+    def url(self) -> str:
+        return self.files[min(self.fi, len(self.files) - 1)]
+
+    def _open(self) -> None:
+        url = self.files[self.fi]
+        self.stream = open_stream(url, self.compression, self.storage_options, buffer_size=1 << 20)
+        if self.offset:
+            if normalize_compression(self.compression, url) is None:
+                self.stream.seek(self.offset)
+            else:
+                left = self.offset
+                while left > 0:
+                    got = self.stream.read(min(left, _SKIP_CHUNK))
+                    if not got:
+                        break
+                    left -= len(got)
+        elif self.header:
+            first = self.stream.readline()
+            self.offset += len(first)
+            self.line += 1
+
+    def __next__(self) -> bytes:
+        while True:
+            if self.stream is None:
+                if self.fi >= len(self.files):
+                    raise StopIteration
+                self._open()
+            raw = self.stream.readline()
+            if not raw:
+                self.close()
+                self.fi += 1
+                self.offset = 0
+                self.line = 0
+                continue
+            self.offset += len(raw)
+            self.bytes_read += len(raw)
+            self.line += 1
+            if raw.endswith(b"\n"):
+                raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+            return raw
+
+    def get_state(self) -> dict:
+        return {"file": self.fi, "offset": self.offset, "line": self.line}
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+
+class _TextReader(LineReader):
+    def __init__(self, ds: "TextLineDataset", state: Mapping[str, Any] | None) -> None:
+        super().__init__(ds.files, ds.compression, ds.storage_options, state)
+        self.encoding = ds.encoding
+
+    def __next__(self) -> Any:
+        raw = super().__next__()
+        if self.encoding is None:
+            return raw
+        try:
+            return raw.decode(self.encoding)
+        except UnicodeDecodeError as exc:
+            raise UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end,
+                                     f"{exc.reason} in {storage.mask(self.url)}, line {self.line}") from None
+
+
+class TextLineDataset(SourceDataset):
+    """Lines of text files, file after file (see :func:`read_text`)."""
+
+    kind = "text"
+
+    def __init__(self, files: Any, compression: str | None = "auto", encoding: str | None = "utf-8",
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        normalize_compression(compression)
+        self.files = storage.expand(files, storage_options)
+        self.compression = compression
+        self.encoding = encoding
+        self.storage_options = storage_options
+
+    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _TextReader:
+        return _TextReader(self, state)
+
+    def __repr__(self) -> str:
+        return f"read_text({len(self.files)} files)"
+
+
+def read_text(files: str | os.PathLike | Iterable[str | os.PathLike], compression: str | None = "auto",
+              encoding: str | None = "utf-8", storage_options: Mapping[str, Any] | None = None) -> TextLineDataset:
+    """The lines of text files (a URL, a glob or a list; any storage), newline removed.
+
+    Lines are ``str`` decoded with ``encoding`` (``None``: ``bytes``). ``compression`` as
+    for :func:`read_tfrecord`. Resumes by byte offset. Raises ``FileNotFoundError`` when a
+    path or glob matches nothing, ``UnicodeDecodeError`` naming file and line for bad text.
+    """
+    return TextLineDataset(files, compression, encoding, storage_options)

@@ -1,0 +1,88 @@
+"""read_csv: types from record_defaults, required columns, quoting, select_cols, errors
+that name file, line and column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardfeed.pipeline import CsvError, read_csv
+
+
+def write(tmp_path, text, name="t.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_types_come_from_the_defaults_and_empty_fields_take_them(tmp_path):
+    p = write(tmp_path, "1,2.5,abc,b\n,,,\n")
+    rows = list(read_csv(p, [7, 0.5, "dflt", b"B"]))
+    assert rows[0] == (1, 2.5, "abc", b"b") and rows[1] == (7, 0.5, "dflt", b"B")
+    assert isinstance(rows[0][0], np.int64) and isinstance(rows[0][1], np.float32)
+
+
+def test_batch_gives_typed_numpy_columns(tmp_path):
+    p = write(tmp_path, "1,2.5,a\n3,4.5,b\n")
+    ids, vals, names = next(iter(read_csv(p, [0, 0.0, ""]).batch(2)))
+    assert ids.dtype == np.int64 and ids.tolist() == [1, 3]
+    assert vals.dtype == np.float32 and names.tolist() == ["a", "b"]
+
+
+def test_required_columns_reject_empty_fields_naming_file_line_column(tmp_path):
+    p = write(tmp_path, "1,x\n2,\n")
+    for required in (None, [], str):
+        with pytest.raises(CsvError) as info:
+            list(read_csv(p, [0, required]))
+        assert info.value.line == 2 and info.value.column == 1 and "t.csv, line 2, column 1" in str(info.value)
+
+
+def test_typed_required_column_and_tensorflow_list_spelling(tmp_path):
+    p = write(tmp_path, "1,2\n")
+    assert list(read_csv(p, [[0], float])) == [(1, np.float32(2.0))]
+    assert list(read_csv(p, [np.float64(0), np.int32])) == [(1.0, 2)]
+
+
+def test_bad_value_error_names_the_type(tmp_path):
+    p = write(tmp_path, "h\n1\nx1\n", "bad.csv")
+    with pytest.raises(CsvError, match=r"bad\.csv, line 3, column 0: cannot parse 'x1' as int64"):
+        list(read_csv(p, [0], header=True))
+
+
+def test_quoting_embedded_delimiters_quotes_and_newlines(tmp_path):
+    p = write(tmp_path, '"a,b","say ""hi""","two\nlines"\n')
+    assert list(read_csv(p, ["", "", ""])) == [("a,b", 'say "hi"', "two\nlines")]
+
+
+def test_unclosed_quote_is_reported_where_the_row_starts(tmp_path):
+    p = write(tmp_path, 'ok,1\n"open,2\nmore\n')
+    with pytest.raises(CsvError, match="line 2.*not closed"):
+        list(read_csv(p, ["", 0]))
+
+
+def test_wrong_field_count(tmp_path):
+    p = write(tmp_path, "1,2,3\n")
+    with pytest.raises(CsvError, match="expected 2 fields"):
+        list(read_csv(p, [0, 0]))
+
+
+def test_select_cols_header_and_delimiter(tmp_path):
+    p = write(tmp_path, "a|b|c\n1|skip|3.5\n")
+    assert list(read_csv(p, [0, 0.0], field_delim="|", header=True, select_cols=[0, 2])) == [(1, 3.5)]
+    with pytest.raises(ValueError, match="increasing"):
+        read_csv(p, [0, 0.0], select_cols=[2, 0])
+    with pytest.raises(ValueError, match="select_cols has 1"):
+        read_csv(p, [0, 0.0], select_cols=[0])
+
+
+def test_header_is_skipped_in_every_file(tmp_path):
+    a = write(tmp_path, "x\n1\n", "a.csv")
+    b = write(tmp_path, "x\n2\n", "b.csv")
+    assert [r[0] for r in read_csv([a, b], [0], header=True)] == [1, 2]
+
+
+@pytest.mark.parametrize("defaults,delim", [([], ","), ("abc", ","), ([0], ",,"), ([object()], ",")])
+def test_bad_arguments(tmp_path, defaults, delim):
+    p = write(tmp_path, "1\n")
+    with pytest.raises((ValueError, TypeError)):
+        read_csv(p, defaults, field_delim=delim)

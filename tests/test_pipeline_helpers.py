@@ -1,0 +1,35 @@
+"""Small inline data shared by the pipeline tests (no tests here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import shardfeed as sf
+
+SPEC = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=[2]), "ids": sf.VarLen("int64")}
+
+
+def example(i: int) -> bytes:
+    return sf.encode_example({"id": [i], "x": np.array([i, -i], np.float32), "ids": list(range(i % 3))})
+
+
+def write_shards(tmp_path, n_files: int = 3, per_file: int = 7, compression: str | None = None) -> list[str]:
+    """``n_files`` TFRecord files; record ``i`` of file ``f`` has id ``f * 1000 + i``."""
+    suffix = ".gz" if compression == "GZIP" else ""
+    paths = []
+    for f in range(n_files):
+        p = str(tmp_path / f"part-{f:03d}.tfrecord{suffix}")
+        sf.write_records(p, [example(f * 1000 + i) for i in range(per_file)], compression=compression)
+        paths.append(p)
+    return paths
+
+
+def wait_threads_back_to(n: int, timeout: float = 5.0) -> int:
+    """Thread count once it fell to ``n`` (or after ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while threading.active_count() > n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threading.active_count()

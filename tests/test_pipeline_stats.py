@@ -1,0 +1,79 @@
+"""Statistics: per-stage counts, busy time, consumer wait, verdict, JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from shardfeed.pipeline import from_list
+
+
+def slow(x):
+    time.sleep(0.002)
+    return x
+
+
+def test_stats_count_elements_and_bytes_per_stage():
+    ds = from_list(list(range(40))).map(lambda x: x).batch(8)
+    it = iter(ds)
+    assert len(list(it)) == 5
+    st = it.stats()
+    by = {s.name.split(":", 1)[1]: s for s in st.stages}
+    assert by["from_list"].elements == 40 and by["map"].elements == 40 and by["batch"].elements == 5
+    assert by["batch"].bytes == 40 * 8
+    assert st.consumer_elements == 5
+    assert ds.stats() is st  # the dataset reports its latest pass
+
+
+def test_verdict_names_input_bound_and_the_slow_stage():
+    it = iter(from_list(list(range(30))).map(slow).batch(5))
+    list(it)
+    st = it.stats()
+    assert st.wait_fraction > 0.5
+    assert st.verdict().startswith("input-bound") and "map" in st.verdict()
+    assert st.slowest_stage().name.endswith("map")
+
+
+def test_verdict_not_input_bound_when_the_consumer_is_slower():
+    it = iter(from_list(list(range(20))).prefetch(20))
+    next(it)
+    time.sleep(0.05)  # the producer finishes while the consumer works
+    for _ in it:
+        time.sleep(0.005)
+    assert it.stats().verdict().startswith("not input-bound")
+
+
+def test_threaded_stage_reports_worker_time_and_parallelism():
+    it = iter(from_list(list(range(20))).map(slow, num_parallel_calls=2))
+    list(it)
+    m = it.stats().stages[-1]
+    assert m.threaded and m.parallelism == 2 and m.busy_s >= 20 * 0.002 * 0.9
+
+
+def test_tensorboard_is_optional(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    it = iter(from_list([1]))
+    list(it)
+    assert it.stats().write_tensorboard(str(tmp_path / "tb"), step=0) is False
+
+
+def test_json_export(tmp_path):
+    it = iter(from_list([1, 2, 3]).batch(2))
+    list(it)
+    text = it.stats().to_json(str(tmp_path / "s.json"))
+    d = json.loads((tmp_path / "s.json").read_text())
+    assert d == json.loads(text) and d["elements"] == 2 and len(d["stages"]) == 2 and "verdict" in d
+    assert "verdict" not in str(it.stats()).splitlines()[0]
+
+
+def test_tensorboard_scalars_written_when_tensorflow_is_installed(tmp_path):
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("tensorflow")
+    it = iter(from_list([1, 2, 3]))
+    list(it)
+    assert it.stats().write_tensorboard(str(tmp_path / "tb"), step=1)
+    assert any(p.name.startswith("events") for p in (tmp_path / "tb").iterdir())
