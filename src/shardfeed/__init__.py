@@ -19,7 +19,20 @@ from .formats.example import (
 from .formats.index import IndexedTFRecord, build_index, read_index
 from .formats.spec import FixedLen, RaggedColumn, Sparse, SparseColumn, VarLen
 from .formats.tfrecord import ReadStats, TFRecordReader, TFRecordWriter, read_records, write_records
-from .pipeline import Dataset, TFRecordDataset, read_tfrecord
+from .pipeline import (
+    AUTOTUNE,
+    CsvError,
+    Dataset,
+    PipelineIterator,
+    PipelineStats,
+    SourceDataset,
+    TFRecordDataset,
+    from_iterable,
+    from_list,
+    read_csv,
+    read_text,
+    read_tfrecord,
+)
 from .storage import retry_stats
 
 
@@ -43,5 +56,7 @@ __all__ = [
     "parse_example", "parse_single_example", "IndexedTFRecord", "build_index", "read_index",
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
+    "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
+    "read_csv", "read_text",
     "retry_stats", "native_available", "native_info",
 ]
