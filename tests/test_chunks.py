@@ -129,3 +129,26 @@ def test_parse_batch_on_chunks_equals_parse_example(tmp_path):
         assert ours["c"].tolist() == ref["c"].tolist()
         start += batch.count
     assert start == 300
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+def test_positions_are_frame_offsets_and_start_offset_resumes(tmp_path, compression):
+    url = str(tmp_path / "p.tfrecord")
+    tfr.write_records(url, RECORDS[:60], compression=compression)
+    expected_positions = np.cumsum([0] + [len(r) + 16 for r in RECORDS[:59]])
+    chunks = list(iter_frame_chunks(url, compression=compression, chunk_size=5000))
+    positions = np.concatenate([c.positions for c in chunks])
+    np.testing.assert_array_equal(positions, expected_positions)
+    start = int(expected_positions[25])
+    resumed = _flatten(iter_frame_chunks(url, compression=compression, chunk_size=5000, start_offset=start))
+    assert resumed == RECORDS[25:60]
+    batches = list(rebatch(iter(chunks), 7))
+    np.testing.assert_array_equal(np.concatenate([b.positions for b in batches]), expected_positions)
+
+
+def test_positions_of_records_after_skipped_corruption(tmp_path):
+    url, off = _corrupt(tmp_path, 20, 12)
+    chunks = list(iter_frame_chunks(url, on_corrupt="skip", chunk_size=3000))
+    positions = np.concatenate([c.positions for c in chunks]).tolist()
+    expected = np.cumsum([0] + [len(r) + 16 for r in RECORDS[:49]]).tolist()
+    assert positions == expected[:20] + expected[21:]

@@ -111,3 +111,22 @@ def test_check_resume_everywhere_detects_a_stage_that_resumes_wrongly():
 
     with pytest.raises(AssertionError, match="resumed at step"):
         check_resume_everywhere(Forgetful())
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP"])
+@pytest.mark.parametrize("drop", [False, True])
+def test_fused_tfrecord_batch_resumes_and_equals_parsing_each_batch(tmp_path, compression, drop):
+    """read_tfrecord(spec).batch(n) reads whole batches of frames at once; batches span
+    files, and resuming from any step gives what an uninterrupted pass gives."""
+    files = write_shards(tmp_path, n_files=3, per_file=5, compression=compression)
+    source = sf.read_tfrecord(files, spec=SPEC)
+    ds = source.batch(4, drop_remainder=drop)
+    assert check_resume_everywhere(ds) == (3 if drop else 4) + 1  # steps 0..batches
+    records = list(sf.read_records(files))
+    for i, batch in enumerate(ds):
+        expected = sf.parse_example(records[i * 4:(i + 1) * 4], SPEC)
+        assert batch.keys() == expected.keys()
+        for key in expected:
+            got, want = batch[key], expected[key]
+            assert (got == want) if not hasattr(want, "dtype") else (got.tolist() == want.tolist())
+    assert source.read_stats.records >= len(records)

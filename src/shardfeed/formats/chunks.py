@@ -26,11 +26,19 @@ DEFAULT_CHUNK = 8 << 20
 
 
 class FrameChunk(NamedTuple):
-    """Records ``buffer[offsets[k] : offsets[k] + lengths[k]]`` for ``k < len(offsets)``."""
+    """Records ``buffer[offsets[k] : offsets[k] + lengths[k]]`` for ``k < len(offsets)``;
+    ``positions[k]`` is where record ``k``'s frame starts in its file (the uncompressed
+    stream), for resuming and for error messages."""
 
     buffer: Any
     offsets: np.ndarray
     lengths: np.ndarray
+    positions: np.ndarray
+
+    @property
+    def triple(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """``(buffer, offsets, lengths)``, what the batch parser takes."""
+        return self.buffer, self.offsets, self.lengths
 
     @property
     def count(self) -> int:
@@ -42,12 +50,12 @@ class FrameChunk(NamedTuple):
         return [bytes(mv[o: o + n]) for o, n in zip(self.offsets.tolist(), self.lengths.tolist())]
 
 
-def _chunk_of(records: list[bytes]) -> FrameChunk:
+def _chunk_of(records: list[bytes], positions: list[int]) -> FrameChunk:
     lengths = np.fromiter((len(r) for r in records), dtype=np.int64, count=len(records))
     offsets = np.zeros(len(records), dtype=np.int64)
     if len(records) > 1:
         np.cumsum(lengths[:-1], out=offsets[1:])
-    return FrameChunk(b"".join(records), offsets, lengths)
+    return FrameChunk(b"".join(records), offsets, lengths, np.array(positions, dtype=np.int64))
 
 
 def iter_frame_chunks(
@@ -59,18 +67,27 @@ def iter_frame_chunks(
     chunk_size: int = DEFAULT_CHUNK,
     stats: ReadStats | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
+    start_offset: int = 0,
 ) -> Iterator[FrameChunk]:
-    """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes."""
+    """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
+    starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
     if comp is None and parse_url(url).is_local:
-        yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes)
+        yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset)
         return
     stream = open_stream(url, comp, storage_options, buffer_size=chunk_size)
-    base = 0  # stream offset of buf[0]
+    base = start_offset  # stream offset of buf[0]
     index = 0
     tail = b""
     try:
+        if start_offset:
+            if comp is None:
+                stream.seek(start_offset)
+            else:
+                left = start_offset
+                while left > 0 and (piece := stream.read(min(left, 16 << 20))):
+                    left -= len(piece)
         while True:
             need = chunk_size
             if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it
@@ -95,7 +112,7 @@ def iter_frame_chunks(
                 stats.records += len(offsets)
                 stats.bytes += int(lengths.sum()) + 16 * len(offsets)
                 index += len(offsets)
-                yield FrameChunk(buf, offsets, lengths)
+                yield FrameChunk(buf, offsets, lengths, offsets + (base - 12))
             if error is not None or (not data and consumed < len(buf)):
                 # a failed check, or the file ends inside a frame: the reference reader
                 # takes over from that frame and raises or skips exactly as it does
@@ -119,20 +136,22 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
     with reader:
         try:
             pending: list[bytes] = []
+            positions: list[int] = []
             size = 0
             for record in reader:
                 pending.append(record)
+                positions.append(reader.offset)
                 size += len(record)
                 if size >= chunk_size:
-                    yield _chunk_of(pending)
-                    pending, size = [], 0
+                    yield _chunk_of(pending, positions)
+                    pending, positions, size = [], [], 0
             if pending:
-                yield _chunk_of(pending)
+                yield _chunk_of(pending, positions)
         finally:
             stats.merge(reader.stats)
 
 
-def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes) -> Iterator[FrameChunk]:
+def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced."""
     path = parse_url(url).path
@@ -145,7 +164,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     except OSError as exc:
         raise _translate(exc, url, "open") from exc
     view = memoryview(mm)
-    pos = 0
+    pos = start
     index = 0
     while pos < size:
         end = min(size, pos + chunk_size)
@@ -159,7 +178,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
             stats.records += len(offsets)
             stats.bytes += int(lengths.sum()) + 16 * len(offsets)
             index += len(offsets)
-            yield FrameChunk(mm, offsets + pos, lengths)
+            yield FrameChunk(mm, offsets + pos, lengths, offsets + (pos - 12))
         pos += consumed
         if error is not None or (end == size and pos < size):
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
@@ -171,36 +190,50 @@ def rebatch(chunks: Iterable[FrameChunk], batch_size: int, drop_remainder: bool 
     """Regroup chunks into chunks of exactly ``batch_size`` records (the last may be
     smaller unless ``drop_remainder``). Bytes are copied only for a batch that spans two
     chunks."""
+    for batch, _ in rebatch_tagged(((c, None) for c in chunks), batch_size, drop_remainder):
+        yield batch
+
+
+def rebatch_tagged(
+    chunks: Iterable[tuple[FrameChunk, Any]], batch_size: int, drop_remainder: bool = False
+) -> Iterator[tuple[FrameChunk, Any]]:
+    """:func:`rebatch` over ``(chunk, tag)`` pairs, yielding ``(batch, tag)`` where ``tag``
+    is that of the chunk the batch's last record came from (a file index, say)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     carry: list[FrameChunk] = []
     carried = 0
-    for chunk in chunks:
+    tag = None
+    for chunk, tag in chunks:
         start = 0
         n = chunk.count
         if carried:
             take = min(batch_size - carried, n)
-            carry.append(FrameChunk(chunk.buffer, chunk.offsets[:take], chunk.lengths[:take]))
+            carry.append(_slice(chunk, 0, take))
             carried += take
             start = take
             if carried < batch_size:
                 continue
-            yield _merge(carry)
+            yield _merge(carry), tag
             carry, carried = [], 0
         while n - start >= batch_size:
-            yield FrameChunk(chunk.buffer, chunk.offsets[start:start + batch_size], chunk.lengths[start:start + batch_size])
+            yield _slice(chunk, start, start + batch_size), tag
             start += batch_size
         if start < n:
-            carry = [FrameChunk(chunk.buffer, chunk.offsets[start:], chunk.lengths[start:])]
+            carry = [_slice(chunk, start, n)]
             carried = n - start
     if carried and not drop_remainder:
-        yield _merge(carry)
+        yield _merge(carry), tag
+
+
+def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
+    return FrameChunk(chunk.buffer, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j])
 
 
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     if len(pieces) == 1:
         return pieces[0]
-    parts, offsets, lengths = [], [], []
+    parts, offsets, lengths, positions = [], [], [], []
     pos = 0
     for p in pieces:
         if not p.count:
@@ -210,8 +243,9 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
         parts.append(memoryview(p.buffer)[lo:hi])
         offsets.append(p.offsets - lo + pos)
         lengths.append(p.lengths)
+        positions.append(p.positions)
         pos += hi - lo
-    return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths))
+    return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths), np.concatenate(positions))
 
 
 def iter_record_batches(

@@ -21,7 +21,9 @@ def parse_batch(records: Records, spec: Mapping[str, FeatureSpec], *, bytes_as: 
     a :class:`~shardfeed.formats.chunks.FrameChunk`. Uses the native parser (GIL released)
     when it is built.
     """
+    triple = getattr(records, "triple", None)  # a FrameChunk
+    if triple is not None:
+        records = triple
     if native_available() or bytes_as != "object" or isinstance(records, tuple):
-        return parse_example_batch(tuple(records) if isinstance(records, tuple) else records, spec,
-                                   bytes_as=bytes_as)  # a FrameChunk becomes a plain triple
+        return parse_example_batch(records, spec, bytes_as=bytes_as)
     return _parse_example_py(records, spec)

@@ -14,11 +14,11 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
-from .. import storage
 from ..errors import DecodeError, ParseError
 from ..formats.example import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
-from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, TFRecordReader, normalize_compression
+from ..formats.chunks import FrameChunk, iter_frame_chunks
+from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
 
@@ -188,7 +188,11 @@ _merge_lock = threading.Lock()  # files of one dataset may be read in several th
 
 
 class _TFRecordFilesReader:
-    """Records of a list of files, with a ``(file, byte offset)`` cursor."""
+    """Records of a list of files, with a ``(file, byte offset)`` cursor.
+
+    Frames are found in large chunks by the fast path (:mod:`shardfeed.formats.chunks`:
+    native scan, ``mmap`` for local shards); records are handed out one by one from the
+    current chunk."""
 
     def __init__(self, ds: "TFRecordDataset", files: list[str], state: Mapping[str, Any] | None, raw: bool) -> None:
         self.ds = ds
@@ -196,37 +200,52 @@ class _TFRecordFilesReader:
         self.parse = ds.spec is not None and not raw
         self.fi = int(state["file"]) if state else 0
         self.offset = int(state["offset"]) if state else 0
-        self.reader: TFRecordReader | None = None
+        self.chunks: Iterator[FrameChunk] | None = None
+        self.stats: ReadStats | None = None
+        self.records: list[bytes] = []
+        self.ends: list[int] = []
+        self.starts: list[int] = []
+        self.k = 0
         self.bytes_read = 0
 
     def __next__(self) -> Any:
+        k = self.k
+        while k >= len(self.records):
+            self._next_chunk()
+            k = self.k
+        record = self.records[k]
+        self.k = k + 1
+        end = self.ends[k]
+        self.bytes_read += end - self.offset
+        self.offset = end
+        if not self.parse:
+            return record
+        try:
+            return parse_single_example(record, self.ds.spec)
+        except (DecodeError, ParseError) as exc:
+            exc.add_note(f"in record at byte offset {self.starts[k]} of {self.files[self.fi]}")
+            raise
+
+    def _next_chunk(self) -> None:
         while True:
-            reader = self.reader
-            if reader is None:
+            if self.chunks is None:
                 if self.fi >= len(self.files):
                     raise StopIteration
                 ds = self.ds
-                reader = self.reader = TFRecordReader(self.files[self.fi], ds.compression, ds.verify_crc,
-                                                      ds.on_corrupt, ds.storage_options, start_offset=self.offset)
-            try:
-                record = next(reader)
-            except StopIteration:
-                self._finish_file()
-                continue
-            n = len(record) + FRAME_OVERHEAD
-            self.offset = reader.offset + n
-            self.bytes_read += n
-            if not self.parse:
-                return record
-            try:
-                return parse_single_example(record, self.ds.spec)
-            except (DecodeError, ParseError) as exc:
-                exc.add_note(f"in record at byte offset {reader.offset} of {reader.url}")
-                raise
+                self.stats = ReadStats()
+                self.chunks = iter_frame_chunks(self.files[self.fi], ds.compression, ds.verify_crc, ds.on_corrupt,
+                                                ds.storage_options, stats=self.stats, start_offset=self.offset)
+            chunk = next(self.chunks, None)
+            if chunk is not None:
+                self.records = chunk.records()
+                self.starts = chunk.positions.tolist()
+                self.ends = (chunk.positions + chunk.lengths + FRAME_OVERHEAD).tolist()
+                self.k = 0
+                return
+            self._finish_file()
 
     def _finish_file(self) -> None:
-        if self.reader is not None:
-            self.close()
+        self.close()
         self.fi += 1
         self.offset = 0
 
@@ -234,11 +253,12 @@ class _TFRecordFilesReader:
         return {"file": self.fi, "offset": self.offset}
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
+        if self.chunks is not None:
+            self.chunks.close()  # type: ignore[attr-defined]
+            self.chunks = None
             with _merge_lock:
-                self.ds.read_stats.merge(self.reader.stats)
-            self.reader = None
+                self.ds.read_stats.merge(self.stats)
+        self.records, self.ends, self.starts, self.k = [], [], [], 0
 
 
 class TFRecordDataset(SourceDataset):
@@ -270,7 +290,7 @@ class TFRecordDataset(SourceDataset):
         normalize_compression(compression)
         num_parallel_reads = positive_int("num_parallel_reads", num_parallel_reads, allow_autotune=True,
                                           allow_none=True)
-        self.files = list(files) if _expanded else storage.expand(files, storage_options)
+        self.files = list(files) if _expanded else expand_files(files, storage_options)
         self.spec = normalize_spec(spec) if spec is not None else None
         self.compression = compression
         self.verify_crc = verify_crc
