@@ -1,0 +1,277 @@
+"""Redis work-queue backend: workers on many hosts.
+
+Every operation is one Lua script (atomic on the server; time from the server's clock, so
+hosts with skewed clocks agree on lease deadlines). Everything stored is JSON or plain
+numbers and strings: nothing read from Redis is ever unpickled. The URL's password is
+registered as a secret, so it never appears in a log line or an error message.
+
+Keys of queue ``N`` (the hash tag keeps them in one cluster slot):
+``shardfeed:wq:{N}:meta`` (JSON), ``:state`` (hash: next_epoch, num_epochs, token,
+restore_id, counters), ``:pending`` (list), ``:lease`` (hash id -> JSON), ``:dead``
+(sorted set id -> deadline), ``:epochs`` (hash epoch -> done), ``:workers`` (hash
+``taken:<w>``, ``acked:<w>``, ``first:<w>``, ``last:<w>``); ``shardfeed:wq:names`` (set).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from ..errors import ShardfeedError
+from ..storage.urls import mask, register_secret
+from .backend import COUNTERS, QueueBackend
+
+NAMES_KEY = "shardfeed:wq:names"
+_SUFFIXES = ("meta", "state", "pending", "lease", "dead", "epochs", "workers")
+
+_NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
+
+_OPEN = """
+local m = redis.call('GET', KEYS[1])
+if m then return m end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('HSET', KEYS[2], 'next_epoch', 0, 'num_epochs', ARGV[2], 'token', 0, 'restore_id', '',
+           'taken', 0, 'acked', 0, 'expired', 0, 'late_acks', 0, 'released', 0)
+redis.call('SADD', KEYS[8], ARGV[3])
+return false
+"""
+
+_TAKE = _NOW + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
+local worker, lease_s = ARGV[1], tonumber(ARGV[2])
+local exp = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for i = #exp, 1, -1 do
+  redis.call('HDEL', KEYS[3], exp[i]); redis.call('ZREM', KEYS[4], exp[i]); redis.call('LPUSH', KEYS[2], exp[i])
+end
+if #exp > 0 then redis.call('HINCRBY', KEYS[1], 'expired', #exp) end
+local id = redis.call('LPOP', KEYS[2])
+if id then
+  local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+  local deadline = now + lease_s
+  redis.call('HSET', KEYS[3], id, cjson.encode({worker=worker, token=token, deadline=deadline}))
+  redis.call('ZADD', KEYS[4], deadline, id)
+  redis.call('HINCRBY', KEYS[1], 'taken', 1)
+  redis.call('HINCRBY', KEYS[5], 'taken:' .. worker, 1)
+  redis.call('HSETNX', KEYS[5], 'first:' .. worker, tostring(now))
+  redis.call('HSETNX', KEYS[5], 'last:' .. worker, tostring(now))
+  return cjson.encode({status='item', id=id, token=token, deadline=deadline})
+end
+local ne = tonumber(redis.call('HGET', KEYS[1], 'next_epoch'))
+local num = redis.call('HGET', KEYS[1], 'num_epochs')
+if num == '' or ne < tonumber(num) then return cjson.encode({status='need_epoch', epoch=ne}) end
+local soon = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if #soon > 0 then return cjson.encode({status='wait', retry_s=math.max(0, tonumber(soon[2]) - now)}) end
+return cjson.encode({status='drained'})
+"""
+
+_FILL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if tonumber(redis.call('HGET', KEYS[1], 'next_epoch')) ~= tonumber(ARGV[1]) then return 0 end
+for i = 2, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+redis.call('HSET', KEYS[1], 'next_epoch', tonumber(ARGV[1]) + 1)
+return 1
+"""
+
+_ACK = _NOW + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if (not v) or cjson.decode(v).token ~= tonumber(ARGV[2]) then
+  redis.call('HINCRBY', KEYS[1], 'late_acks', 1)
+  return 0
+end
+redis.call('HDEL', KEYS[2], ARGV[1]); redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'acked', 1)
+redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[5], 'acked:' .. ARGV[3], 1)
+redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[3], tostring(now))
+redis.call('HSET', KEYS[5], 'last:' .. ARGV[3], tostring(now))
+return 1
+"""
+
+_RENEW = _NOW + """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if (not v) then return 0 end
+local lease = cjson.decode(v)
+if lease.token ~= tonumber(ARGV[2]) then return 0 end
+lease.deadline = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease)); redis.call('ZADD', KEYS[2], lease.deadline, ARGV[1])
+return 1
+"""
+
+_RELEASE = """
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if (not v) or cjson.decode(v).token ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1]); redis.call('ZREM', KEYS[3], ARGV[1]); redis.call('LPUSH', KEYS[4], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'released', 1)
+return 1
+"""
+
+_RESTORE = """
+if redis.call('HGET', KEYS[2], 'restore_id') == ARGV[2] then return 0 end
+local token = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('SET', KEYS[1], ARGV[1])
+local st = cjson.decode(ARGV[3])
+redis.call('HSET', KEYS[2], 'next_epoch', st.next_epoch, 'num_epochs', ARGV[4], 'token', token, 'restore_id', ARGV[2],
+           'taken', st.counters.taken or 0, 'acked', st.counters.acked or 0, 'expired', st.counters.expired or 0,
+           'late_acks', st.counters.late_acks or 0, 'released', st.counters.released or 0)
+for i = 1, #st.pending, 1000 do
+  redis.call('RPUSH', KEYS[3], unpack(st.pending, i, math.min(i + 999, #st.pending)))
+end
+for e, d in pairs(st.epoch_done) do redis.call('HSET', KEYS[6], e, d) end
+redis.call('SADD', KEYS[8], ARGV[5])
+return 1
+"""
+
+_DRAIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local n = redis.call('LLEN', KEYS[2])
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'num_epochs', redis.call('HGET', KEYS[1], 'next_epoch'))
+return n
+"""
+
+
+class RedisBackend(QueueBackend):
+    """Queues on the Redis server at ``url`` (``redis://[:password@]host:port/db``)."""
+
+    def __init__(self, url: str, **client_kwargs: Any) -> None:
+        try:
+            import redis  # noqa: PLC0415
+        except ImportError:
+            raise ImportError("the Redis work-queue backend needs the redis package: pip install 'shardfeed[redis]'") \
+                from None
+        password = urlsplit(url).password
+        if password:
+            register_secret(password)
+        self.url = mask(url)
+        self._errors = redis.exceptions.RedisError
+        try:
+            self._r = redis.Redis.from_url(url, decode_responses=True, **client_kwargs)
+        except (ValueError, self._errors) as exc:
+            raise ValueError(f"bad Redis URL {self.url}: {mask(exc)}") from None
+        self._scripts = {k: self._r.register_script(v) for k, v in (
+            ("open", _OPEN), ("take", _TAKE), ("fill", _FILL), ("ack", _ACK), ("renew", _RENEW),
+            ("release", _RELEASE), ("restore", _RESTORE), ("drain", _DRAIN))}
+
+    def _keys(self, name: str) -> list[str]:
+        return [f"shardfeed:wq:{{{name}}}:{s}" for s in _SUFFIXES]
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except self._errors as exc:
+            raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return self._call(script, lambda: self._scripts[script](keys=keys, args=args))
+
+    def _missing(self, name: str) -> KeyError:
+        return KeyError(f"no work queue named {name!r} on {self.url}")
+
+    def open(self, name: str, meta: dict) -> tuple[dict, bool]:
+        k = self._keys(name)
+        ne = meta.get("num_epochs")
+        got = self._run("open", [*k, NAMES_KEY], [json.dumps(meta), "" if ne is None else ne, name])
+        return (meta, True) if got is None else (json.loads(got), False)
+
+    def get_meta(self, name: str) -> dict | None:
+        k = self._keys(name)
+        raw, rid = self._call("read", lambda: (self._r.get(k[0]), self._r.hget(k[1], "restore_id")))
+        return None if raw is None else dict(json.loads(raw), restore_id=rid or None)
+
+    def take(self, name: str, worker: str, lease_s: float) -> dict:
+        k = self._keys(name)
+        out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6]], [worker, lease_s]))
+        if out["status"] == "missing":
+            raise self._missing(name)
+        if out["status"] == "item":
+            out["token"] = int(out["token"])
+        return out
+
+    def fill_epoch(self, name: str, epoch: int, order: list[int]) -> bool:
+        k = self._keys(name)
+        got = self._run("fill", [k[1], k[2]], [epoch, *(f"{epoch}:{i}" for i in order)])
+        if got == -1:
+            raise self._missing(name)
+        return got == 1
+
+    def ack(self, name: str, item_id: str, token: int, worker: str) -> bool:
+        k = self._keys(name)
+        got = self._run("ack", [k[1], k[3], k[4], k[5], k[6]], [item_id, token, worker, item_id.split(":")[0]])
+        if got == -1:
+            raise self._missing(name)
+        return got == 1
+
+    def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
+        k = self._keys(name)
+        return self._run("renew", [k[3], k[4]], [item_id, token, lease_s]) == 1
+
+    def release(self, name: str, item_id: str, token: int) -> bool:
+        k = self._keys(name)
+        return self._run("release", [k[1], k[3], k[4], k[2]], [item_id, token]) == 1
+
+    def snapshot(self, name: str) -> dict | None:
+        k = self._keys(name)
+
+        def read() -> list:
+            p = self._r.pipeline(transaction=True)
+            p.hgetall(k[1]).lrange(k[2], 0, -1).hgetall(k[3]).hgetall(k[5]).hgetall(k[6]).time()
+            return p.execute()
+        state, pending, lease, epochs, wfields, t = self._call("snapshot", read)
+        if not state:
+            return None
+        workers: dict[str, dict[str, float]] = {}
+        for f, v in wfields.items():
+            field, w = f.split(":", 1)
+            workers.setdefault(w, {"taken": 0, "acked": 0, "first": 0.0, "last": 0.0})[field] = float(v)
+        for st in workers.values():
+            st["taken"], st["acked"] = int(st["taken"]), int(st["acked"])
+        inflight = {}
+        for i, v in lease.items():
+            d = json.loads(v)
+            inflight[i] = {"worker": d["worker"], "token": int(d["token"]), "deadline": float(d["deadline"])}
+        ne = state.get("num_epochs", "")
+        return {"next_epoch": int(state["next_epoch"]), "num_epochs": None if ne == "" else int(ne), "pending": pending, "inflight": inflight,
+                "counters": {c: int(state.get(c, 0)) for c in COUNTERS},
+                "epoch_done": {e: int(d) for e, d in epochs.items()}, "workers": workers,
+                "now": t[0] + t[1] / 1e6}
+
+    def restore(self, name: str, meta: dict, state: dict, restore_id: str) -> bool:
+        k = self._keys(name)
+        st = {"next_epoch": int(state["next_epoch"]), "pending": list(state["pending"]),
+              "counters": {c: int(state.get("counters", {}).get(c, 0)) for c in COUNTERS},
+              "epoch_done": {str(e): int(d) for e, d in state.get("epoch_done", {}).items()}}
+        ne = meta.get("num_epochs")
+        got = self._run("restore", [*k, NAMES_KEY],
+                        [json.dumps(meta), restore_id, json.dumps(st), "" if ne is None else ne, name])
+        return got == 1
+
+    def drain(self, name: str) -> int:
+        k = self._keys(name)
+        got = self._run("drain", [k[1], k[2]], [])
+        if got == -1:
+            raise self._missing(name)
+        return int(got)
+
+    def reset(self, name: str) -> bool:
+        k = self._keys(name)
+
+        def delete() -> int:
+            p = self._r.pipeline(transaction=True)
+            p.delete(*k).srem(NAMES_KEY, name)
+            return p.execute()[0]
+        return self._call("reset", delete) > 0
+
+    def names(self) -> list[str]:
+        return sorted(self._call("list", lambda: self._r.smembers(NAMES_KEY)))
+
+    def close(self) -> None:
+        try:
+            self._r.close()
+        except self._errors:
+            pass

@@ -1,0 +1,66 @@
+"""`shardfeed queue status|drain|reset|list`, and the TensorBoard summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardfeed.cli import queue_cmd
+from shardfeed.distributed import WorkQueue
+
+WORKS = [f"memory://w/{i}.tfrecord" for i in range(5)]
+
+
+def test_status_drain_reset_list(tmp_path, capsys):
+    backend = f"sqlite://{tmp_path}/q.db"
+    q = WorkQueue(WORKS, num_epochs=2, backend=backend, name="train", worker_id="w1")
+    q.ack(q.take())
+    q.take()
+    assert queue_cmd.main(["status", "--backend", backend, "--name", "train", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert (m["pending"], m["in_flight"], m["done"], m["remaining"]) == (3, 1, 1, 8)
+    assert queue_cmd.main(["status", "--backend", backend, "--name", "train"]) == 0
+    out = capsys.readouterr().out
+    assert "pending 3" in out and "worker w1" in out
+    assert queue_cmd.main(["list", "--backend", backend]) == 0
+    assert capsys.readouterr().out.split() == ["train"]
+    assert queue_cmd.main(["drain", "--backend", backend, "--name", "train"]) == 0
+    assert "3 pending items dropped" in capsys.readouterr().out
+    assert q.metrics()["remaining"] == 0
+    assert queue_cmd.main(["reset", "--backend", backend, "--name", "train"]) == 0
+    assert queue_cmd.main(["status", "--backend", backend, "--name", "train"]) == 1
+    assert "no queue named" in capsys.readouterr().err
+
+
+def test_redis_password_masked_in_cli_errors(capsys):
+    pytest.importorskip("redis")
+    url = "redis://:hunter2-secret@127.0.0.1:1/0"  # nothing listens on port 1
+    assert queue_cmd.main(["status", "--backend", url, "--name", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2-secret" not in err and "***" in err
+
+
+@pytest.mark.tf
+def test_add_summary_writes_tensorboard_scalars(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    q = WorkQueue(WORKS, backend="memory://summary", name="s")
+    q.ack(q.take())
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    m = q.add_summary(step=3, writer=writer)
+    writer.flush()
+    assert m["done"] == 1
+    events = list(tmp_path.glob("events.out.tfevents.*"))
+    tags = {v.tag for e in tf.compat.v1.train.summary_iterator(str(events[0])) for v in e.summary.value}
+    assert {"s/remaining", "s/in_flight", "s/done", "s/fraction_full"} <= tags
+
+
+def test_sqlite_journal_for_shared_filesystems(tmp_path):
+    from shardfeed.distributed import open_backend
+
+    b = open_backend(f"sqlite://{tmp_path}/shared.db?journal=delete")
+    assert b.url.endswith("?journal=delete")
+    q = WorkQueue(WORKS, backend=b, name="j", shuffle=False)
+    assert [str(x) for x in q] == WORKS
+    with pytest.raises(ValueError, match="journal"):
+        open_backend(f"sqlite://{tmp_path}/x.db?journal=memory")
