@@ -34,6 +34,16 @@ from .pipeline import (
     read_tfrecord,
 )
 from .storage import retry_stats
+from .distributed import (
+    WorkItem,
+    WorkQueue,
+    WorkQueueMismatchError,
+    plan_shards,
+    read_queue,
+    read_shard,
+    resolve_slice,
+    shard_works,
+)
 
 
 def native_available() -> bool:
@@ -57,6 +67,7 @@ __all__ = [
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
-    "read_csv", "read_text",
+    "read_csv", "read_text", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
+    "read_shard", "resolve_slice", "shard_works",
     "retry_stats", "native_available", "native_info",
 ]

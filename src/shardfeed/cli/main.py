@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
 
+    from .queue_cmd import register as register_queue  # noqa: PLC0415
+
+    register_queue(sub)
+
     sp = sub.add_parser("demo", help="write a sample dataset to TFRecord shards and read it back")
     sp.add_argument("--out", default="demo-out", help="output directory or URL (default ./demo-out)")
     sp.add_argument("--records", type=int, default=20_000)

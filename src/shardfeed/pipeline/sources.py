@@ -346,5 +346,16 @@ def read_tfrecord(
     offset) or ``"skip"`` (counted in ``.read_stats``). ``num_parallel_reads`` files are
     read at once in background threads, records taken from each in turn (``AUTOTUNE``:
     twice the cores). Raises ``FileNotFoundError`` at once when a path or glob matches nothing.
+
+    ``files`` may also be a :class:`~shardfeed.WorkQueue`: the dataset then reads the items
+    (files or record ranges) this worker takes off the queue, acknowledging each after its
+    last record was delivered.
     """
+    if hasattr(files, "take") and hasattr(files, "ack"):
+        # a WorkQueue; the distributed layer sits above this one, so it is imported here
+        from ..distributed.reading import read_queue  # noqa: PLC0415
+
+        if num_parallel_reads not in (None, 1):
+            raise ValueError("num_parallel_reads does not apply to a WorkQueue: a worker reads one item at a time")
+        return read_queue(files, spec, compression, verify_crc, on_corrupt, storage_options)  # type: ignore[return-value]
     return TFRecordDataset(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads)
