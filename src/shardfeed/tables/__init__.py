@@ -1,0 +1,16 @@
+"""Tables: Parquet/CSV files on any storage, DuckDB, PostgreSQL, MaxCompute (ODPS).
+
+``read_table`` / ``TableRecordDataset`` read rows as a pipeline source; ``TableWriter``
+writes rows that appear only after a clean close. Table URLs: :mod:`.urls`.
+"""
+
+from .backend import WriterConflictError
+from .convert import TableTypeError
+from .reader import TableRecordDataset, read_table, slice_range
+from .urls import TableURL, parse_table_url
+from .writer import TableWriter
+
+__all__ = [
+    "TableRecordDataset", "TableTypeError", "TableURL", "TableWriter", "WriterConflictError",
+    "parse_table_url", "read_table", "slice_range",
+]

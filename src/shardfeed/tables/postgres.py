@@ -1,0 +1,203 @@
+"""PostgreSQL tables: ``postgresql://user[:password]@host:port/db/table[/k=v...]``.
+
+Rows come in physical order (``ORDER BY ctid``: stable while the table is not
+rewritten), so slices are exact row ranges. ``k=v`` segments become ``WHERE k = 'v'``
+(the literal is cast to the column's type by the server). Each ``read`` uses its own
+connection and a server-side cursor, so threads read in parallel.
+
+Writing: rows are staged in a TEMP table with ``COPY`` (it dies with the session); a
+commit, in one transaction under ``LOCK TABLE ... IN EXCLUSIVE MODE``, replaces this
+slice's rows in ``_sf_slices_<table>`` and rewrites the table from it. A session-level
+advisory lock per (table, slice) refuses a second writer of the same slice; the server
+drops it when the writer's process dies.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from ..storage.urls import mask
+from .backend import (
+    SliceWriter,
+    TableBackend,
+    WriterConflictError,
+    quote_column,
+    quote_ident,
+)
+from .urls import TableURL
+
+# PostgreSQL type oid -> (arrow type, SQL cast applied when selecting, or "")
+_TYPES: dict[int, tuple[pa.DataType, str]] = {
+    16: (pa.bool_(), ""), 20: (pa.int64(), ""), 21: (pa.int16(), ""), 23: (pa.int32(), ""),
+    700: (pa.float32(), ""), 701: (pa.float64(), ""), 1700: (pa.float64(), "::float8"),
+    25: (pa.string(), ""), 1043: (pa.string(), ""), 1042: (pa.string(), ""), 19: (pa.string(), ""),
+    17: (pa.binary(), ""), 1082: (pa.date32(), ""), 1114: (pa.timestamp("us"), ""),
+    1184: (pa.timestamp("us", tz="UTC"), ""),
+}
+_PG_TYPES = {
+    "bool": "boolean", "int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint",
+    "float": "real", "double": "double precision", "string": "text", "large_string": "text",
+    "binary": "bytea", "date32[day]": "date",
+}
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ImportError("postgresql:// tables need psycopg 3: pip install 'shardfeed[tables]' "
+                          "(or pip install 'psycopg[binary]')") from exc
+    return psycopg
+
+
+class PostgresBackend(TableBackend):
+    kind = "postgresql"
+
+    def __init__(self, turl: TableURL) -> None:
+        super().__init__(turl)
+        self.psycopg = _psycopg()
+        self.table = quote_ident(turl.table)
+        self._schema: pa.Schema | None = None
+        self._casts: dict[str, str] = {}
+
+    def connect(self, autocommit: bool = True) -> Any:
+        try:
+            return self.psycopg.connect(self.turl.location, autocommit=autocommit, connect_timeout=10)
+        except self.psycopg.OperationalError as exc:
+            raise ConnectionError(f"{self.masked}: cannot connect to PostgreSQL: {mask(exc)}") from None
+
+    def _where(self, con: Any) -> str:
+        if not self.turl.partitions:
+            return ""
+        from psycopg import sql
+
+        conds = [f"{quote_column(k)} = {sql.Literal(v).as_string(con)}" for k, v in self.turl.partitions]
+        return " WHERE " + " AND ".join(conds)
+
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            with self.connect() as con:
+                try:
+                    cur = con.execute(f"SELECT * FROM {self.table} LIMIT 0")
+                except self.psycopg.errors.UndefinedTable:
+                    raise FileNotFoundError(f"{self.masked}: no such table") from None
+                fields = []
+                for d in cur.description:
+                    t, cast = _TYPES.get(d.type_code, (pa.string(), "::text"))
+                    self._casts[d.name] = cast
+                    fields.append(pa.field(d.name, t))
+            self._schema = pa.schema(fields)
+            missing = [k for k, _ in self.turl.partitions if k not in self._schema.names]
+            if missing:
+                raise ValueError(f"{self.masked}: partition column(s) {missing} are not columns of the table")
+        return self._schema
+
+    def num_rows(self) -> int:
+        with self.connect() as con:
+            return int(con.execute(f"SELECT count(*) FROM {self.table}{self._where(con)}").fetchone()[0])
+
+    def read(self, columns: list[str], start: int, stop: int | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        schema = self.schema()
+        types = [schema.field(c).type for c in columns]
+        cols = ", ".join(f"{quote_column(c)}{self._casts.get(c, '')}" for c in columns)
+        with self.connect(autocommit=False) as con:
+            q = f"SELECT {cols} FROM {self.table}{self._where(con)} ORDER BY ctid"
+            if stop is not None:
+                q += f" LIMIT {max(0, stop - start)}"
+            if start:
+                q += f" OFFSET {start}"
+            with con.cursor(name=f"sf_{uuid.uuid4().hex[:12]}") as cur:
+                cur.itersize = batch_rows
+                cur.execute(q)
+                while rows := cur.fetchmany(batch_rows):
+                    cols_data = list(zip(*rows))
+                    yield pa.RecordBatch.from_arrays(
+                        [_array(v, t) for v, t in zip(cols_data, types)], names=columns)
+
+    def writer(self, slice_id: int, schema: pa.Schema | None) -> PostgresSliceWriter:
+        return PostgresSliceWriter(self, slice_id, schema)
+
+
+def _array(values: tuple, t: pa.DataType) -> pa.Array:
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        values = tuple(v.astimezone(datetime.UTC) if v is not None else None for v in values)
+    return pa.array(values, type=t)
+
+
+def _shadow(table: str) -> str:
+    if "." in table:
+        schema, name = table.rsplit(".", 1)
+        return quote_ident(f"{schema}._sf_slices_{name}")
+    return quote_ident(f"_sf_slices_{table}")
+
+
+class PostgresSliceWriter(SliceWriter):
+    def __init__(self, backend: PostgresBackend, slice_id: int, schema: pa.Schema | None) -> None:
+        self.b = backend
+        self.slice_id = slice_id
+        self.con = backend.connect(autocommit=True)
+        try:
+            self._open(schema)
+        except BaseException:
+            self.con.close()
+            raise
+
+    def _open(self, schema: pa.Schema | None) -> None:
+        con, table, b = self.con, self.b.table, self.b
+        lock_key = f"shardfeed:{b.turl.table}"
+        got = con.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)", (lock_key, self.slice_id)).fetchone()[0]
+        if not got:
+            raise WriterConflictError(f"{b.masked}: slice {self.slice_id} is already being written by another "
+                                      "TableWriter (PostgreSQL advisory lock held); use another slice_id or wait")
+        try:
+            con.execute(f"SELECT * FROM {table} LIMIT 0")
+        except b.psycopg.errors.UndefinedTable:
+            if schema is None:
+                raise FileNotFoundError(f"{b.masked}: no such table; create it first or pass schema= to "
+                                        "TableWriter") from None
+            defs = ", ".join(f"{quote_column(f.name)} {_PG_TYPES.get(str(f.type), 'text')}" for f in schema)
+            con.execute(f"CREATE TABLE IF NOT EXISTS {table} ({defs})")
+        b._schema = None
+        self.schema = b.schema()
+        self.stage_name = f"_sf_stage_{self.slice_id}"
+        con.execute(f"DROP TABLE IF EXISTS {self.stage_name}")
+        con.execute(f"CREATE TEMP TABLE {self.stage_name} AS SELECT t.*, 0::bigint AS _sf_seq "
+                    f"FROM {table} t WITH NO DATA")
+        self.seq = 0
+
+    def stage(self, data: pa.Table) -> None:
+        names = data.column_names
+        cols = ", ".join(quote_column(c) for c in names) + ", _sf_seq"
+        pycols = [data.column(i).to_pylist() for i in range(data.num_columns)]
+        with self.con.cursor() as cur, cur.copy(f"COPY {self.stage_name} ({cols}) FROM STDIN") as cp:
+            for row in zip(*pycols):
+                cp.write_row((*row, self.seq))
+                self.seq += 1
+
+    def commit(self) -> None:
+        con, table, k = self.con, self.b.table, int(self.slice_id)
+        shadow = _shadow(self.b.turl.table)
+        cols = ", ".join(quote_column(c) for c in self.schema.names)
+        try:
+            with con.transaction():
+                con.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+                con.execute(f"CREATE TABLE IF NOT EXISTS {shadow} AS SELECT {cols}, 0::bigint AS _sf_slice, "
+                            f"0::bigint AS _sf_seq FROM {table} WITH NO DATA")
+                con.execute(f"DELETE FROM {shadow} WHERE _sf_slice = {k}")
+                con.execute(f"INSERT INTO {shadow} SELECT {cols}, {k}, _sf_seq FROM {self.stage_name}")
+                con.execute(f"DELETE FROM {table}")
+                con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {shadow} ORDER BY _sf_slice, _sf_seq")
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if not self.con.closed:
+            self.con.close()  # drops the TEMP table and the advisory lock
+
+
+__all__ = ["PostgresBackend", "PostgresSliceWriter", "WriterConflictError"]

@@ -1,0 +1,133 @@
+"""PostgreSQL tables against a real server (tests/conftest_pg.py starts it on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+
+from shardfeed.tables import (
+    TableTypeError,
+    TableWriter,
+    WriterConflictError,
+    read_table,
+)
+
+from .conftest_pg import pg_server  # noqa: F401 - the session fixture
+
+psycopg = pytest.importorskip("psycopg")
+
+
+@pytest.fixture
+def pg(pg_server):  # noqa: F811
+    """A fresh table ``t_<uuid>`` with 500 rows; yields (base URL, table name)."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name} (id bigint, name text, price double precision, ok boolean, pt int, "
+                    "amount numeric, small int2)")
+        con.execute(f"INSERT INTO {name} SELECT g, 'n' || g, g * 1.5, g % 2 = 0, g % 4, g / 3.0, g % 100 "
+                    "FROM generate_series(0, 499) g")
+    return pg_server, name
+
+
+def test_reads_columns_with_types_and_defaults(pg):
+    base, name = pg
+    ids, names, prices, amounts = next(iter(read_table(f"{base}/{name}", record_defaults=[0, "", np.float64(0), 0.0],
+                                                      selected_cols="id,name,price,amount").batch(4)))
+    assert ids.tolist() == [0, 1, 2, 3] and names.tolist() == ["n0", "n1", "n2", "n3"]
+    assert prices.dtype == np.float64 and amounts.dtype == np.float32
+    assert amounts[3] == pytest.approx(1.0)
+
+
+def test_partition_segments_filter_rows(pg):
+    base, name = pg
+    got = [int(r[0]) for r in read_table(f"{base}/{name}/pt=3", selected_cols="id")]
+    assert got == list(range(3, 500, 4))
+
+
+def test_slices_cover_every_row_once(pg):
+    base, name = pg
+    for k in (1, 3, 7, 64):
+        parts = [[int(v) for b in read_table(f"{base}/{name}", selected_cols="id", slice_id=i, slice_count=k,
+                                             num_threads=2).batch(37) for v in b[0]] for i in range(k)]
+        assert [v for p in parts for v in p] == list(range(500))
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_nulls_unicode_and_type_errors(pg):
+    base, name = pg
+    with psycopg.connect(base, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name}_u (w text, n text)")
+        con.execute(f"INSERT INTO {name}_u VALUES ('数据', '1'), (NULL, '2'), ('🙂', 'x')")
+    assert [r[0] for r in read_table(f"{base}/{name}_u", record_defaults=["-", "-"])] == ["数据", "-", "🙂"]
+    with pytest.raises(TableTypeError, match=r"column 'n', row 2"):
+        list(read_table(f"{base}/{name}_u", record_defaults=["", 0]))
+    with pytest.raises(TableTypeError, match=r"column 'w', row 1: NULL"):
+        list(read_table(f"{base}/{name}_u"))
+
+
+def test_empty_and_missing_tables(pg):
+    base, name = pg
+    with psycopg.connect(base, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name}_e (a bigint)")
+    assert list(read_table(f"{base}/{name}_e", slice_id=1, slice_count=2)) == []
+    with pytest.raises(FileNotFoundError):
+        read_table(f"{base}/{name}_missing")
+
+
+def test_writer_commits_on_close_and_slices_do_not_conflict(pg):
+    base, name = pg
+    url = f"{base}/{name}"
+    w0 = TableWriter(url, slice_id=0)
+    w1 = TableWriter(url, slice_id=1)
+    with pytest.raises(WriterConflictError, match="slice 0"):
+        TableWriter(url, slice_id=0)
+    w0.write([(1, "a", 1.0, True, 0, 1.5, 1)], indices=range(7))
+    w1.write((2, "b"), indices=[0, 1])
+    assert len(list(read_table(url, selected_cols="id"))) == 500  # nothing visible yet
+    w0.close()
+    w1.close()
+    rows = [(int(r[0]), r[1]) for r in read_table(url, selected_cols="id,name")]
+    assert rows == [(1, "a"), (2, "b")]
+    with TableWriter(url, slice_id=1) as w:
+        w.write((3, "c"), indices=[0, 1])
+    assert [(int(r[0]), r[1]) for r in read_table(url, selected_cols="id,name")] == [(1, "a"), (3, "c")]
+
+
+def test_killed_writer_leaves_table_unchanged(pg, tmp_path):
+    base, name = pg
+    url = f"{base}/{name}"
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        from shardfeed.tables import TableWriter
+        w = TableWriter(sys.argv[1], slice_id=0)
+        w.write([(i, "new") for i in range(70_000)], indices=[0, 1])
+        print("written", flush=True)
+        time.sleep(60)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, env=env)
+    try:
+        assert p.stdout.readline().strip() == b"written"
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+    assert [int(r[0]) for r in read_table(url, selected_cols="id")] == list(range(500))
+    for _ in range(50):  # the server notices the dead client and frees its lock
+        try:
+            TableWriter(url, slice_id=0).abort()
+            break
+        except WriterConflictError:
+            import time
+
+            time.sleep(0.1)
+    else:
+        pytest.fail("slice 0 stayed locked after its writer was killed")

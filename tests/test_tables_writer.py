@@ -1,0 +1,168 @@
+"""TableWriter on Parquet folders and DuckDB files: visibility, slices, conflicts, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shardfeed.tables import TableWriter, WriterConflictError, read_table
+
+duckdb = pytest.importorskip("duckdb")
+
+SCHEMA = pa.schema([("uid", pa.int64()), ("name", pa.string()), ("price", pa.float64()), ("virtual", pa.bool_())])
+ROWS = [(25, "Apple", 5.0, False), (38, "Pear", 4.5, False), (17, "Watermelon", 2.2, False)]
+
+
+@pytest.fixture(params=["parquet", "duckdb"])
+def table(request, tmp_path):
+    if request.param == "parquet":
+        return str(tmp_path / "test_write")
+    path = tmp_path / "out.db"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE test_write (uid BIGINT, name VARCHAR, price DOUBLE, virtual BOOLEAN)")
+    con.close()
+    return f"duckdb://{path}/test_write"
+
+
+def rows_of(url):
+    return sorted(tuple(v.item() if hasattr(v, "item") else v for v in r)
+                  for r in read_table(url, record_defaults=[0, "", np.float64(0), False]))
+
+
+def test_document_example_rows_appear_after_close(table):
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write(ROWS, indices=[0, 1, 2, 3])
+    assert rows_of(table) == sorted(ROWS)
+
+
+def test_rows_are_invisible_until_close(table):
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write(ROWS[0], indices=(0, 1, 2, 3))
+    w = TableWriter(table, schema=SCHEMA)
+    w.write(np.array([ROWS[1], ROWS[2]], dtype=object), indices=np.arange(4))
+    assert rows_of(table) == [ROWS[0]]
+    w.close()
+    assert rows_of(table) == sorted(ROWS[1:])
+
+
+def test_reopening_a_slice_empties_it_and_other_slices_keep_their_rows(table):
+    with TableWriter(table, slice_id=0, schema=SCHEMA) as w0, TableWriter(table, slice_id=1, schema=SCHEMA) as w1:
+        w0.write(ROWS[0], indices=[0, 1, 2, 3])
+        w1.write([ROWS[1], ROWS[2]], indices=[0, 1, 2, 3])
+    assert rows_of(table) == sorted(ROWS)
+    with TableWriter(table, slice_id=1, schema=SCHEMA) as w1:
+        w1.write((99, "Fig", 1.0, True), indices=(0, 1, 2, 3))
+    assert rows_of(table) == sorted([ROWS[0], (99, "Fig", 1.0, True)])
+    with TableWriter(table, slice_id=0, schema=SCHEMA):
+        pass
+    assert rows_of(table) == [(99, "Fig", 1.0, True)]
+
+
+def test_second_writer_on_same_slice_is_refused(table):
+    with TableWriter(table, slice_id=3, schema=SCHEMA):
+        with pytest.raises(WriterConflictError, match="slice 3"):
+            TableWriter(table, slice_id=3, schema=SCHEMA)
+    TableWriter(table, slice_id=3, schema=SCHEMA).close()  # free again after close
+
+
+def test_error_inside_with_block_leaves_table_unchanged(table):
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write(ROWS, indices=[0, 1, 2, 3])
+    with pytest.raises(RuntimeError), TableWriter(table, schema=SCHEMA) as w:
+        w.write((1, "x", 1.0, True), indices=[0, 1, 2, 3])
+        raise RuntimeError("job failed")
+    assert rows_of(table) == sorted(ROWS)
+
+
+def test_partial_columns_are_null_and_bad_values_are_errors(table):
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write([(1, "a")], indices=[0, 1])
+        with pytest.raises(ValueError, match="2 values per row but 3 indices"):
+            w.write((1, 2), indices=[0, 1, 2])
+        with pytest.raises(ValueError, match="past the table"):
+            w.write((1,), indices=[9])
+    got = list(read_table(table, record_defaults=[0, "", -1.0, True]))
+    assert [tuple(r) for r in got] == [(1, "a", -1.0, True)]
+    with pytest.raises(Exception, match="price"):
+        with TableWriter(table, schema=SCHEMA) as w:
+            w.write(("notanumber",), indices=[2])
+
+
+CRASH = textwrap.dedent("""
+    import sys, time
+    from shardfeed.tables import TableWriter
+    w = TableWriter(sys.argv[1], slice_id=0)
+    w.write([(i, "new", 1.0, True) for i in range(100_000)], indices=[0, 1, 2, 3])
+    print("written", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_killed_writer_leaves_table_as_it_was_and_frees_the_slice(table, tmp_path):
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write(ROWS, indices=[0, 1, 2, 3])
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.Popen([sys.executable, str(script), table], stdout=subprocess.PIPE, env=env)
+    try:
+        assert p.stdout.readline().strip() == b"written"
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+    assert rows_of(table) == sorted(ROWS)
+    with TableWriter(table, slice_id=0, schema=SCHEMA) as w:
+        w.write((5, "after", 0.5, True), indices=[0, 1, 2, 3])
+    assert rows_of(table) == [(5, "after", 0.5, True)]
+
+
+def test_parquet_staged_files_are_not_read_and_new_table_infers_schema(tmp_path):
+    out = tmp_path / "new"
+    w = TableWriter(str(out), slice_id=2)
+    w.write([(1, 0.5), (2, 1.5)])
+    assert all(n.startswith((".", "_")) for n in os.listdir(out))
+    w.close()
+    assert sorted(os.listdir(out)) == ["_sf_writer-00002.lock", "part-00002.parquet"]
+    assert read_table(str(out)).columns == ["c0", "c1"]
+
+
+def test_parquet_writer_on_s3_commits_atomically(s3_bucket):
+    bucket, opts = s3_bucket
+    url = f"s3://{bucket}/out/pt=1"
+    with TableWriter(url, slice_id=0, storage_options=opts) as w:
+        w.write([(1, "a"), (2, "b")])
+        with pytest.raises(WriterConflictError):
+            TableWriter(url, slice_id=0, storage_options=opts)
+    got = [tuple(v.item() if hasattr(v, "item") else v for v in r)
+           for r in read_table(f"s3://{bucket}/out", storage_options=opts)]
+    assert got == [(1, "a", 1), (2, "b", 1)]
+
+
+def test_writes_in_threads_on_different_slices_do_not_conflict(table):
+    import threading
+
+    errors = []
+
+    def work(k):
+        try:
+            with TableWriter(table, slice_id=k, schema=SCHEMA) as w:
+                w.write([(k * 100 + i, f"s{k}", float(i), k % 2 == 0) for i in range(50)], indices=[0, 1, 2, 3])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(rows_of(table)) == 200
+    _ = time
