@@ -34,6 +34,18 @@ from .pipeline import (
     read_tfrecord,
 )
 from .storage import retry_stats
+from .transforms import (
+    csv_id2dense,
+    csv_id2sparse,
+    csv_kv2dense,
+    csv_kv2sparse,
+    csv_to_dense,
+    trans_csv_id2dense,
+    trans_csv_id2sparse,
+    trans_csv_kv2dense,
+    trans_csv_kv2sparse,
+    trans_csv_to_dense,
+)
 from .distributed import (
     WorkItem,
     WorkQueue,
@@ -44,6 +56,27 @@ from .distributed import (
     resolve_slice,
     shard_works,
 )
+
+
+# Table support needs pyarrow (the `tables` extra): imported on first use, so that
+# `import shardfeed` needs only numpy, fsspec and a CRC package.
+_LAZY = {name: "tables" for name in
+         ("TableRecordDataset", "TableTypeError", "TableWriter", "WriterConflictError", "read_table")}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardfeed' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    try:
+        mod = importlib.import_module(f".{module}", __name__)
+    except ImportError as exc:
+        raise ImportError(f"shardfeed.{name} needs the table extras: pip install 'shardfeed[tables]' ({exc})") from exc
+    value = getattr(mod, name)
+    globals()[name] = value
+    return value
 
 
 def native_available() -> bool:
@@ -68,6 +101,9 @@ __all__ = [
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
     "read_csv", "read_text", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
-    "read_shard", "resolve_slice", "shard_works",
+    "read_shard", "resolve_slice", "shard_works", "TableRecordDataset", "TableTypeError", "TableWriter",
+    "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",
+    "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",
+    "trans_csv_to_dense",
     "retry_stats", "native_available", "native_info",
 ]
