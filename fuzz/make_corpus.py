@@ -1,0 +1,100 @@
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,example}/), deterministically.
+
+Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
+one byte choosing the harness's spec; records of one batch are separated by FF FE FD.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from shardfeed.formats.crc import masked_crc32c, masked_length_crc  # noqa: E402
+from shardfeed.formats.example import encode_example  # noqa: E402
+from shardfeed.formats.wire import encode_varint  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEP = b"\xff\xfe\xfd"
+
+
+def ld(field: int, payload: bytes) -> bytes:
+    return encode_varint(field << 3 | 2) + encode_varint(len(payload)) + payload
+
+
+def entry(key: bytes, feature: bytes) -> bytes:
+    return ld(1, ld(1, key) + ld(2, feature))
+
+
+def frame(rec: bytes) -> bytes:
+    return struct.pack("<QI", len(rec), masked_length_crc(len(rec))) + rec + struct.pack("<I", masked_crc32c(rec))
+
+
+def examples() -> list[bytes]:
+    out = [
+        encode_example({"a": 1, "b": 2.5, "c": b"x"}),
+        encode_example({"a": [1, 2], "b": [0.5, 1.5], "c": [b"x", b"yy"]}),
+        encode_example({"ids": [1, -1, 1 << 62, 0], "f": [1.0, 2.0], "s": [b"", b"abc"]}),
+        encode_example({"val": [b"v1", b"v2"], "idx": [1, 3], "idx2": [5, 99]}),
+        encode_example({"val": [0.25], "idx": [9], "idx2": [0]}),
+        encode_example({}),
+        encode_example({"a": [], "": [b"empty key"]}),
+        encode_example({"a": 3, "b": 1.0, "c": b"z", "other": list(range(20)), "f": [float("nan")]}),
+        b"",
+    ]
+    # unpacked int64 and float, split packed chunks, value before key
+    out.append(ld(1, entry(b"a", ld(3, b"\x08\x05\x08\x06")) + entry(b"b", ld(2, b"\x0d\x00\x00\x80\x3f" * 2))))
+    out.append(ld(1, entry(b"ids", ld(3, ld(1, b"\x01\x02") + ld(1, b"\x03") + b"\x08\x7f"))))
+    out.append(ld(1, ld(1, ld(2, ld(3, ld(1, b"\x2a"))) + ld(1, b"a"))))
+    # duplicate keys, oneof switch, merged Features, unknown fields and groups
+    out.append(ld(1, entry(b"a", ld(3, ld(1, b"\x01"))) + entry(b"a", ld(3, ld(1, b"\x02")))))
+    out.append(ld(1, entry(b"a", ld(3, ld(1, b"\x01")) + ld(1, ld(1, b"q")) + ld(3, ld(1, b"\x09")))))
+    out.append(ld(1, entry(b"a", ld(3, ld(1, b"\x01")))) + ld(1, entry(b"b", ld(2, ld(1, b"\0\0\0\0")))))
+    out.append(b"\x10\x05" + ld(1, entry(b"c", ld(1, ld(1, b"x")) + b"\x1b\x08\x01\x1c" + b"\x25\0\0\0\0")) + b"\x39" + b"\0" * 8)
+    out.append(ld(1, entry(b"a", ld(3, b"\x08\x01" + ld(1, b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01")))))
+    # broken ones
+    out.append(ld(1, entry(b"a", ld(3, ld(1, b"\x80")))))
+    out.append(ld(1, entry(b"b", ld(2, ld(1, b"\0\0\0")))))
+    out.append(ld(1, entry(b"\xff\xfe", ld(1, b""))))
+    out.append(b"\x0a\x05\x0a\x03")
+    out.append(b"\x0b" * 30 + b"\x0c" * 30)
+    out.append(b"\x0a\xff\xff\xff\xff\x0f")
+    out.append(b"\x04")
+    return out
+
+
+def main() -> None:
+    ex_dir = os.path.join(HERE, "corpus", "example")
+    fr_dir = os.path.join(HERE, "corpus", "frames")
+    os.makedirs(ex_dir, exist_ok=True)
+    os.makedirs(fr_dir, exist_ok=True)
+    recs = examples()
+    for i, r in enumerate(recs):
+        with open(os.path.join(ex_dir, f"seed-{i:02d}"), "wb") as f:
+            f.write(bytes([i % 4]) + r)
+    for i in range(0, len(recs) - 2, 3):
+        with open(os.path.join(ex_dir, f"batch-{i:02d}"), "wb") as f:
+            f.write(bytes([i % 4]) + SEP.join(recs[i:i + 3]))
+    good = b"".join(frame(r) for r in recs[:6])
+    seeds = {
+        "empty": b"",
+        "one": frame(recs[0]),
+        "many": good,
+        "truncated-header": good[:20],
+        "truncated-data": good[: len(frame(recs[0])) + 30],
+        "bad-length-crc": good[:8] + b"\0\0\0\0" + good[12:],
+        "bad-data-crc": good[:-1] + bytes([good[-1] ^ 1]),
+        "absurd-length": struct.pack("<QI", 1 << 40, masked_length_crc(1 << 40)) + b"data",
+        "zero-length": frame(b"") * 3,
+        "big-record": frame(bytes(range(256)) * 40),
+    }
+    for i, (name, data) in enumerate(seeds.items()):
+        for opt in (0, 1):
+            with open(os.path.join(fr_dir, f"{name}-{opt}"), "wb") as f:
+                f.write(bytes([opt]) + data)
+
+
+if __name__ == "__main__":
+    main()

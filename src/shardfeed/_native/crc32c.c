@@ -1,0 +1,241 @@
+/* CRC-32C: hardware instruction with run-time dispatch, slicing-by-8 fallback.
+ *
+ * The hardware paths compute three independent CRCs over three adjacent blocks at once
+ * (the instruction has a latency of about 3 cycles and a throughput of 1 per cycle), then
+ * combine them by "appending zeros" with precomputed GF(2) shift tables, as in Mark
+ * Adler's crc32c.c. One stream alone would run at a third of the possible speed.
+ */
+#include "crc32c.h"
+
+#include <string.h>
+
+#define POLY 0x82F63B78u /* reflected Castagnoli polynomial */
+#define LONG_BLOCK 8192
+#define SHORT_BLOCK 256
+
+static uint32_t table8[8][256];
+static uint32_t shift_long[4][256];
+static uint32_t shift_short[4][256];
+static int initialized;
+
+typedef uint32_t (*crc_fn)(uint32_t, const uint8_t *, size_t);
+static uint32_t crc_sw_raw(uint32_t crc, const uint8_t *buf, size_t len);
+static crc_fn crc_impl = crc_sw_raw;
+static const char *crc_name = "table";
+
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+/* ---- GF(2) helpers for the shift tables ---- */
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec) {
+    uint32_t sum = 0;
+    while (vec) {
+        if (vec & 1) sum ^= *mat;
+        vec >>= 1;
+        mat++;
+    }
+    return sum;
+}
+
+static void gf2_square(uint32_t *square, const uint32_t *mat) {
+    for (int n = 0; n < 32; n++) square[n] = gf2_times(mat, mat[n]);
+}
+
+/* op = the operator that appends `len` zero bytes to a (pre/post-conditioned-free) CRC. */
+static void zeros_op(uint32_t *even, size_t len) {
+    uint32_t odd[32];
+    uint32_t row = 1;
+    odd[0] = POLY; /* one zero bit */
+    for (int n = 1; n < 32; n++) {
+        odd[n] = row;
+        row <<= 1;
+    }
+    gf2_square(even, odd); /* two zero bits */
+    gf2_square(odd, even); /* four zero bits */
+    /* each square doubles; the first square below gives one zero byte */
+    do {
+        gf2_square(even, odd);
+        len >>= 1;
+        if (len == 0) return;
+        gf2_square(odd, even);
+        len >>= 1;
+    } while (len);
+    memcpy(even, odd, sizeof(odd));
+}
+
+static void make_shift_table(uint32_t zeros[4][256], size_t len) {
+    uint32_t op[32];
+    zeros_op(op, len);
+    for (uint32_t n = 0; n < 256; n++) {
+        zeros[0][n] = gf2_times(op, n);
+        zeros[1][n] = gf2_times(op, n << 8);
+        zeros[2][n] = gf2_times(op, n << 16);
+        zeros[3][n] = gf2_times(op, n << 24);
+    }
+}
+
+static inline uint32_t shift_crc(uint32_t zeros[4][256], uint32_t crc) {
+    return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
+           zeros[3][crc >> 24];
+}
+
+/* ---- table-driven slicing-by-8 ---- */
+
+static uint32_t crc_sw_raw(uint32_t crc, const uint8_t *buf, size_t len) {
+    while (len && ((uintptr_t)buf & 7)) {
+        crc = table8[0][(crc ^ *buf++) & 0xff] ^ (crc >> 8);
+        len--;
+    }
+    while (len >= 8) {
+        uint64_t w = load64(buf) ^ crc;
+        crc = table8[7][w & 0xff] ^ table8[6][(w >> 8) & 0xff] ^ table8[5][(w >> 16) & 0xff] ^
+              table8[4][(w >> 24) & 0xff] ^ table8[3][(w >> 32) & 0xff] ^ table8[2][(w >> 40) & 0xff] ^
+              table8[1][(w >> 48) & 0xff] ^ table8[0][w >> 56];
+        buf += 8;
+        len -= 8;
+    }
+    while (len--) crc = table8[0][(crc ^ *buf++) & 0xff] ^ (crc >> 8);
+    return crc;
+}
+
+/* ---- x86-64: SSE4.2 crc32 instruction ---- */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <nmmintrin.h>
+#define HAVE_HW_X86 1
+
+__attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const uint8_t *buf, size_t len) {
+    uint64_t c0 = crc;
+    while (len && ((uintptr_t)buf & 7)) {
+        c0 = _mm_crc32_u8((uint32_t)c0, *buf++);
+        len--;
+    }
+    while (len >= 3 * LONG_BLOCK) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *end = buf + LONG_BLOCK;
+        do {
+            c0 = _mm_crc32_u64(c0, load64(buf));
+            c1 = _mm_crc32_u64(c1, load64(buf + LONG_BLOCK));
+            c2 = _mm_crc32_u64(c2, load64(buf + 2 * LONG_BLOCK));
+            buf += 8;
+        } while (buf < end);
+        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c2;
+        buf += 2 * LONG_BLOCK;
+        len -= 3 * LONG_BLOCK;
+    }
+    while (len >= 3 * SHORT_BLOCK) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *end = buf + SHORT_BLOCK;
+        do {
+            c0 = _mm_crc32_u64(c0, load64(buf));
+            c1 = _mm_crc32_u64(c1, load64(buf + SHORT_BLOCK));
+            c2 = _mm_crc32_u64(c2, load64(buf + 2 * SHORT_BLOCK));
+            buf += 8;
+        } while (buf < end);
+        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c2;
+        buf += 2 * SHORT_BLOCK;
+        len -= 3 * SHORT_BLOCK;
+    }
+    while (len >= 8) {
+        c0 = _mm_crc32_u64(c0, load64(buf));
+        buf += 8;
+        len -= 8;
+    }
+    while (len--) c0 = _mm_crc32_u8((uint32_t)c0, *buf++);
+    return (uint32_t)c0;
+}
+#endif
+
+/* ---- aarch64: ARMv8 CRC extension ---- */
+
+#if defined(__aarch64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#include <sys/auxv.h>
+#ifndef HWCAP_CRC32
+#define HWCAP_CRC32 (1 << 7)
+#endif
+#define HAVE_HW_ARM 1
+
+__attribute__((target("+crc"))) static uint32_t crc_hw_arm(uint32_t crc, const uint8_t *buf, size_t len) {
+    uint32_t c0 = crc;
+    while (len && ((uintptr_t)buf & 7)) {
+        c0 = __builtin_aarch64_crc32cb(c0, *buf++);
+        len--;
+    }
+    while (len >= 3 * SHORT_BLOCK) {
+        uint32_t c1 = 0, c2 = 0;
+        const uint8_t *end = buf + SHORT_BLOCK;
+        do {
+            c0 = __builtin_aarch64_crc32cx(c0, load64(buf));
+            c1 = __builtin_aarch64_crc32cx(c1, load64(buf + SHORT_BLOCK));
+            c2 = __builtin_aarch64_crc32cx(c2, load64(buf + 2 * SHORT_BLOCK));
+            buf += 8;
+        } while (buf < end);
+        c0 = shift_crc(shift_short, c0) ^ c1;
+        c0 = shift_crc(shift_short, c0) ^ c2;
+        buf += 2 * SHORT_BLOCK;
+        len -= 3 * SHORT_BLOCK;
+    }
+    while (len >= 8) {
+        c0 = __builtin_aarch64_crc32cx(c0, load64(buf));
+        buf += 8;
+        len -= 8;
+    }
+    while (len--) c0 = __builtin_aarch64_crc32cb(c0, *buf++);
+    return c0;
+}
+#endif
+
+void sf_crc32c_init(void) {
+    if (initialized) return;
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ POLY : c >> 1;
+        table8[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = table8[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = table8[0][c & 0xff] ^ (c >> 8);
+            table8[k][n] = c;
+        }
+    }
+    make_shift_table(shift_long, LONG_BLOCK);
+    make_shift_table(shift_short, SHORT_BLOCK);
+#ifdef HAVE_HW_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) {
+        crc_impl = crc_hw_x86;
+        crc_name = "sse4.2";
+    }
+#endif
+#ifdef HAVE_HW_ARM
+    if (getauxval(AT_HWCAP) & HWCAP_CRC32) {
+        crc_impl = crc_hw_arm;
+        crc_name = "armv8-crc";
+    }
+#endif
+    initialized = 1;
+}
+
+uint32_t sf_crc32c_extend(uint32_t crc, const uint8_t *buf, size_t len) {
+    return crc_impl(crc ^ 0xFFFFFFFFu, buf, len) ^ 0xFFFFFFFFu;
+}
+
+uint32_t sf_crc32c_sw(uint32_t crc, const uint8_t *buf, size_t len) {
+    return crc_sw_raw(crc ^ 0xFFFFFFFFu, buf, len) ^ 0xFFFFFFFFu;
+}
+
+uint32_t sf_masked_crc32c(const uint8_t *buf, size_t len) {
+    return sf_crc_mask(sf_crc32c_extend(0, buf, len));
+}
+
+const char *sf_crc32c_backend(void) { return crc_name; }

@@ -1,0 +1,35 @@
+/* CRC-32C (Castagnoli), the checksum TFRecord frames carry.
+ *
+ * sf_crc32c_extend() uses the CPU's CRC instruction when the running CPU has one
+ * (SSE4.2 on x86-64, the ARMv8 CRC extension on aarch64), chosen once at run time,
+ * and a table-driven slicing-by-8 version otherwise. Call sf_crc32c_init() once
+ * before any other function (it is idempotent, but not meant to race with itself).
+ */
+#ifndef SHARDFEED_CRC32C_H
+#define SHARDFEED_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void sf_crc32c_init(void);
+/* CRC of buf[0:len], continuing from a previous CRC `crc` (0 to start). */
+uint32_t sf_crc32c_extend(uint32_t crc, const uint8_t *buf, size_t len);
+/* The same through the table-driven path only (for tests and benchmarks). */
+uint32_t sf_crc32c_sw(uint32_t crc, const uint8_t *buf, size_t len);
+/* TFRecord's masked CRC of buf[0:len]. */
+uint32_t sf_masked_crc32c(const uint8_t *buf, size_t len);
+/* Which implementation sf_crc32c_extend uses: "sse4.2", "armv8-crc" or "table". */
+const char *sf_crc32c_backend(void);
+
+static inline uint32_t sf_crc_mask(uint32_t crc) {
+    return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,634 @@
+/* shardfeed._native: Python bindings of the native core (CRC-32C, framing scan, Example
+ * batch parsing). The work itself is plain C (crc32c.c, frames.c, example_parse.c) and
+ * runs with the GIL released. The friendly API, argument checks and error messages live
+ * in shardfeed/formats/native.py; this module is private.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
+#include <numpy/arrayobject.h>
+
+#include "crc32c.h"
+#include "example_parse.h"
+#include "frames.h"
+
+#define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
+
+/* ------------------------------------------------------------------ CRC */
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    unsigned long long value = 0;
+    if (!PyArg_ParseTuple(args, "y*|K:crc32c", &view, &value)) return NULL;
+    if (value > 0xFFFFFFFFull) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "crc32c: value must be a CRC in 0 .. 2**32-1");
+        return NULL;
+    }
+    uint32_t crc;
+    if (view.len >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS crc = sf_crc32c_extend((uint32_t)value, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = sf_crc32c_extend((uint32_t)value, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t crc;
+    if (view.len >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS crc = sf_masked_crc32c(view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        crc = sf_masked_crc32c(view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *py_crc_backend(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(sf_crc32c_backend());
+}
+
+/* ------------------------------------------------------------------ framing scan */
+
+static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int verify = 1;
+    unsigned long long max_rec = 0x7FFFFFFFull;
+    if (!PyArg_ParseTuple(args, "y*|pK:scan_frames", &view, &verify, &max_rec)) return NULL;
+    const uint8_t *buf = view.buf;
+    size_t len = (size_t)view.len;
+    /* every frame is at least 16 bytes: this bounds the output by the buffer size */
+    size_t max_frames = len / 16;
+    size_t cap = max_frames < 4096 ? max_frames : 4096;
+    int64_t *off = NULL, *lens = NULL;
+    size_t count = 0, pos = 0;
+    int error = 0, nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        if (count == cap && cap < max_frames) {
+            size_t ncap = cap * 2 < max_frames ? cap * 2 : max_frames;
+            int64_t *o2 = realloc(off, (ncap ? ncap : 1) * sizeof(int64_t));
+            if (o2) off = o2;
+            int64_t *l2 = o2 ? realloc(lens, (ncap ? ncap : 1) * sizeof(int64_t)) : NULL;
+            if (l2) lens = l2;
+            if (!o2 || !l2) {
+                nomem = 1;
+                break;
+            }
+            cap = ncap;
+        }
+        if (!off) {
+            off = malloc(sizeof(int64_t) * (cap ? cap : 1));
+            lens = malloc(sizeof(int64_t) * (cap ? cap : 1));
+            if (!off || !lens) {
+                nomem = 1;
+                break;
+            }
+        }
+        sf_scan_result r;
+        sf_scan_frames(buf + pos, len - pos, verify, max_rec, off + count, lens + count, cap - count, &r);
+        for (size_t k = 0; k < r.count; k++) off[count + k] += (int64_t)pos;
+        count += r.count;
+        pos += r.consumed;
+        if (r.error) {
+            error = r.error;
+            break;
+        }
+        if (count < cap || cap >= max_frames) break; /* incomplete frame, or the end */
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (nomem) {
+        free(off);
+        free(lens);
+        return PyErr_NoMemory();
+    }
+    npy_intp dims[1] = {(npy_intp)count};
+    PyObject *po = PyArray_SimpleNew(1, dims, NPY_INT64);
+    PyObject *pl = PyArray_SimpleNew(1, dims, NPY_INT64);
+    if (!po || !pl) {
+        Py_XDECREF(po);
+        Py_XDECREF(pl);
+        free(off);
+        free(lens);
+        return NULL;
+    }
+    if (count) {
+        memcpy(PyArray_DATA((PyArrayObject *)po), off, count * sizeof(int64_t));
+        memcpy(PyArray_DATA((PyArrayObject *)pl), lens, count * sizeof(int64_t));
+    }
+    free(off);
+    free(lens);
+    return Py_BuildValue("NNnin", po, pl, (Py_ssize_t)pos, error, (Py_ssize_t)pos);
+}
+
+/* ------------------------------------------------------------------ compiled spec */
+
+typedef struct {
+    PyObject_HEAD
+    sf_spec *spec;
+    PyObject *columns; /* the tuple it was built from */
+} CompiledSpecObject;
+
+static void cs_dealloc(CompiledSpecObject *self) {
+    sf_spec_free(self->spec);
+    Py_XDECREF(self->columns);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* key: bytes, or None for a key no record can hold */
+static int get_key(PyObject *o, const uint8_t **p, size_t *n) {
+    if (o == Py_None) {
+        *p = (const uint8_t *)"";
+        *n = SIZE_MAX;
+        return 0;
+    }
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "CompiledSpec: keys must be bytes or None");
+        return -1;
+    }
+    *p = (const uint8_t *)PyBytes_AS_STRING(o);
+    *n = (size_t)PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+/* columns: sequence of (col, kind, key, size, default, index_keys, index_sizes) with
+ * default None, a contiguous int64/float32 array of `size` values, or a list of bytes. */
+static int cs_init(CompiledSpecObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *cols;
+    if (!PyArg_ParseTuple(args, "O:CompiledSpec", &cols)) return -1;
+    PyObject *tup = PySequence_Tuple(cols);
+    if (!tup) return -1;
+    Py_ssize_t n = PyTuple_GET_SIZE(tup);
+    sf_colspec *cs = PyMem_Calloc(n ? n : 1, sizeof(sf_colspec));
+    PyObject *keep = PyList_New(0); /* temporaries alive until sf_spec_new copied them */
+    int rc = -1;
+    if (!cs || !keep) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(tup, i);
+        int col, kind;
+        PyObject *key, *dflt, *ikeys, *isizes;
+        Py_ssize_t size;
+        if (!PyArg_ParseTuple(t, "iiOnOOO", &col, &kind, &key, &size, &dflt, &ikeys, &isizes)) goto done;
+        sf_colspec *c = &cs[i];
+        c->col = col;
+        c->kind = kind;
+        if (size < 0) {
+            PyErr_SetString(PyExc_ValueError, "CompiledSpec: negative size");
+            goto done;
+        }
+        c->size = (size_t)size;
+        if (get_key(key, &c->key, &c->key_len)) goto done;
+        if (col == SF_COL_FIXED && dflt != Py_None) {
+            c->has_default = 1;
+            if (kind == SF_KIND_BYTES) {
+                PyObject *seq = PySequence_Fast(dflt, "CompiledSpec: bytes default must be a sequence");
+                if (!seq || PyList_Append(keep, seq) < 0) {
+                    Py_XDECREF(seq);
+                    goto done;
+                }
+                Py_DECREF(seq);
+                if (PySequence_Fast_GET_SIZE(seq) != size) {
+                    PyErr_SetString(PyExc_ValueError, "CompiledSpec: default has the wrong number of values");
+                    goto done;
+                }
+                sf_bytes *vals = PyMem_Calloc(size ? size : 1, sizeof(sf_bytes));
+                PyObject *cap = vals ? PyCapsule_New(vals, NULL, NULL) : NULL;
+                if (!cap) {
+                    PyMem_Free(vals);
+                    goto done;
+                }
+                /* the capsule has no destructor: free `vals` after sf_spec_new below */
+                if (PyList_Append(keep, cap) < 0) {
+                    Py_DECREF(cap);
+                    PyMem_Free(vals);
+                    goto done;
+                }
+                Py_DECREF(cap);
+                for (Py_ssize_t k = 0; k < size; k++) {
+                    PyObject *b = PySequence_Fast_GET_ITEM(seq, k);
+                    if (!PyBytes_Check(b)) {
+                        PyErr_SetString(PyExc_TypeError, "CompiledSpec: bytes default values must be bytes");
+                        goto done;
+                    }
+                    vals[k].p = (const uint8_t *)PyBytes_AS_STRING(b);
+                    vals[k].n = (size_t)PyBytes_GET_SIZE(b);
+                }
+                c->default_bytes = vals;
+            } else {
+                int typ = kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32;
+                PyObject *arr = PyArray_FROMANY(dflt, typ, 0, 0, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+                if (!arr || PyList_Append(keep, arr) < 0) {
+                    Py_XDECREF(arr);
+                    goto done;
+                }
+                Py_DECREF(arr);
+                if (PyArray_SIZE((PyArrayObject *)arr) != size) {
+                    PyErr_SetString(PyExc_ValueError, "CompiledSpec: default has the wrong number of values");
+                    goto done;
+                }
+                c->default_values = PyArray_DATA((PyArrayObject *)arr);
+            }
+        }
+        if (col == SF_COL_SPARSE) {
+            PyObject *ks = PySequence_Fast(ikeys, "CompiledSpec: index keys must be a sequence");
+            PyObject *ss = ks ? PyArray_FROMANY(isizes, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST) : NULL;
+            if (ks) {
+                PyList_Append(keep, ks);
+                Py_DECREF(ks);
+            }
+            if (ss) {
+                PyList_Append(keep, ss);
+                Py_DECREF(ss);
+            }
+            if (!ks || !ss) goto done;
+            Py_ssize_t nk = PySequence_Fast_GET_SIZE(ks);
+            if (PyArray_SIZE((PyArrayObject *)ss) != nk) {
+                PyErr_SetString(PyExc_ValueError, "CompiledSpec: one size per index key");
+                goto done;
+            }
+            sf_bytes *keys = PyMem_Calloc(nk ? nk : 1, sizeof(sf_bytes));
+            PyObject *cap = keys ? PyCapsule_New(keys, NULL, NULL) : NULL;
+            if (!cap) {
+                PyMem_Free(keys);
+                goto done;
+            }
+            if (PyList_Append(keep, cap) < 0) {
+                Py_DECREF(cap);
+                PyMem_Free(keys);
+                goto done;
+            }
+            Py_DECREF(cap);
+            for (Py_ssize_t k = 0; k < nk; k++) {
+                if (get_key(PySequence_Fast_GET_ITEM(ks, k), &keys[k].p, &keys[k].n)) goto done;
+            }
+            c->nindex = (size_t)nk;
+            c->index_keys = keys;
+            c->index_sizes = PyArray_DATA((PyArrayObject *)ss);
+        }
+    }
+    sf_spec *spec = sf_spec_new(cs, (size_t)n);
+    if (!spec) {
+        PyErr_SetString(PyExc_ValueError, "CompiledSpec: invalid column description (or out of memory)");
+        goto done;
+    }
+    sf_spec_free(self->spec);
+    self->spec = spec;
+    Py_XSETREF(self->columns, tup);
+    tup = NULL;
+    rc = 0;
+done:
+    if (keep) {
+        Py_ssize_t kn = PyList_GET_SIZE(keep);
+        for (Py_ssize_t k = 0; k < kn; k++) {
+            PyObject *o = PyList_GET_ITEM(keep, k);
+            if (PyCapsule_CheckExact(o)) PyMem_Free(PyCapsule_GetPointer(o, NULL));
+        }
+        Py_DECREF(keep);
+    }
+    PyMem_Free(cs);
+    Py_XDECREF(tup);
+    return rc;
+}
+
+static PyObject *cs_columns(CompiledSpecObject *self, void *closure) {
+    if (!self->columns) Py_RETURN_NONE;
+    Py_INCREF(self->columns);
+    return self->columns;
+}
+
+static PyGetSetDef cs_getset[] = {
+    {"columns", (getter)cs_columns, NULL, "the column descriptions it was built from", NULL},
+    {NULL},
+};
+
+static PyTypeObject CompiledSpecType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfeed._native.CompiledSpec",
+    .tp_basicsize = sizeof(CompiledSpecObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A feature spec compiled for the native parser (immutable, thread-safe).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)cs_init,
+    .tp_dealloc = (destructor)cs_dealloc,
+    .tp_getset = cs_getset,
+};
+
+/* ------------------------------------------------------------------ batch parse */
+
+static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, npy_intp rows, npy_intp cols,
+                             int fixed) {
+    if (as_buffer) {
+        size_t total = 0;
+        for (size_t k = 0; k < count; k++) total += vals[k].n;
+        npy_intp dn = (npy_intp)total, on = (npy_intp)count + 1;
+        PyObject *data = PyArray_SimpleNew(1, &dn, NPY_UINT8);
+        PyObject *offs = data ? PyArray_SimpleNew(1, &on, NPY_INT64) : NULL;
+        if (!offs) {
+            Py_XDECREF(data);
+            return NULL;
+        }
+        uint8_t *d = PyArray_DATA((PyArrayObject *)data);
+        int64_t *o = PyArray_DATA((PyArrayObject *)offs);
+        size_t pos = 0;
+        o[0] = 0;
+        Py_BEGIN_ALLOW_THREADS for (size_t k = 0; k < count; k++) {
+            if (vals[k].n) memcpy(d + pos, vals[k].p, vals[k].n);
+            pos += vals[k].n;
+            o[k + 1] = (int64_t)pos;
+        }
+        Py_END_ALLOW_THREADS return Py_BuildValue("NN", data, offs);
+    }
+    npy_intp dims[2] = {fixed ? rows : (npy_intp)count, cols};
+    PyObject *arr = PyArray_SimpleNew(fixed ? 2 : 1, dims, NPY_OBJECT);
+    if (!arr) return NULL;
+    PyObject **items = PyArray_DATA((PyArrayObject *)arr);
+    for (size_t k = 0; k < count; k++) {
+        PyObject *b = PyBytes_FromStringAndSize((const char *)vals[k].p, (Py_ssize_t)vals[k].n);
+        if (!b) {
+            Py_DECREF(arr);
+            return NULL;
+        }
+        Py_XSETREF(items[k], b);
+    }
+    return arr;
+}
+
+static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer) {
+    if (kind == SF_KIND_BYTES) return bytes_array(v->data, v->len, as_buffer, 0, 0, 0);
+    npy_intp n = (npy_intp)v->len;
+    PyObject *arr = PyArray_SimpleNew(1, &n, kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32);
+    if (arr && v->len) memcpy(PyArray_DATA((PyArrayObject *)arr), v->data, v->len * v->elem);
+    return arr;
+}
+
+/* parse_batch(spec, records, offsets, lengths, bytes_as_buffer) -> (columns, error)
+ * records: a sequence of bytes-like (offsets None), or one buffer holding the records at
+ * offsets[i]:offsets[i]+lengths[i]. columns: one entry per spec column:
+ *   FIXED numeric: array (n, size); FIXED bytes: object array (n, size) or (data, offsets)
+ *   VAR: (values, splits); SPARSE: (values, splits, [index arrays]).
+ * error: None, or (kind, code, record, column, a, b, c, message) with kind "decode",
+ * "parse", or "type" (a record of a type that is not bytes-like; message = type name). */
+static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
+    CompiledSpecObject *cso;
+    PyObject *records, *offsets_obj, *lengths_obj;
+    int as_buffer = 0;
+    if (!PyArg_ParseTuple(args, "O!OOO|p:parse_batch", &CompiledSpecType, &cso, &records, &offsets_obj, &lengths_obj,
+                          &as_buffer))
+        return NULL;
+    const sf_spec *spec = cso->spec;
+    if (!spec) {
+        PyErr_SetString(PyExc_ValueError, "CompiledSpec is not initialised");
+        return NULL;
+    }
+    PyObject *columns = cso->columns; /* borrowed; cso is alive for the call */
+    Py_INCREF(columns);
+    size_t ncols = sf_spec_ncols(spec);
+    PyObject *result = NULL, *tup = NULL, *keep = NULL, *offs = NULL, *lens = NULL;
+    PyObject **fixed_arrays = NULL;
+    sf_bytes *recs = NULL;
+    sf_colout *outs = NULL;
+    Py_buffer view = {0};
+    int have_view = 0;
+    size_t n = 0, type_err_at = SIZE_MAX;
+    PyObject *type_err_name = NULL;
+
+    if (offsets_obj == Py_None) {
+        tup = PySequence_Tuple(records);
+        if (!tup) goto done;
+        n = (size_t)PyTuple_GET_SIZE(tup);
+        recs = PyMem_Calloc(n ? n : 1, sizeof(sf_bytes));
+        keep = PyList_New(0);
+        if (!recs || !keep) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (size_t i = 0; i < n; i++) {
+            PyObject *r = PyTuple_GET_ITEM(tup, i);
+            if (!PyBytes_Check(r)) {
+                if (PyByteArray_Check(r) || PyMemoryView_Check(r)) {
+                    PyObject *b = PyBytes_FromObject(r); /* a copy: it cannot change under us */
+                    if (!b || PyList_Append(keep, b) < 0) {
+                        Py_XDECREF(b);
+                        goto done;
+                    }
+                    Py_DECREF(b);
+                    r = b;
+                } else {
+                    type_err_at = i;
+                    type_err_name = PyUnicode_FromString(Py_TYPE(r)->tp_name);
+                    if (!type_err_name) goto done;
+                    n = i;
+                    break;
+                }
+            }
+            recs[i].p = (const uint8_t *)PyBytes_AS_STRING(r);
+            recs[i].n = (size_t)PyBytes_GET_SIZE(r);
+        }
+    } else {
+        if (PyObject_GetBuffer(records, &view, PyBUF_SIMPLE) < 0) goto done;
+        have_view = 1;
+        offs = PyArray_FROMANY(offsets_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+        lens = offs ? PyArray_FROMANY(lengths_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY) : NULL;
+        if (!lens) goto done;
+        n = (size_t)PyArray_SIZE((PyArrayObject *)offs);
+        if ((size_t)PyArray_SIZE((PyArrayObject *)lens) != n) {
+            PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+            goto done;
+        }
+        const int64_t *o = PyArray_DATA((PyArrayObject *)offs), *l = PyArray_DATA((PyArrayObject *)lens);
+        recs = PyMem_Calloc(n ? n : 1, sizeof(sf_bytes));
+        if (!recs) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        uint64_t blen = (uint64_t)view.len;
+        for (size_t i = 0; i < n; i++) {
+            if (o[i] < 0 || l[i] < 0 || (uint64_t)o[i] > blen || (uint64_t)l[i] > blen - (uint64_t)o[i]) {
+                PyErr_Format(PyExc_ValueError,
+                             "record %zu: offset %lld and length %lld are outside the buffer (%lld bytes)", i,
+                             (long long)o[i], (long long)l[i], (long long)blen);
+                goto done;
+            }
+            recs[i].p = (const uint8_t *)view.buf + o[i];
+            recs[i].n = (size_t)l[i];
+        }
+    }
+
+    outs = PyMem_Calloc(ncols ? ncols : 1, sizeof(sf_colout));
+    fixed_arrays = PyMem_Calloc(ncols ? ncols : 1, sizeof(PyObject *));
+    if (!outs || !fixed_arrays) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t ci = 0; ci < ncols; ci++) {
+        PyObject *t = PyTuple_GET_ITEM(columns, ci);
+        int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+        Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+        if (col == SF_COL_FIXED) {
+            if (size && n > (size_t)PY_SSIZE_T_MAX / 16 / (size_t)size) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (kind == SF_KIND_BYTES) {
+                outs[ci].fixed = PyMem_Malloc((n && size ? n * (size_t)size : 1) * sizeof(sf_bytes));
+                if (!outs[ci].fixed) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+            } else {
+                npy_intp dims[2] = {(npy_intp)n, size};
+                fixed_arrays[ci] = PyArray_SimpleNew(2, dims, kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32);
+                if (!fixed_arrays[ci]) goto done;
+                outs[ci].fixed = PyArray_DATA((PyArrayObject *)fixed_arrays[ci]);
+            }
+        } else {
+            npy_intp sn = (npy_intp)n + 1;
+            fixed_arrays[ci] = PyArray_SimpleNew(1, &sn, NPY_INT64); /* the splits */
+            if (!fixed_arrays[ci]) goto done;
+            outs[ci].splits = PyArray_DATA((PyArrayObject *)fixed_arrays[ci]);
+            memset(outs[ci].splits, 0, (n + 1) * sizeof(int64_t));
+        }
+    }
+
+    sf_error err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = sf_parse_batch(spec, recs, n, outs, &err);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        if (err.kind == SF_ERR_NOMEM) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        result = Py_BuildValue("(O(snnnLLLs))", Py_None, err.kind == SF_ERR_DECODE ? "decode" : "parse", (Py_ssize_t)err.code,
+                               (Py_ssize_t)err.record, (Py_ssize_t)err.column, (long long)err.a, (long long)err.b,
+                               (long long)err.c, err.msg);
+        goto done;
+    }
+    if (type_err_name) {
+        result = Py_BuildValue("(O(snnnLLLO))", Py_None, "type", (Py_ssize_t)0, (Py_ssize_t)type_err_at, (Py_ssize_t)0,
+                               0LL, 0LL, 0LL, type_err_name);
+        goto done;
+    }
+    PyObject *cols_out = PyList_New((Py_ssize_t)ncols);
+    if (!cols_out) goto done;
+    for (size_t ci = 0; ci < ncols; ci++) {
+        PyObject *t = PyTuple_GET_ITEM(columns, ci);
+        int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+        int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+        Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+        PyObject *item = NULL;
+        if (col == SF_COL_FIXED) {
+            if (kind == SF_KIND_BYTES) {
+                item = bytes_array(outs[ci].fixed, n * (size_t)size, as_buffer, (npy_intp)n, size, 1);
+            } else {
+                item = fixed_arrays[ci];
+                fixed_arrays[ci] = NULL;
+            }
+        } else {
+            PyObject *vals = vec_array(&outs[ci].values, kind, as_buffer);
+            if (vals && col == SF_COL_VAR) {
+                item = Py_BuildValue("NO", vals, fixed_arrays[ci]);
+            } else if (vals) {
+                size_t nidx = (size_t)PySequence_Size(PyTuple_GET_ITEM(t, 5));
+                PyObject *ix = PyList_New((Py_ssize_t)nidx);
+                for (size_t d = 0; ix && d < nidx; d++) {
+                    PyObject *a = vec_array(&outs[ci].index[d], SF_KIND_INT64, 0);
+                    if (!a) {
+                        Py_CLEAR(ix);
+                        break;
+                    }
+                    PyList_SET_ITEM(ix, (Py_ssize_t)d, a);
+                }
+                item = ix ? Py_BuildValue("NON", vals, fixed_arrays[ci], ix) : NULL;
+                if (!ix) Py_DECREF(vals);
+            }
+        }
+        if (!item) {
+            Py_DECREF(cols_out);
+            goto done;
+        }
+        PyList_SET_ITEM(cols_out, (Py_ssize_t)ci, item);
+    }
+    result = Py_BuildValue("NO", cols_out, Py_None);
+
+done:
+    if (outs) {
+        sf_out_free(spec, outs);
+        for (size_t ci = 0; ci < ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(columns, ci);
+            if (PyLong_AsLong(PyTuple_GET_ITEM(t, 0)) == SF_COL_FIXED &&
+                PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) == SF_KIND_BYTES)
+                PyMem_Free(outs[ci].fixed);
+        }
+        PyMem_Free(outs);
+    }
+    if (fixed_arrays) {
+        for (size_t ci = 0; ci < ncols; ci++) Py_XDECREF(fixed_arrays[ci]);
+        PyMem_Free(fixed_arrays);
+    }
+    PyMem_Free(recs);
+    if (have_view) PyBuffer_Release(&view);
+    Py_XDECREF(offs);
+    Py_XDECREF(lens);
+    Py_XDECREF(tup);
+    Py_XDECREF(keep);
+    Py_XDECREF(type_err_name);
+    Py_DECREF(columns);
+    return result;
+}
+
+/* validate_example(buf) -> None or the DecodeError message (for tests and fuzzing) */
+static PyObject *py_validate_example(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    sf_error err;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = sf_validate_example(view.buf, (size_t)view.len, &err);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+    if (!rc) Py_RETURN_NONE;
+    if (err.kind == SF_ERR_NOMEM) return PyErr_NoMemory();
+    return PyUnicode_FromString(err.msg);
+}
+
+static PyMethodDef methods[] = {
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
+    {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
+    {"crc_backend", py_crc_backend, METH_NOARGS, "crc_backend() -> str: 'sse4.2', 'armv8-crc' or 'table'."},
+    {"scan_frames", py_scan_frames, METH_VARARGS,
+     "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1) -> (offsets, lengths, consumed, error, error_offset)"},
+    {"parse_batch", py_parse_batch, METH_VARARGS,
+     "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
+    {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "shardfeed._native", "shardfeed's native core (private; use shardfeed.formats.native).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    import_array();
+    sf_crc32c_init();
+    if (PyType_Ready(&CompiledSpecType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    Py_INCREF(&CompiledSpecType);
+    if (PyModule_AddObject(m, "CompiledSpec", (PyObject *)&CompiledSpecType) < 0) {
+        Py_DECREF(&CompiledSpecType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,387 @@
+"""The native core (C): CRC-32C, TFRecord framing scan, batched Example parsing.
+
+Everything here has a pure-Python twin that is the reference (:mod:`.crc`,
+:mod:`.tfrecord`, :mod:`.example`); the native versions give identical values and raise
+the same errors, only faster, and they release the GIL while they work so that threads
+parse batches in parallel. When the extension is not built (no compiler at install time)
+every function here still works, through the pure-Python path; :func:`native_info` says
+which path is in use and why.
+
+Typical use, from a large read or an ``mmap`` to numpy columns with no per-record
+``bytes`` objects::
+
+    offsets, lengths, consumed, error = scan_frames(buf)
+    columns = parse_example_batch((buf, offsets, lengths), spec)
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import Any, Mapping, NamedTuple, Sequence, Union
+
+import numpy as np
+
+from ..errors import DecodeError, ParseError
+from . import crc as _crc
+from .spec import BYTES, FLOAT32, INT64, FeatureSpec, FixedLen, RaggedColumn, Sparse, SparseColumn, VarLen, normalize_spec
+
+try:
+    from .. import _native as _ext  # type: ignore[attr-defined]
+
+    _WHY_NOT = ""
+    if not hasattr(_ext, "parse_batch"):  # the C sources' folder, imported as a namespace package
+        _ext = None
+        _WHY_NOT = "the C extension is not built (shardfeed._native is only its source folder)"
+except ImportError as _exc:  # pragma: no cover - depends on the build
+    _ext = None
+    _WHY_NOT = f"the C extension is not built ({_exc})"
+
+__all__ = [
+    "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
+    "compile_spec", "CompiledSpec", "BytesBuffer", "validate_example", "FRAME_CHECKS",
+]
+
+# frame check names, as tfrecord.py and CorruptRecordError name them
+FRAME_CHECKS = {1: "length crc", 2: "data crc", 3: "absurd length"}
+_MAX_RECORD_BYTES = (1 << 31) - 1
+_KIND = {BYTES: 1, FLOAT32: 2, INT64: 3}
+_KIND_NAMES = {1: "bytes_list", 2: "float_list", 3: "int64_list"}
+_FIXED, _VAR, _SPARSE = 0, 1, 2
+
+
+def native_available() -> bool:
+    """True when the C extension is built and importable."""
+    return _ext is not None
+
+
+def native_info() -> str:
+    """Which path is in use: ``"native (sse4.2 crc)"`` or ``"pure-python: <why>"``."""
+    if _ext is None:
+        return f"pure-python: {_WHY_NOT}"
+    return f"native ({_ext.crc_backend()} crc)"
+
+
+# ----------------------------------------------------------------------------- CRC
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """CRC-32C of ``data`` (any contiguous bytes-like object), continuing from ``value``."""
+    if _ext is None:
+        return _crc.crc32c(data, value)
+    return _ext.crc32c(data, value)
+
+
+def masked_crc32c(data: Any) -> int:
+    """TFRecord's masked CRC-32C of ``data``."""
+    if _ext is None:
+        return _crc.masked_crc32c(data)
+    return _ext.masked_crc32c(data)
+
+
+# ----------------------------------------------------------------------------- framing
+
+_HEADER = struct.Struct("<QI")
+
+
+def _scan_frames_py(buf: Any, verify_crc: bool, max_record_bytes: int):
+    mv = memoryview(buf).cast("B")
+    n = len(mv)
+    pos = 0
+    offsets: list[int] = []
+    lengths: list[int] = []
+    error = None
+    while n - pos >= 12:
+        length, length_crc = _HEADER.unpack_from(mv, pos)
+        if verify_crc and _crc.masked_length_crc(length) != length_crc:
+            error = ("length crc", pos)
+            break
+        if length > max_record_bytes:
+            error = ("absurd length", pos)
+            break
+        if n - pos < 16 + length:
+            break
+        start = pos + 12
+        if verify_crc:
+            (dc,) = struct.unpack_from("<I", mv, start + length)
+            if _crc.masked_crc32c(mv[start:start + length]) != dc:
+                error = ("data crc", pos)
+                break
+        offsets.append(start)
+        lengths.append(length)
+        pos = start + length + 4
+    return np.array(offsets, np.int64), np.array(lengths, np.int64), pos, error
+
+
+def scan_frames(
+    buf: Any, verify_crc: bool = True, max_record_bytes: int = _MAX_RECORD_BYTES
+) -> tuple[np.ndarray, np.ndarray, int, Union[None, tuple[str, int]]]:
+    """Find the whole TFRecord frames at the start of ``buf`` (bytes, bytearray,
+    memoryview, mmap, numpy uint8 array: any contiguous buffer).
+
+    Returns ``(offsets, lengths, consumed, error)``: int64 arrays of each record's data
+    start and length (offsets into ``buf``), the bytes of whole good frames from the start
+    (where the next scan should begin after a refill), and ``None`` or
+    ``(check, frame_offset)`` for the first frame that failed a check, ``check`` being
+    ``"length crc"``, ``"data crc"`` or ``"absurd length"`` (as in
+    :class:`~shardfeed.errors.CorruptRecordError`); frames before it are returned. The scan
+    stops without error at a frame cut off by the end of ``buf``. Releases the GIL.
+    """
+    if not 0 <= max_record_bytes < 1 << 64:
+        raise ValueError(f"max_record_bytes must be in 0 .. 2**64-1, got {max_record_bytes}")
+    if _ext is None:
+        return _scan_frames_py(buf, verify_crc, max_record_bytes)
+    offsets, lengths, consumed, err, err_off = _ext.scan_frames(buf, bool(verify_crc), int(max_record_bytes))
+    return offsets, lengths, consumed, (FRAME_CHECKS[err], err_off) if err else None
+
+
+# ----------------------------------------------------------------------------- Example parsing
+
+
+class BytesBuffer(NamedTuple):
+    """A bytes column without a Python object per value: value ``k`` is
+    ``data[offsets[k]:offsets[k + 1]]`` (``data`` uint8, ``offsets`` int64 of ``count + 1``).
+    A FixedLen bytes column lists its values record by record in C order."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.offsets) - 1
+
+    def value(self, k: int) -> bytes:
+        return self.data[self.offsets[k]:self.offsets[k + 1]].tobytes()
+
+    def to_list(self) -> list[bytes]:
+        d, o = self.data.tobytes(), self.offsets.tolist()
+        return [d[o[k]:o[k + 1]] for k in range(len(o) - 1)]
+
+    def to_numpy(self) -> np.ndarray:
+        """The values as a 1-D numpy object array of bytes."""
+        out = np.empty(len(self), object)
+        out[:] = self.to_list()
+        return out
+
+
+def _key_bytes(name: str) -> bytes | None:
+    try:
+        return name.encode("utf-8")
+    except UnicodeEncodeError:
+        return None  # no record can hold this key (record keys are valid UTF-8)
+
+
+class CompiledSpec:
+    """A feature spec prepared once for the native parser (see :func:`compile_spec`)."""
+
+    def __init__(self, spec: Mapping[str, FeatureSpec]):
+        from .example import _fixed_default  # the reference's rules for defaults
+
+        self.spec = normalize_spec(spec)
+        order = ([n for n, s in self.spec.items() if isinstance(s, FixedLen)]
+                 + [n for n, s in self.spec.items() if isinstance(s, VarLen)]
+                 + [n for n, s in self.spec.items() if isinstance(s, Sparse)])
+        self.names = order
+        cols = []
+        for name in order:
+            s = self.spec[name]
+            kind = _KIND[s.dtype]
+            if isinstance(s, FixedLen):
+                d = _fixed_default(name, s)
+                if d is not None:
+                    d = list(d) if s.dtype == BYTES else np.ascontiguousarray(d, np.dtype(s.dtype))
+                cols.append((_FIXED, kind, _key_bytes(name), s.size, d, (), ()))
+            elif isinstance(s, VarLen):
+                cols.append((_VAR, kind, _key_bytes(name), 0, None, (), ()))
+            else:
+                cols.append((_SPARSE, kind, _key_bytes(s.value_key), 0, None,
+                             tuple(_key_bytes(k) for k in s.index_key), np.array(s.size, np.int64)))
+        self._native = _ext.CompiledSpec(cols) if _ext is not None else None
+
+
+_cache_by_id: dict[int, tuple[Any, CompiledSpec]] = {}
+_cache_lock = threading.Lock()
+
+
+def _same_items(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[1] is y[1] for x, y in zip(a, b))
+
+
+def compile_spec(spec: Mapping[str, FeatureSpec] | CompiledSpec) -> CompiledSpec:
+    """The :class:`CompiledSpec` of ``spec``, cached per spec object (a dict is compiled
+    again only when its contents changed). Raises as ``parse_example`` does for a bad spec."""
+    if isinstance(spec, CompiledSpec):
+        return spec
+    key = id(spec)
+    items = tuple(spec.items()) if isinstance(spec, Mapping) else None
+    with _cache_lock:
+        hit = _cache_by_id.get(key)
+    if hit is not None and hit[0] is spec and items is not None and _same_items(hit[1]._items, items):
+        return hit[1]
+    compiled = CompiledSpec(spec)
+    compiled._items = items  # type: ignore[attr-defined]
+    with _cache_lock:
+        if len(_cache_by_id) > 256:
+            _cache_by_id.clear()
+        _cache_by_id[key] = (spec, compiled)
+    return compiled
+
+
+def _check_records(records: Any) -> None:
+    if isinstance(records, (bytes, bytearray, memoryview, str)):
+        raise TypeError("records must be a sequence of serialized Examples; for one record use parse_single_example")
+    if isinstance(records, np.ndarray) and records.dtype.kind != "O":
+        raise TypeError(
+            f"records is a numpy array of dtype {records.dtype}, which drops trailing NUL bytes; "
+            "pass a list or an object array of bytes"
+        )
+
+
+def _raise(err: tuple, cs: CompiledSpec) -> None:
+    kind, code, ri, ci, a, b, c, msg = err
+    if kind == "type":
+        raise TypeError(f"record #{ri}: a serialized record must be bytes, bytearray or memoryview, got {msg}")
+    if kind == "decode":
+        raise DecodeError(f"not a valid tf.train.Example: {msg}", record_index=ri)
+    name = cs.names[ci]
+    s = cs.spec[name]
+    if code == 1:  # kind mismatch
+        if a == 0:
+            what = "the feature"
+        elif a == 1:
+            what = f"value feature {s.value_key!r}"
+        else:
+            what = f"index feature {s.index_key[a - 2]!r}"
+        message = f"{what} holds {_KIND_NAMES[b]} values but the spec expects {_KIND_NAMES[c]}"
+    elif code == 2:
+        message = f"required feature is missing (FixedLen {s.dtype} shape {list(s.shape)} has no default)"
+    elif code == 3:
+        message = f"expected {s.size} {s.dtype} values for shape {list(s.shape)}, got {a}"
+    elif code == 4:
+        message = f"index feature {s.index_key[a]!r} has {b} values but value feature {s.value_key!r} has {c}"
+    elif code == 5:
+        message = f"index feature {s.index_key[a]!r} holds {b}, outside [0, {s.size[a]})"
+    else:  # pragma: no cover - the C side has no other codes
+        message = f"parse error code {code}"
+    raise ParseError(message, feature=name, record_index=ri)
+
+
+def _sparse_column(s: Sparse, n: int, values: Any, splits: np.ndarray, idx: list, as_buffer: bool) -> SparseColumn:
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(splits))
+    cols = [rows, *idx]
+    if not s.already_sorted and len(rows):
+        order = np.lexsort(cols[::-1])  # stable, as the reference (and TF) sort
+        cols = [c[order] for c in cols]
+        if isinstance(values, tuple):  # (data, offsets): reorder the values' slices
+            data, offs = values
+            lens = np.diff(offs)[order]
+            new_offs = np.zeros(len(lens) + 1, np.int64)
+            np.cumsum(lens, out=new_offs[1:])
+            pieces = [data[offs[k]:offs[k + 1]] for k in order]
+            data = np.concatenate(pieces) if pieces else data[:0]
+            values = (data, new_offs)
+        else:
+            values = values[order]
+    indices = np.stack(cols, axis=1).astype(np.int64) if cols else np.empty((0, 0), np.int64)
+    if as_buffer and isinstance(values, tuple):
+        values = BytesBuffer(*values)
+    return SparseColumn(indices, values, np.array([n, *s.size], np.int64))
+
+
+def parse_example_batch(
+    records: Union[Sequence[bytes], tuple[Any, np.ndarray, np.ndarray]],
+    spec: Mapping[str, FeatureSpec] | CompiledSpec,
+    *,
+    bytes_as: str = "object",
+) -> dict[str, Union[np.ndarray, RaggedColumn, SparseColumn, BytesBuffer]]:
+    """Parse a batch of serialized Examples into columns; same result and errors as
+    :func:`shardfeed.formats.example.parse_example`, natively (GIL released).
+
+    ``records`` is a sequence of bytes-like records, or a triple ``(buffer, offsets,
+    lengths)`` naming records inside one buffer (what :func:`scan_frames` returns), so no
+    per-record ``bytes`` object is made. ``spec`` may be a :class:`CompiledSpec`.
+    ``bytes_as="buffer"`` returns each bytes column as a :class:`BytesBuffer` (``data``,
+    ``offsets``) instead of a numpy object array: for a FixedLen feature of shape ``S``
+    the values of record ``i`` are ``prod(S)`` consecutive entries; a VarLen feature gives
+    a :class:`RaggedColumn` whose ``values`` is a BytesBuffer.
+
+    Raises DecodeError (``record_index``) for a record that is not an Example, ParseError
+    (``feature``, ``record_index``) for one that does not fit the spec, TypeError/ValueError
+    for bad arguments.
+    """
+    if bytes_as not in ("object", "buffer"):
+        raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
+    as_buffer = bytes_as == "buffer"
+    triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
+    cs = compile_spec(spec)
+    if _ext is None:
+        return _parse_py(records, cs, triple, as_buffer)
+    if triple:
+        buf, offsets, lengths = records
+        n = len(offsets)
+        cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer)
+    else:
+        _check_records(records)
+        n = len(records)
+        cols, err = _ext.parse_batch(cs._native, records, None, None, as_buffer)
+    if err is not None:
+        _raise(err, cs)
+    out: dict[str, Any] = {}
+    by_name = dict(zip(cs.names, cols))
+    for name, s in cs.spec.items():
+        col = by_name[name]
+        if isinstance(s, FixedLen):
+            if s.dtype == BYTES and as_buffer:
+                out[name] = BytesBuffer(*col)
+            else:
+                out[name] = col.reshape((n, *s.shape))
+        elif isinstance(s, VarLen):
+            values, splits = col
+            out[name] = RaggedColumn(BytesBuffer(*values) if isinstance(values, tuple) else values, splits)
+        else:
+            values, splits, idx = col
+            out[name] = _sparse_column(s, n, values, splits, idx, as_buffer)
+    return out
+
+
+def _parse_py(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool) -> dict[str, Any]:
+    from .example import parse_example
+
+    if triple:
+        buf, offsets, lengths = records
+        mv = memoryview(buf).cast("B")
+        records = [bytes(mv[int(o):int(o) + int(n)]) for o, n in zip(offsets, lengths)]
+    out = parse_example(records, cs.spec)
+    if not as_buffer:
+        return out
+
+    def buffer_of(values: np.ndarray) -> BytesBuffer:
+        vals = [bytes(v) for v in np.ravel(values)]
+        offs = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum([len(v) for v in vals], out=offs[1:])
+        return BytesBuffer(np.frombuffer(b"".join(vals), np.uint8).copy(), offs)
+
+    for name, s in cs.spec.items():
+        if s.dtype != BYTES:
+            continue
+        col = out[name]
+        if isinstance(col, RaggedColumn):
+            out[name] = RaggedColumn(buffer_of(col.values), col.row_splits)
+        elif isinstance(col, SparseColumn):
+            out[name] = SparseColumn(col.indices, buffer_of(col.values), col.dense_shape)
+        else:
+            out[name] = buffer_of(col)
+    return out
+
+
+def validate_example(record: Any) -> str | None:
+    """None if ``record`` is a valid serialized Example, else the DecodeError message
+    (the reference decoder's). For tests and fuzzing."""
+    if _ext is None:
+        from .example import decode_example
+
+        try:
+            decode_example(record)
+        except DecodeError as e:
+            return str(e)
+        return None
+    return _ext.validate_example(record)
