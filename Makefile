@@ -11,6 +11,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/shardfeed demo --out demo-out
 
 test: $(VENV)/.installed-dev
+	FUZZ_SECONDS=20 bash fuzz/run_smoke.sh
 	$(PY) -m pytest -q
 
 test-fast: $(VENV)/.installed-dev

@@ -6,7 +6,9 @@ features, 26 short bytes features and one variable-length int64 list (41 feature
 
 - page cache: reading the bytes alone (the physical ceiling);
 - shardfeed framing + CRC alone (native scan when built);
-- shardfeed read + parse to numpy columns, batch 1024, one thread and two threads;
+- shardfeed read + parse to numpy columns, batch 1024, one thread and two threads, with
+  bytes features as numpy object arrays (the default) and as one buffer plus offsets;
+- the same through the pipeline, ``read_tfrecord(files, spec).batch(1024)``;
 - tf.data, batch 1024, parse_example, ``.numpy()`` on every output, (a) sequential reads
   with autotune off and (b) ``num_parallel_reads=AUTOTUNE``; the faster one is the anchor;
 - a naive loop: struct framing + protobuf ``Example.FromString`` per record.
@@ -93,24 +95,32 @@ def run_framing(files, _n):
     return n, time.perf_counter() - t0
 
 
-def _parse_files(files, out):
+def _parse_files(files, out, bytes_as="object"):
     n = 0
     for batch in iter_record_batches(files, BATCH):
-        cols = parse_batch(batch, SPEC)
+        cols = parse_batch(batch, SPEC, bytes_as=bytes_as)
         n += len(cols["label"])
     out.append(n)
 
 
-def run_shardfeed(files, _n):
+def run_shardfeed(files, _n, bytes_as="object"):
     out: list[int] = []
     t0 = time.perf_counter()
-    _parse_files(files, out)
+    _parse_files(files, out, bytes_as)
     return out[0], time.perf_counter() - t0
 
 
-def run_shardfeed_2threads(files, _n):
+def run_pipeline(files, _n):
+    t0 = time.perf_counter()
+    n = 0
+    for batch in sf.read_tfrecord(files, spec=SPEC).batch(BATCH):
+        n += len(batch["label"])
+    return n, time.perf_counter() - t0
+
+
+def run_shardfeed_2threads(files, _n, bytes_as="object"):
     out: list[int] = []
-    threads = [threading.Thread(target=_parse_files, args=(files[i::2], out)) for i in range(2)]
+    threads = [threading.Thread(target=_parse_files, args=(files[i::2], out, bytes_as)) for i in range(2)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -184,6 +194,9 @@ def main(argv=None) -> int:
         "shardfeed framing + CRC": run_framing,
         "shardfeed read+parse, 1 thread": run_shardfeed,
         "shardfeed read+parse, 2 threads": run_shardfeed_2threads,
+        "shardfeed bytes as buffers, 1 thread": lambda f, n: run_shardfeed(f, n, "buffer"),
+        "shardfeed bytes as buffers, 2 threads": lambda f, n: run_shardfeed_2threads(f, n, "buffer"),
+        "shardfeed pipeline read_tfrecord(spec).batch": run_pipeline,
     }
     if not args.no_tf:
         runners["tf.data sequential, autotune off"] = lambda f, n: run_tf(f, n, parallel=False)
@@ -216,12 +229,14 @@ def main(argv=None) -> int:
     derived = {
         "framing_vs_page_cache": med["shardfeed framing + CRC"] / med["page cache read (ceiling)"],
         "two_threads_vs_one": med["shardfeed read+parse, 2 threads"] / med["shardfeed read+parse, 1 thread"],
+        "two_threads_vs_one_buffers": (med["shardfeed bytes as buffers, 2 threads"]
+                                       / med["shardfeed bytes as buffers, 1 thread"]),
     }
     if anchor:
         derived["shardfeed_1thread_vs_best_tf"] = med["shardfeed read+parse, 1 thread"] / anchor
         derived["best_tf"] = tf_best_name
     print(f"\nframing+CRC / page cache: {derived['framing_vs_page_cache']:.0%}   "
-          f"2 threads / 1 thread: {derived['two_threads_vs_one']:.2f}x"
+          f"2 threads / 1 thread: {derived['two_threads_vs_one']:.2f}x (buffers {derived['two_threads_vs_one_buffers']:.2f}x)"
           + (f"   shardfeed (1 thread) / best tf.data: {derived['shardfeed_1thread_vs_best_tf']:.2f}x" if anchor else ""))
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
