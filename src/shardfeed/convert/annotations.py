@@ -1,0 +1,273 @@
+"""Annotation files to rows: PAI annotation CSV (``id, raw JSON {url}, answer JSON``) and
+iTAG ``.manifest`` JSON lines, for each ``model_type``.
+
+The answer is parsed here, when the plan is made, into a plain ``annotation`` dict:
+
+- CLASSIFICATION: ``{"classes": [name, ...]}`` (one name, or several for multi-label)
+- DETECTION, TEXT_DETECTION, TEXT_END2END: ``{"objects": [{"points": [[x, y] * 4],
+  "class": str | None, "text": str | None, "direction": str | None}], "direction": str | None}``
+- SEGMENTATION: ``{"mask_url": str}``
+- TEXT_RECOGNITION: ``{"text": str}``
+- SELF_DEFINED: ``{"raw": ..., "answer": ...}`` (parsed JSON where it parses, else the text)
+
+A row whose JSON does not parse, or does not have the shape its model type needs, is
+reported with its row number and the reason and left out; the job goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .. import storage
+from ..storage.urls import mask
+from .options import Discard, DiscardRecord, Row
+from .sources import _dirname, resolve_uri
+
+_CLASS_KEYS = ("class*", "class", "单选", "label", "类别", "category")
+_TEXT_KEYS = ("text", "OCR识别结果", "ocr", "文本")
+BOX_TYPES = ("DETECTION", "TEXT_DETECTION", "TEXT_END2END")
+
+
+def _json(text: Any, what: str) -> Any:
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Discard(f"{what} is not valid JSON ({exc.msg} at char {exc.pos})") from None
+
+
+def _points_from_coord(coord: Any) -> list[list[float]]:
+    if not isinstance(coord, list) or len(coord) != 8:
+        n = len(coord) if isinstance(coord, list) else type(coord).__name__
+        raise Discard(f"coord must hold 8 numbers (x1,y1,...,x4,y4), got {n}")
+    try:
+        vals = [float(v) for v in coord]
+    except (TypeError, ValueError):
+        raise Discard(f"coord holds a value that is not a number: {coord!r:.80}") from None
+    return [[vals[i], vals[i + 1]] for i in range(0, 8, 2)]
+
+
+def _points_from_polygon(value: Any) -> list[list[float]]:
+    if not isinstance(value, list) or len(value) != 4 or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise Discard(f"polygon must have 4 [x, y] points, got {json.dumps(value)[:80]}")
+    try:
+        return [[float(x), float(y)] for x, y in value]
+    except (TypeError, ValueError):
+        raise Discard("polygon holds a value that is not a number") from None
+
+
+def _pick(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if k in d:
+            return d[k]
+    lowered = {str(k).lower(): v for k, v in d.items()}
+    for k in keys:
+        for lk, v in lowered.items():
+            if k.lower() in lk:
+                return v
+    return None
+
+
+def _csv_object(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict) or "coord" not in obj:
+        raise Discard(f"object must be {{'text': ..., 'coord': [...]}}, got {json.dumps(obj, ensure_ascii=False)[:80]}")
+    attrs = _json(obj.get("text", "{}"), "object text") if obj.get("text") is not None else {}
+    if not isinstance(attrs, dict):
+        attrs = {"text": str(attrs)}
+    return {"points": _points_from_coord(obj["coord"]), "class": _str_or_none(_pick(attrs, ("class*", "class"))),
+            "text": _str_or_none(attrs.get("text")), "direction": _str_or_none(attrs.get("direction"))}
+
+
+def _str_or_none(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def parse_answer(model_type: str, answer: Any) -> dict[str, Any]:
+    """The normalized annotation (module docstring) of a PAI CSV answer; raises Discard."""
+    if model_type == "SELF_DEFINED":
+        try:
+            return {"answer": json.loads(answer) if isinstance(answer, str) else answer}
+        except ValueError:
+            return {"answer": answer}
+    a = _json(answer, "answer")
+    if model_type == "CLASSIFICATION":
+        if not isinstance(a, dict) or "option" not in a:
+            raise Discard("classification answer must be {'option': name} or {'option': [names]}")
+        opt = a["option"]
+        names = opt if isinstance(opt, list) else [opt]
+        if not names or not all(isinstance(n, (str, int)) and str(n).strip() for n in names):
+            raise Discard("classification answer has an empty or non-text option")
+        return {"classes": [str(n).strip() for n in names]}
+    if model_type == "SEGMENTATION":
+        if not isinstance(a, dict) or not isinstance(a.get("ossUrl") or a.get("url"), str):
+            raise Discard("segmentation answer must be {'ossUrl': mask PNG URL}")
+        return {"mask_url": a.get("ossUrl") or a.get("url")}
+    if model_type == "TEXT_RECOGNITION":
+        if not isinstance(a, dict) or not isinstance(a.get("text"), str):
+            raise Discard("text recognition answer must be {'text': string}")
+        return {"text": a["text"]}
+    if model_type == "DETECTION":
+        if not isinstance(a, list):
+            raise Discard("detection answer must be a list of {'text', 'coord'} objects")
+        return {"objects": [_csv_object(o) for o in a], "direction": None}
+    if model_type in ("TEXT_DETECTION", "TEXT_END2END"):
+        if not isinstance(a, list) or not a or not isinstance(a[0], list):
+            raise Discard("text answer must be [[{'text', 'coord'}, ...], {'option': direction}]")
+        direction = a[1].get("option") if len(a) > 1 and isinstance(a[1], dict) else None
+        objects = [_csv_object(o) for o in a[0]]
+        if model_type == "TEXT_END2END" and any(o["text"] is None for o in objects):
+            raise Discard("an end-to-end OCR text line has no 'text'")
+        return {"objects": objects, "direction": _str_or_none(direction)}
+    raise ValueError(f"no annotation parser for model_type {model_type}")
+
+
+def read_annotation_csv(url: str, model_type: str, storage_options: Mapping[str, Any] | None = None
+                        ) -> tuple[list[Row], list[DiscardRecord]]:
+    """Rows of a PAI annotation CSV: ``id, raw JSON with url, answer JSON`` per record.
+
+    Lines starting with ``#`` and a header row (a second cell that is not JSON) are
+    skipped; row numbers count data records from 1.
+    """
+    data = storage.read_bytes(url, storage_options=storage_options)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start})") from None
+    records = [r for r in csv.reader(io.StringIO(text, newline="")) if r and any(c.strip() for c in r)]
+    records = [r for r in records if not r[0].lstrip().startswith("#")]
+    if records and len(records[0]) >= 2 and not records[0][1].lstrip().startswith(("{", "[")):
+        records = records[1:]
+    origin, base = mask(url), _dirname(url)
+    rows: list[Row] = []
+    discards: list[DiscardRecord] = []
+    for number, cells in enumerate(records, start=1):
+        image = None
+        try:
+            if len(cells) != 3:
+                raise Discard(f"expected 3 cells (id, raw data JSON, answer JSON), found {len(cells)}")
+            raw = _json(cells[1], "raw data")
+            if not isinstance(raw, dict) or not isinstance(raw.get("url"), str) or not raw["url"].strip():
+                raise Discard("raw data must be a JSON object with a 'url'")
+            image = resolve_uri(raw["url"], base)
+            ann = parse_answer(model_type, cells[2])
+            if model_type == "SEGMENTATION":
+                ann["mask_url"] = resolve_uri(ann["mask_url"], base)
+            if model_type == "SELF_DEFINED":
+                ann["raw"] = raw
+            rows.append(Row(number, origin, image, None, None, {"id": cells[0].strip()}, ann))
+        except Discard as d:
+            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
+    return rows, discards
+
+
+def _itag_results(line: Mapping[str, Any]) -> list:
+    """Results of the latest stage of the first labelling task: verify, then check, then label."""
+    tasks = sorted(k for k in line if k.startswith("label-") and not k.endswith(("-check", "-verify")))
+    if not tasks:
+        tasks = sorted({k.rsplit("-", 1)[0] for k in line if k.startswith("label-")})
+    if not tasks:
+        raise Discard("no 'label-<task id>' result in this line")
+    t = tasks[0]
+    for key in (t + "-verify", t + "-check", t):
+        stage = line.get(key)
+        if isinstance(stage, dict) and isinstance(stage.get("results"), list) and stage["results"]:
+            return stage["results"]
+    raise Discard(f"{t!r} has no results")
+
+
+def _itag_labels(labels: Any) -> tuple[str | None, str | None]:
+    if not isinstance(labels, dict):
+        return (str(labels) if labels is not None else None), None
+    text = _pick(labels, _TEXT_KEYS)
+    rest = {k: v for k, v in labels.items() if v is not text}
+    cls = _pick(rest, _CLASS_KEYS)
+    if cls is None and len(rest) == 1:
+        cls = next(iter(rest.values()))
+    if isinstance(cls, list):
+        cls = cls[0] if cls else None
+    return _str_or_none(cls), _str_or_none(text)
+
+
+def parse_itag(model_type: str, line: Mapping[str, Any]) -> dict[str, Any]:
+    """The normalized annotation of one iTAG manifest line; raises Discard."""
+    results = _itag_results(line)
+    if model_type == "SELF_DEFINED":
+        return {"answer": results, "raw": line.get("data")}
+    if model_type == "CLASSIFICATION":
+        for r in results:
+            d = r.get("data") if isinstance(r, dict) else None
+            names = d if isinstance(d, list) else [d] if isinstance(d, (str, int)) else None
+            if names and all(isinstance(n, (str, int)) for n in names):
+                return {"classes": [str(n).strip() for n in names]}
+        raise Discard("no classification result (a 'data' holding a label or a list of labels)")
+    if model_type == "SEGMENTATION":
+        for r in results:
+            d = r.get("data") if isinstance(r, dict) else None
+            url = (d or {}).get("ossUrl") if isinstance(d, dict) else r.get("ossUrl") if isinstance(r, dict) else None
+            if isinstance(url, str):
+                return {"mask_url": url}
+        raise Discard("no segmentation result with an 'ossUrl' mask")
+    objects = []
+    for r in results:
+        items = r.get("data") if isinstance(r, dict) else None
+        if not isinstance(items, list):
+            continue
+        for item in items:
+            if isinstance(item, dict) and item.get("type") == "image/polygon":
+                cls, text = _itag_labels(item.get("labels"))
+                objects.append({"points": _points_from_polygon(item.get("value")), "class": cls, "text": text,
+                                "direction": None})
+    if model_type == "TEXT_RECOGNITION":
+        texts = [o["text"] for o in objects if o["text"] is not None]
+        if not texts:
+            raise Discard("no OCR text in the result")
+        return {"text": texts[0]}
+    if model_type == "TEXT_END2END" and any(o["text"] is None for o in objects):
+        raise Discard("an end-to-end OCR text line has no text label")
+    return {"objects": objects, "direction": None}
+
+
+def read_itag_manifest(url: str, model_type: str, storage_options: Mapping[str, Any] | None = None
+                       ) -> tuple[list[Row], list[DiscardRecord]]:
+    """Rows of an iTAG ``.manifest`` (one JSON object per line; row = line number)."""
+    data = storage.read_bytes(url, storage_options=storage_options)
+    origin, base = mask(url), _dirname(url)
+    rows: list[Row] = []
+    discards: list[DiscardRecord] = []
+    for number, raw_line in enumerate(data.decode("utf-8-sig", errors="replace").splitlines(), start=1):
+        if not raw_line.strip():
+            continue
+        image = None
+        try:
+            line = _json(raw_line, "manifest line")
+            if not isinstance(line, dict):
+                raise Discard("manifest line is not a JSON object")
+            src = (line.get("data") or {}).get("source") if isinstance(line.get("data"), dict) else None
+            if not isinstance(src, str) or not src.strip():
+                raise Discard("manifest line has no data.source")
+            image = resolve_uri(src, base)
+            ann = parse_itag(model_type, line)
+            if "mask_url" in ann:
+                ann["mask_url"] = resolve_uri(ann["mask_url"], base)
+            rows.append(Row(number, origin, image, None, None, {}, ann))
+        except Discard as d:
+            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
+    return rows, discards
+
+
+def row_class_names(model_type: str, row: Row) -> list[str]:
+    """Class names a row mentions (for a label map built from the data)."""
+    ann = row.annotation
+    if isinstance(ann, dict):
+        if "classes" in ann:
+            return list(ann["classes"])
+        if "objects" in ann:
+            return [o["class"] for o in ann["objects"] if o.get("class") is not None]
+    if row.label is not None and not isinstance(row.label, int):
+        return [str(row.label)]
+    return []

@@ -1,0 +1,264 @@
+"""``convert``, ``convert_annotations`` and ``read_dataset``: the public face of conversion."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import storage
+from ..storage.urls import mask, parse_url
+from .annotations import read_annotation_csv, read_itag_manifest
+from .options import ConvertOptions, fspath, options_from
+from .plan import Plan, make_plan
+from .schema import Schema, as_schema
+from .sources import read_csv, read_dataframe, read_image_folder
+from .writer import finalize, join, manifest_url, spec_from_json
+
+logger = logging.getLogger(__name__)
+
+RUNNERS = ("local", "beam")
+_ALIASES = {"num_samples_per_shard": "num_samples_per_tfrecord", "output_prefix": "prefix"}
+
+
+@dataclass
+class ConvertResult:
+    """What a conversion wrote: the output location, and the manifest it wrote there."""
+
+    output_dir: str
+    manifest: dict[str, Any]
+
+    @property
+    def rows_read(self) -> int:
+        return self.manifest["counts"]["rows_read"]
+
+    @property
+    def records_written(self) -> int:
+        return self.manifest["counts"]["records_written"]
+
+    @property
+    def rows_discarded(self) -> int:
+        return self.manifest["counts"]["rows_discarded"]
+
+    @property
+    def splits(self) -> dict[str, Any]:
+        return self.manifest["splits"]
+
+    @property
+    def manifest_url(self) -> str:
+        return manifest_url(self.output_dir, self.manifest["options"]["prefix"])
+
+    @property
+    def discards_url(self) -> str:
+        return join(self.output_dir, self.manifest["discard_report"])
+
+    def files(self, split: str) -> list[str]:
+        return [join(self.output_dir, s["file"]) for s in self.manifest["splits"].get(split, {}).get("shards", [])]
+
+    def __str__(self) -> str:
+        per = ", ".join(f"{k}: {v['records']} records in {len(v['shards'])} shards" for k, v in self.splits.items())
+        return (f"{self.rows_read} rows read, {self.records_written} records written, {self.rows_discarded} "
+                f"discarded ({per or 'no shards'}) -> {mask(self.output_dir)}")
+
+
+def _options(options: ConvertOptions | None, kwargs: Mapping[str, Any]) -> ConvertOptions:
+    kw = {_ALIASES.get(k, k): v for k, v in kwargs.items()}
+    return options_from(options, kw)
+
+
+def _is_dataframe(obj: Any) -> bool:
+    return hasattr(obj, "itertuples") and hasattr(obj, "columns")
+
+
+def _is_folder(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    parsed = parse_url(url)
+    if parsed.is_local:
+        return os.path.isdir(parsed.path)
+    if url.endswith("/"):
+        return True
+    if url.lower().endswith((".csv", ".txt", ".tsv")):
+        return False
+    try:
+        storage.size(url, storage_options)
+        return False
+    except (IsADirectoryError, FileNotFoundError):
+        return True
+
+
+def _integer_labels(rows, schema: Schema) -> Schema:
+    """AutoML layout: when every label is an integer, keep the integers as label ids."""
+    labels = [r.label for r in rows]
+    if not labels or not all(isinstance(v, str) and v.strip().lstrip("-").isdigit() for v in labels):
+        return schema
+    for r in rows:
+        r.label = int(r.label)
+    return Schema({c: ("integer label" if t == "string label" else t) for c, t in schema.columns.items()},
+                  schema.defaults, schema.separator)
+
+
+def _warn_stale(plan: Plan, output_dir: str, storage_options) -> None:
+    """Shards with this prefix that the manifest does not list (an older conversion with
+    other options) would be read by a plain glob of the folder: say so, never delete them."""
+    o = plan.options
+    mine = {plan.shard_name(s) for s in plan.shards}
+    try:
+        names = [u.rsplit("/", 1)[-1] for u in storage.list_dir(output_dir, storage_options)]
+    except (OSError, ValueError):
+        return
+    stale = sorted(n for n in names if n.startswith(o.prefix + "-") and ".tfrecord" in n
+                   and not n.endswith(".idx") and n not in mine)
+    if stale:
+        logger.warning("%s holds %d shard(s) with prefix %r that this conversion did not write (e.g. %s); "
+                       "read through the manifest (read_dataset) or remove them", mask(output_dir), len(stale),
+                       o.prefix, stale[0])
+
+
+def _run(plan: Plan, output_dir: str, storage_options, runner: str, resume: bool, progress: bool,
+         beam_runner: str | None, beam_options, pipeline_options) -> ConvertResult:
+    if runner == "local":
+        from .runner_local import run_local
+
+        states = run_local(plan, output_dir, storage_options, resume=resume, progress=progress)
+    elif runner == "beam":
+        from .runner_beam import run_beam
+
+        states = run_beam(plan, output_dir, storage_options, resume=resume, runner=beam_runner,
+                          pipeline_options=pipeline_options, beam_options=beam_options)
+    else:
+        raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
+    manifest = finalize(plan, output_dir, states, storage_options, runner)
+    _warn_stale(plan, output_dir, storage_options)
+    result = ConvertResult(output_dir, manifest)
+    logger.info("%s", result)
+    return result
+
+
+def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapping[str, Any] | None = None,
+            defaults: Mapping[str, Any] | None = None, runner: str = "local", resume: bool = False,
+            storage_options: Mapping[str, Any] | None = None, progress: bool = True,
+            beam_runner: str | None = None, beam_options: Mapping[str, Any] | None = None,
+            pipeline_options: Any = None, options: ConvertOptions | None = None, **kwargs: Any) -> ConvertResult:
+    """Convert a DataFrame, a CSV (any storage URL) or an image folder into sharded,
+    indexed TFRecords under ``output_dir``, with a manifest and a discard report.
+
+    Without ``schema`` the input is the AutoML layout ``split,image_uri,label`` (label text
+    or integer); a folder is ``split/label/file`` or ``label/file``. ``schema`` maps column
+    -> type (see :mod:`shardfeed.convert.schema`), ``defaults`` column -> value for missing
+    cells. Other keyword arguments are :class:`ConvertOptions` (PAI names:
+    ``max_image_size``, ``test_ratio``, ``num_samples_per_tfrecord``, ``image_format``,
+    ``class_list_file``, ``compression``, ``prefix``, ...). ``runner`` is ``"local"`` or
+    ``"beam"`` (``beam_runner``, ``beam_options`` / ``pipeline_options`` passed to Beam).
+    ``resume=True`` keeps shards a previous run of the same plan finished.
+
+    Bad rows never stop the job: they are listed in the discard report. Raises
+    ``ValueError`` for a bad option or an input it cannot read as a table at all,
+    ``FileNotFoundError`` for a missing input.
+    """
+    opts = _options(options, kwargs)
+    if opts.model_type not in ("CLASSIFICATION", "SELF_DEFINED"):
+        raise ValueError(f"convert() reads tables and folders (model_type CLASSIFICATION or SELF_DEFINED); "
+                         f"for {opts.model_type} annotations use convert_annotations()")
+    out = fspath(output_dir)
+    sch = as_schema(schema, defaults, opts.separator)
+    if _is_dataframe(source):
+        rows, discards, used = read_dataframe(source, sch)
+        desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
+    else:
+        url = fspath(source)
+        desc = mask(url)
+        if _is_folder(url, storage_options):
+            if sch is not None:
+                raise ValueError("a schema applies to tables; an image folder has no columns")
+            rows, discards, used = read_image_folder(url, storage_options)
+        else:
+            rows, discards, used = read_csv(url, sch, storage_options)
+    if sch is None and used.label_type == "string label":
+        used = _integer_labels(rows, used)
+    has_image = used.column_of("image_uri") is not None
+    plan = make_plan(rows, discards, used, opts, desc, storage_options, has_image=has_image)
+    return _run(plan, out, storage_options, runner, resume, progress, beam_runner, beam_options, pipeline_options)
+
+
+def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.PathLike, *, model_type: str,
+                        runner: str = "local", resume: bool = False, storage_options: Mapping[str, Any] | None = None,
+                        progress: bool = True, beam_runner: str | None = None,
+                        beam_options: Mapping[str, Any] | None = None, pipeline_options: Any = None,
+                        options: ConvertOptions | None = None, **kwargs: Any) -> ConvertResult:
+    """Convert a PAI annotation CSV (``id, raw JSON {url}, answer JSON``) or an iTAG
+    ``.manifest`` (JSON lines) for ``model_type`` (CLASSIFICATION, DETECTION, SEGMENTATION,
+    TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END, SELF_DEFINED with ``converter_class``)
+    into sharded TFRecords; options and outputs as :func:`convert`. Rows are split by
+    ``test_ratio`` (seeded by ``seed``). Malformed rows are reported and discarded.
+    """
+    opts = _options(options, {**kwargs, "model_type": model_type})
+    url = fspath(label_file)
+    head = storage.read_bytes(url, 0, 4096, storage_options=storage_options).lstrip(b"\xef\xbb\xbf").lstrip()
+    if url.lower().endswith((".manifest", ".jsonl")) or head.startswith(b"{"):
+        rows, discards = read_itag_manifest(url, opts.model_type, storage_options)
+    else:
+        rows, discards = read_annotation_csv(url, opts.model_type, storage_options)
+    plan = make_plan(rows, discards, None, opts, mask(url), storage_options, has_image=True, annotated=True)
+    return _run(plan, fspath(output_dir), storage_options, runner, resume, progress, beam_runner, beam_options,
+                pipeline_options)
+
+
+def find_manifest(output_dir: str | os.PathLike, prefix: str | None = None,
+                  storage_options: Mapping[str, Any] | None = None) -> str:
+    """URL of the conversion manifest in ``output_dir`` (``<prefix>-manifest.json``).
+
+    Raises ``FileNotFoundError`` when there is none, ``ValueError`` when there are several
+    and no ``prefix`` says which.
+    """
+    out = fspath(output_dir)
+    if prefix is not None:
+        url = manifest_url(out, prefix)
+        if not storage.exists(url, storage_options):
+            raise FileNotFoundError(f"{mask(url)}: no conversion manifest (was the conversion finished?)")
+        return url
+    try:
+        found = [u for u in storage.list_dir(out, storage_options) if u.endswith("-manifest.json")]
+    except (FileNotFoundError, NotADirectoryError):
+        found = []
+    if not found:
+        raise FileNotFoundError(f"{mask(out)}: no '<prefix>-manifest.json' here; not a finished conversion output")
+    if len(found) > 1:
+        names = ", ".join(u.rsplit("/", 1)[-1] for u in found)
+        raise ValueError(f"{mask(out)} holds several conversions ({names}); pass prefix=")
+    return found[0]
+
+
+def load_manifest(output_dir: str | os.PathLike, prefix: str | None = None,
+                  storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a converted output directory, as a dict."""
+    return json.loads(storage.read_bytes(find_manifest(output_dir, prefix, storage_options),
+                                         storage_options=storage_options))
+
+
+def manifest_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The feature spec (``FixedLen``/``VarLen``) a manifest records."""
+    return spec_from_json(manifest["feature_spec"])
+
+
+def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
+                 storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any):
+    """A dataset over one split of a converted output, its spec taken from the manifest:
+    ``shardfeed.read_tfrecord(<that split's shards>, spec=...)``; other keyword arguments go
+    to ``read_tfrecord`` (``num_parallel_reads``, ``on_corrupt`` ...).
+
+    Raises ``ValueError`` naming the splits there are when ``split`` has no shards.
+    """
+    from ..pipeline import read_tfrecord
+
+    out = fspath(output_dir)
+    manifest = load_manifest(out, prefix, storage_options)
+    split = split.lower()
+    info = manifest["splits"].get(split)
+    if not info or not info["shards"]:
+        have = ", ".join(manifest["splits"]) or "none"
+        raise ValueError(f"{mask(out)}: no shards for split {split!r} (splits: {have})")
+    files = [join(out, s["file"]) for s in info["shards"]]
+    return read_tfrecord(files, spec=manifest_spec(manifest), compression=manifest["compression"],
+                         storage_options=storage_options, **read_kwargs)

@@ -1,0 +1,188 @@
+"""Decode, normalize, resize and encode one image (Pillow).
+
+Every image comes out 8-bit RGB, upright (EXIF orientation applied), no longer than
+``max_size`` on its longest side (aspect kept, never upscaled), encoded as JPEG or PNG.
+The original bytes are kept when nothing needs changing and the format already matches.
+Anything Pillow cannot make sense of raises :class:`~shardfeed.convert.options.Discard`
+with a reason, never a bare library error. Pillow releases the GIL while it decodes,
+resizes and encodes, so threads scale; large JPEGs are decoded at reduced size
+(``Image.draft``, DCT scaling) when the target is at most half their size.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from .options import Discard
+
+_EXIF_ORIENTATION = 0x0112
+
+
+def _pil():
+    try:
+        from PIL import Image, ImageOps
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("image conversion needs Pillow: pip install 'shardfeed[convert]'") from exc
+    return Image, ImageOps
+
+
+@dataclass
+class EncodedImage:
+    data: bytes
+    format: str  # "jpeg" or "png"
+    height: int
+    width: int
+    original_height: int
+    original_width: int
+
+    @property
+    def scale(self) -> tuple[float, float]:
+        """(x, y) factors from original to stored pixel coordinates."""
+        return self.width / self.original_width, self.height / self.original_height
+
+
+def target_size(width: int, height: int, max_size: int | None) -> tuple[int, int]:
+    """(width, height) with the longest side at most ``max_size``; never larger than now."""
+    longest = max(width, height)
+    if not max_size or longest <= max_size:
+        return width, height
+    s = max_size / longest
+    return max(1, round(width * s)), max(1, round(height * s))
+
+
+def _open(data: bytes, max_pixels: int):
+    Image, _ = _pil()
+    # No warnings.catch_warnings() here: it swaps process-wide filters and is not thread-safe.
+    # Pillow may warn about a large image; the size check below decides what is kept.
+    try:
+        im = Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:
+        raise Discard("not an image (Pillow cannot identify the file format)") from None
+    except Image.DecompressionBombError:
+        raise Discard("decompression bomb: the image declares more pixels than Pillow allows") from None
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a bad file
+        raise Discard(f"corrupt image: {type(exc).__name__}: {str(exc)[:120]}") from None
+    w, h = im.size
+    if w * h > max_pixels:
+        raise Discard(f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_image_pixels={max_pixels}")
+    if w < 1 or h < 1:
+        raise Discard(f"empty image ({w}x{h})")
+    return im
+
+
+def _to_rgb(im):
+    """8-bit RGB from any mode: alpha composited on white, 16-bit scaled down, CMYK converted."""
+    Image, _ = _pil()
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        # 16-bit (or 32-bit int) grayscale: scale the full range to 8 bits instead of clipping
+        import numpy as np
+
+        a = np.asarray(im)
+        if a.dtype.byteorder == ">" or a.dtype.itemsize != 4:
+            a = a.astype(np.int64)
+        hi = 65535 if mode.startswith("I;16") or (a.size and int(a.max()) > 255) else 255
+        a = (a.astype(np.float64) * (255.0 / hi)).round().clip(0, 255).astype(np.uint8)
+        return Image.fromarray(a, "L").convert("RGB")
+    if mode == "F":
+        return im.convert("L").convert("RGB")
+    if mode == "P":
+        im = im.convert("RGBA") if "transparency" in im.info else im.convert("RGB")
+        mode = im.mode
+        if mode == "RGB":
+            return im
+    if mode in ("RGBA", "LA", "RGBa", "La", "PA"):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+
+
+def load_image(data: bytes, *, max_size: int | None = None, image_format: str = "jpg",
+               jpeg_quality: int = 90, max_pixels: int = 89_478_485) -> EncodedImage:
+    """Turn the bytes of an image file into stored bytes (see the module docstring).
+
+    Raises :class:`Discard` for a non-image, a corrupt or truncated file, or an image over
+    ``max_pixels`` pixels (checked from the header, before decoding).
+    """
+    Image, ImageOps = _pil()
+    if not data:
+        raise Discard("empty file (0 bytes)")
+    im = _open(data, max_pixels)
+    ow, oh = im.size
+    src_format = (im.format or "").upper()
+    want = "jpeg" if image_format in ("jpg", "jpeg") else "png"
+    try:
+        orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
+    except Exception:  # noqa: BLE001 - a broken EXIF block is not worth dropping the image
+        orientation = 1
+    rotated = orientation in (5, 6, 7, 8)
+    uw, uh = (oh, ow) if rotated else (ow, oh)  # upright size
+    tw, th = target_size(uw, uh, max_size)
+    keep = (tw, th) == (uw, uh) and orientation in (1, None) and im.mode == "RGB" and (
+        (want == "jpeg" and src_format == "JPEG") or (want == "png" and src_format == "PNG"))
+    if keep:
+        try:
+            im.load()  # the bytes are kept, but a truncated or corrupt file must still be caught
+        except Exception as exc:  # noqa: BLE001
+            raise Discard(f"corrupt image: {type(exc).__name__}: {str(exc)[:120]}") from None
+        return EncodedImage(bytes(data), want, oh, ow, uh, uw)
+    try:
+        if src_format == "JPEG" and (tw, th) != (uw, uh):
+            dw, dh = (th, tw) if rotated else (tw, th)
+            im.draft("RGB", (dw, dh))  # DCT-domain downscale; keeps the result >= the target
+        im.load()
+        if orientation not in (1, None):
+            im = ImageOps.exif_transpose(im)
+        im = _to_rgb(im)
+        if im.size != (tw, th):
+            im = im.resize((tw, th), Image.Resampling.BILINEAR, reducing_gap=None)
+        out = io.BytesIO()
+        if want == "jpeg":
+            im.save(out, "JPEG", quality=jpeg_quality)
+        else:
+            im.save(out, "PNG", compress_level=3)
+    except Discard:
+        raise
+    except Exception as exc:  # noqa: BLE001 - truncated data, bad markers, decoder errors
+        raise Discard(f"corrupt image: {type(exc).__name__}: {str(exc)[:120]}") from None
+    return EncodedImage(out.getvalue(), want, th, tw, uh, uw)
+
+
+def image_size(data: bytes, max_pixels: int = 89_478_485) -> tuple[int, int]:
+    """(width, height) from the header; raises :class:`Discard` for a non-image."""
+    return _open(data, max_pixels).size
+
+
+def load_mask(data: bytes, size: tuple[int, int], *, channel: int = 2, max_pixels: int = 89_478_485) -> bytes:
+    """A segmentation mask as a single-channel PNG of ``size`` (width, height).
+
+    PAI masks keep the class in channel ``channel`` (0-based) of a colour PNG; a
+    single-channel (L or P) mask is used as it is. Resized with nearest neighbour so class
+    ids stay class ids. Raises :class:`Discard` for a mask that is not an image.
+    """
+    Image, _ = _pil()
+    im = _open(data, max_pixels)
+    try:
+        im.load()
+        if im.mode in ("L", "P", "I;16", "I"):
+            m = im if im.mode in ("L", "P") else im.point(lambda v: v).convert("L")
+            if m.mode == "P":
+                m = Image.frombytes("L", m.size, m.tobytes())
+        else:
+            bands = im.split()
+            if channel >= len(bands):
+                raise Discard(f"mask has {len(bands)} channels; the class channel {channel} is missing")
+            m = bands[channel]
+        if m.size != size:
+            m = m.resize(size, Image.Resampling.NEAREST)
+        out = io.BytesIO()
+        m.save(out, "PNG")
+    except Discard:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise Discard(f"corrupt mask image: {type(exc).__name__}: {str(exc)[:120]}") from None
+    return out.getvalue()

@@ -1,0 +1,156 @@
+"""What a conversion is told (``ConvertOptions``, PAI option names kept) and the unit it
+works on (``Row``), plus ``Discard``, the exception a converter raises to drop a row."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MODEL_TYPES = (
+    "CLASSIFICATION", "DETECTION", "SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION",
+    "TEXT_END2END", "SELF_DEFINED",
+)
+SPLITS = ("train", "validation", "test")
+IMAGE_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png"}
+
+
+class Discard(Exception):
+    """Raised while converting a row to drop it; the message is the reason in the report."""
+
+
+@dataclass
+class Row:
+    """One input row: where it came from and what it says, before any image is read.
+
+    ``number`` is 1-based within ``origin`` (data rows of a CSV, not counting a header;
+    lines of a manifest; files of a folder in sorted order). ``split`` is ``None`` when the
+    input has no split for it (then ``test_ratio`` decides). ``values`` holds typed columns
+    (user schema) and ``annotation`` what an annotation parser made of the answer.
+    """
+
+    number: int
+    origin: str
+    image_uri: str | None = None
+    split: str | None = None
+    label: Any = None
+    values: dict[str, Any] = field(default_factory=dict)
+    annotation: Any = None
+
+    @property
+    def source(self) -> str:
+        """What the discard report names: the image URI, or the input file and row."""
+        return self.image_uri or f"{self.origin}#{self.number}"
+
+    def key(self) -> str:
+        return f"{self.origin}#{self.number}"
+
+
+@dataclass
+class DiscardRecord:
+    """One line of the discard report."""
+
+    row: int
+    source: str
+    reason: str
+
+
+@dataclass
+class ConvertOptions:
+    """Options of a conversion. Names follow PAI's ``convert_param_config`` where one exists.
+
+    ``max_image_size`` / ``max_test_image_size``: longest side in pixels (aspect kept, never
+    upscaled; the test size applies to the validation and test splits and defaults to
+    ``max_image_size``). ``image_format``: ``"jpg"`` or ``"png"``. ``test_ratio``: share of
+    rows without a split that go to ``test`` (seeded by ``seed``).
+    ``num_samples_per_tfrecord``: input rows per shard (a shard holds fewer records when
+    rows of it are discarded). ``compression``: ``None`` or ``"GZIP"`` (index files only
+    for uncompressed shards).
+    """
+
+    model_type: str = "CLASSIFICATION"
+    class_list_file: str | None = None
+    default_class: str | None = None
+    error_class: str | None = None
+    ignore_class: str | None = None
+    test_ratio: float = 0.0
+    seed: int = 0
+    max_image_size: int | None = None
+    max_test_image_size: int | None = None
+    image_format: str = "jpg"
+    jpeg_quality: int = 90
+    max_image_pixels: int = 89_478_485  # Pillow's own default bomb limit
+    read_parallel_num: int = 2
+    write_parallel_num: int = 1
+    num_samples_per_tfrecord: int = 256
+    compression: str | None = None
+    prefix: str = "data"
+    char_replace_map_path: str | None = None
+    default_char_dict_path: str | None = None
+    converter_class: str | None = None
+    converter_options: dict[str, Any] = field(default_factory=dict)
+    separator: str = ";"
+    executor: str = "thread"
+
+    def __post_init__(self) -> None:
+        self.model_type = str(self.model_type).upper()
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {', '.join(MODEL_TYPES)}; got {self.model_type!r}")
+        fmt = str(self.image_format).lower()
+        if fmt not in IMAGE_FORMATS:
+            raise ValueError(f"image_format must be 'jpg' or 'png', got {self.image_format!r}")
+        self.image_format = "jpg" if IMAGE_FORMATS[fmt] == "jpeg" else "png"
+        if not 0.0 <= float(self.test_ratio) < 1.0:
+            raise ValueError(f"test_ratio must be in [0, 1), got {self.test_ratio!r}")
+        self.test_ratio = float(self.test_ratio)
+        for name in ("max_image_size", "max_test_image_size"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive int (pixels of the longest side) or None, got {v!r}")
+        if self.max_test_image_size is None:
+            self.max_test_image_size = self.max_image_size
+        for name in ("read_parallel_num", "write_parallel_num", "num_samples_per_tfrecord"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.compression is not None:
+            c = str(self.compression).upper()
+            if c in ("", "NONE"):
+                self.compression = None
+            elif c in ("GZIP", "ZLIB"):
+                self.compression = c
+            else:
+                raise ValueError(f"compression must be None, 'GZIP' or 'ZLIB', got {self.compression!r}")
+        if self.executor not in ("thread", "process"):
+            raise ValueError(f"executor must be 'thread' or 'process', got {self.executor!r}")
+        if not self.prefix or "/" in self.prefix:
+            raise ValueError(f"prefix must be a non-empty file name prefix without '/', got {self.prefix!r}")
+        if self.model_type == "SELF_DEFINED" and not self.converter_class:
+            raise ValueError("model_type SELF_DEFINED needs converter_class: an import path "
+                             "'package.module:ClassName' or the name of a 'shardfeed.converters' entry point")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def max_size_for(self, split: str) -> int | None:
+        return self.max_image_size if split == "train" else self.max_test_image_size
+
+    @property
+    def suffix(self) -> str:
+        return {None: ".tfrecord", "GZIP": ".tfrecord.gz", "ZLIB": ".tfrecord.zz"}[self.compression]
+
+
+def options_from(options: ConvertOptions | None, overrides: Mapping[str, Any]) -> ConvertOptions:
+    """``options`` with ``overrides`` applied (unknown names raise ``TypeError`` naming them)."""
+    base = options.to_dict() if options is not None else {}
+    known = set(ConvertOptions.__dataclass_fields__)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown conversion option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    base.update({k: v for k, v in overrides.items()})
+    return ConvertOptions(**base)
+
+
+def fspath(url: Any) -> str:
+    return os.fspath(url) if isinstance(url, os.PathLike) else str(url)

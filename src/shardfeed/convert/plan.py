@@ -1,0 +1,144 @@
+"""The plan of a conversion: every input row placed in a split and a shard, before any
+image is read.
+
+Shards are fixed by the input alone (``num_samples_per_tfrecord`` rows each, in input
+order per split), so a shard is an independent unit of work: runners may do shards in
+any order or in parallel, and ``resume`` can skip the ones already written. The same
+input and options always give the same plan (and the same ``plan_digest``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._version import __version__
+from .annotations import row_class_names
+from .classes import CharTable, LabelMap, build_label_map, load_char_table
+from .options import SPLITS, ConvertOptions, DiscardRecord, Row
+from .schema import Schema
+from .tasks import ConvertContext, make_converter
+
+# options that change how fast a job runs, never what it writes
+RUNTIME_OPTIONS = ("read_parallel_num", "write_parallel_num", "executor")
+
+
+@dataclass
+class Shard:
+    split: str
+    index: int
+    count: int
+    rows: list[Row]
+
+    def name(self, prefix: str, suffix: str) -> str:
+        return f"{prefix}-{self.split}-{self.index:05d}-of-{self.count:05d}{suffix}"
+
+
+@dataclass
+class Plan:
+    """What to write: options, schema and label map, shards with their rows, the rows
+    discarded while the input was read, and digests of the source and of the plan."""
+
+    options: ConvertOptions
+    schema: Schema | None
+    label_map: LabelMap | None
+    chars: CharTable
+    multi_label: bool
+    has_image: bool
+    shards: list[Shard]
+    discards: list[DiscardRecord]
+    rows_read: int
+    source: str
+    source_digest: str
+    plan_digest: str = ""
+    feature_spec: dict[str, Any] = field(default_factory=dict)
+
+    def context(self, storage_options: Mapping[str, Any] | None) -> ConvertContext:
+        return ConvertContext(self.options, self.label_map, self.chars, storage_options, self.schema,
+                              self.multi_label)
+
+    def shard_name(self, shard: Shard) -> str:
+        return shard.name(self.options.prefix, self.options.suffix)
+
+    def splits(self) -> list[str]:
+        return [s for s in SPLITS if any(sh.split == s for sh in self.shards)]
+
+
+def _canon(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _canon(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_canon(x) for x in v]
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return repr(float(v))
+    if isinstance(v, bytes):
+        return v.hex()
+    return v if isinstance(v, (str, int, bool)) or v is None else str(v)
+
+
+def source_digest(rows: list[Row], discards: list[DiscardRecord]) -> str:
+    """sha256 over what was read from the input (rows and the rows that did not parse)."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(_canon([r.number, r.origin, r.image_uri, r.split, r.label, r.values, r.annotation]),
+                            ensure_ascii=False, sort_keys=True).encode())
+        h.update(b"\n")
+    for d in discards:
+        h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def assign_splits(rows: list[Row], test_ratio: float, seed: int) -> None:
+    """Rows without a split: ``round(n * test_ratio)`` of them, chosen by a permutation seeded
+    with ``seed``, go to ``test``; the rest to ``train``."""
+    free = [r for r in rows if r.split is None]
+    n_test = round(len(free) * test_ratio)
+    order = np.random.default_rng(seed).permutation(len(free)) if free else []
+    test = {int(i) for i in order[:n_test]}
+    for i, r in enumerate(free):
+        r.split = "test" if i in test else "train"
+
+
+def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | None, options: ConvertOptions,
+              source: str, storage_options: Mapping[str, Any] | None = None, has_image: bool = True,
+              annotated: bool = False) -> Plan:
+    """Place rows in splits and shards, build the label map and the feature spec."""
+    digest = source_digest(rows, discards)
+    assign_splits(rows, options.test_ratio, options.seed)
+    mt = options.model_type
+    label_type = schema.label_type if (schema is not None and not annotated) else None
+    needs_classes = (mt in ("CLASSIFICATION", "DETECTION", "TEXT_DETECTION", "TEXT_END2END")
+                     and (annotated or label_type == "string label"))
+    label_map = None
+    if needs_classes:
+        seen: set[str] = set()
+        for r in rows:
+            seen.update(row_class_names(mt, r))
+        label_map = build_label_map(seen, options.class_list_file, default_class=options.default_class,
+                                    error_class=options.error_class, ignore_class=options.ignore_class,
+                                    storage_options=storage_options)
+    chars = load_char_table(options.char_replace_map_path, options.default_char_dict_path, storage_options)
+    multi_label = annotated and mt == "CLASSIFICATION" and any(
+        isinstance(r.annotation, dict) and len(r.annotation.get("classes", ())) > 1 for r in rows)
+    shards: list[Shard] = []
+    per = options.num_samples_per_tfrecord
+    for split in SPLITS:
+        in_split = [r for r in rows if r.split == split]
+        count = math.ceil(len(in_split) / per)
+        for i in range(count):
+            shards.append(Shard(split, i, count, in_split[i * per:(i + 1) * per]))
+    plan = Plan(options, schema if not annotated else None, label_map, chars, multi_label, has_image, shards,
+                discards, len(rows) + len(discards), source, digest)
+    plan.feature_spec = make_converter(plan.context(storage_options), has_image).feature_spec()
+    opts = {k: v for k, v in options.to_dict().items() if k not in RUNTIME_OPTIONS}
+    plan.plan_digest = "sha256:" + hashlib.sha256(json.dumps(
+        _canon([digest, opts, __version__]), sort_keys=True, default=str).encode()).hexdigest()
+    return plan

@@ -1,0 +1,184 @@
+"""Table schemas: which column is the split, the image, the label, and how each other
+column becomes a feature; parsing of cells with declared defaults.
+
+A schema maps a column name to a type: ``split``, ``image_uri``, ``int``, ``float``,
+``string``, ``int list``, ``float list``, ``string list``, ``integer label``,
+``string label``. Without one, a table in the AutoML layout ``split,image_uri,label`` is
+expected (label text or integer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..formats.spec import FixedLen, VarLen
+from .options import Discard
+
+COLUMN_TYPES = (
+    "split", "image_uri", "int", "float", "string", "int list", "float list", "string list",
+    "integer label", "string label",
+)
+_ALIASES = {t.replace(" ", "_"): t for t in COLUMN_TYPES} | {"str": "string", "label": "string label",
+                                                           "int label": "integer label", "image": "image_uri"}
+AUTOML_COLUMNS = ("split", "image_uri", "label")
+
+
+def _normalize_type(column: str, t: Any) -> str:
+    key = str(t).strip().lower()
+    key = _ALIASES.get(key.replace(" ", "_"), key)
+    if key not in COLUMN_TYPES:
+        raise ValueError(f"schema column {column!r}: unknown type {t!r}; use one of {', '.join(COLUMN_TYPES)}")
+    return key
+
+
+@dataclass
+class Schema:
+    """Column types in input order, defaults for missing cells, and the list separator."""
+
+    columns: dict[str, str]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    separator: str = ";"
+
+    def __post_init__(self) -> None:
+        self.columns = {str(c): _normalize_type(str(c), t) for c, t in self.columns.items()}
+        for role in ("split", "image_uri"):
+            found = [c for c, t in self.columns.items() if t == role]
+            if len(found) > 1:
+                raise ValueError(f"schema names {len(found)} {role} columns ({', '.join(found)}); give at most one")
+        labels = [c for c, t in self.columns.items() if t.endswith(" label")]
+        if len(labels) > 1:
+            raise ValueError(f"schema names {len(labels)} label columns ({', '.join(labels)}); give at most one")
+        unknown = sorted(set(self.defaults) - set(self.columns))
+        if unknown:
+            raise ValueError(f"defaults name columns that are not in the schema: {', '.join(unknown)}")
+
+    def column_of(self, role: str) -> str | None:
+        for c, t in self.columns.items():
+            if t == role or (role == "label" and t.endswith(" label")):
+                return c
+        return None
+
+    @property
+    def label_type(self) -> str | None:
+        c = self.column_of("label")
+        return self.columns[c] if c else None
+
+    def feature_columns(self) -> dict[str, str]:
+        """Columns stored as features under their own name (not split, image or label)."""
+        return {c: t for c, t in self.columns.items()
+                if t not in ("split", "image_uri", "integer label", "string label")}
+
+    def feature_spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {}
+        for c, t in self.feature_columns().items():
+            dtype = {"int": "int64", "float": "float32", "string": "bytes"}[t.split()[0]]
+            spec[c] = VarLen(dtype) if t.endswith(" list") else FixedLen(dtype)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"columns": dict(self.columns), "defaults": dict(self.defaults), "separator": self.separator}
+
+
+def automl_schema(label_type: str = "string label") -> Schema:
+    return Schema({"split": "split", "image_uri": "image_uri", "label": label_type})
+
+
+def as_schema(schema: Schema | Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None,
+              separator: str = ";") -> Schema | None:
+    if schema is None or isinstance(schema, Schema):
+        if defaults and isinstance(schema, Schema):
+            return Schema(schema.columns, {**schema.defaults, **defaults}, schema.separator)
+        return schema
+    if not isinstance(schema, Mapping):
+        raise TypeError(f"schema must be a mapping of column -> type, got {type(schema).__name__}")
+    return Schema(dict(schema), dict(defaults or {}), separator)
+
+
+def is_missing(v: Any) -> bool:
+    if v is None:
+        return True
+    if isinstance(v, float) and math.isnan(v):
+        return True
+    if isinstance(v, str) and v.strip() == "":
+        return True
+    try:  # pandas NA / NaT without importing pandas
+        return type(v).__name__ in ("NAType", "NaTType")
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _split_list(v: Any, sep: str) -> list:
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        out = v.tolist()
+        return out if isinstance(out, list) else [out]
+    s = str(v).strip()
+    if s.startswith("[") and s.endswith("]"):
+        try:
+            parsed = json.loads(s)
+            if isinstance(parsed, list):
+                return parsed
+        except ValueError:
+            pass
+    return [p.strip() for p in s.split(sep)] if s else []
+
+
+def _to_int(column: str, v: Any) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise Discard(f"column {column!r}: {v!r} is not an integer")
+        return int(v)
+    try:
+        return int(str(v).strip())
+    except ValueError:
+        try:
+            f = float(str(v).strip())
+        except ValueError:
+            raise Discard(f"column {column!r}: {str(v)[:60]!r} is not an integer") from None
+        if not f.is_integer():
+            raise Discard(f"column {column!r}: {str(v)[:60]!r} is not an integer") from None
+        return int(f)
+
+
+def _to_float(column: str, v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise Discard(f"column {column!r}: {str(v)[:60]!r} is not a number") from None
+
+
+def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
+    """The typed value of one cell; a missing cell takes the declared default or raises
+    :class:`Discard` naming the column."""
+    t = schema.columns[column]
+    if not isinstance(raw, (list, tuple)) and is_missing(raw):
+        if column in schema.defaults:
+            return schema.defaults[column]
+        if t.endswith(" list"):
+            return []
+        raise Discard(f"column {column!r} is missing and has no default")
+    if t in ("int", "integer label"):
+        return _to_int(column, raw)
+    if t == "float":
+        return _to_float(column, raw)
+    if t in ("string", "string label", "split", "image_uri"):
+        return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    items = [x for x in _split_list(raw, schema.separator)]
+    if t == "int list":
+        return [_to_int(column, x) for x in items]
+    if t == "float list":
+        return [_to_float(column, x) for x in items]
+    return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in items]
+
+
+def header_matches_automl(header: Sequence[str]) -> bool:
+    return [h.strip().lower() for h in header] == list(AUTOML_COLUMNS)

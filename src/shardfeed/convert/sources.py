@@ -1,0 +1,217 @@
+"""Inputs to rows: a DataFrame, a CSV on any storage, or an image folder.
+
+Each reader returns ``(rows, discards)``: rows that parsed, and a report line for each
+row that did not (wrong number of cells, unknown split, a missing value without a
+default). Nothing is read from the images here; that happens in the workers.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import storage
+from ..storage.urls import mask, parse_url
+from .options import Discard, DiscardRecord, Row
+from .schema import (
+    AUTOML_COLUMNS,
+    Schema,
+    automl_schema,
+    header_matches_automl,
+    is_missing,
+    parse_cell,
+)
+
+logger = logging.getLogger(__name__)
+
+_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+                "val": "validation", "test": "test", "testing": "test"}
+_UNASSIGNED = ("", "unassigned")
+
+
+def normalize_split(value: Any) -> str | None:
+    """``TRAIN``/``VALIDATION``/``TEST`` in any case -> ``train``/``validation``/``test``;
+    empty or ``UNASSIGNED`` -> ``None`` (``test_ratio`` decides); anything else raises
+    :class:`Discard`."""
+    if value is None or is_missing(value):
+        return None
+    s = str(value).strip().lower()
+    if s in _UNASSIGNED:
+        return None
+    if s not in _SPLIT_NAMES:
+        raise Discard(f"unknown split {str(value)[:40]!r} (expected TRAIN, VALIDATION, TEST or UNASSIGNED)")
+    return _SPLIT_NAMES[s]
+
+
+def resolve_uri(uri: str, base: str | None) -> str:
+    """``uri`` as is when it is absolute (a URL or an absolute path), else relative to ``base``."""
+    uri = uri.strip()
+    if not base or "://" in uri or os.path.isabs(uri):
+        return uri
+    if "://" in base:
+        return posixpath.join(base.rstrip("/"), uri)
+    return os.path.join(base, uri)
+
+
+def _dirname(url: str) -> str:
+    if "://" in url:
+        return url.rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(url))
+
+
+def rows_from_records(records: Iterable[tuple[int, Mapping[str, Any] | None, str | None]], schema: Schema,
+                      origin: str, base: str | None) -> tuple[list[Row], list[DiscardRecord]]:
+    """Typed rows from ``(number, {column: cell}, error)`` tuples; a tuple with an error
+    (or a cell that does not parse) becomes a discard record."""
+    split_col = schema.column_of("split")
+    image_col = schema.column_of("image_uri")
+    label_col = schema.column_of("label")
+    features = schema.feature_columns()
+    rows: list[Row] = []
+    discards: list[DiscardRecord] = []
+    for number, cells, error in records:
+        image = None
+        try:
+            if error is not None or cells is None:
+                raise Discard(error or "unreadable row")
+            if image_col is not None:
+                raw = cells.get(image_col)
+                if is_missing(raw):
+                    raise Discard(f"column {image_col!r} (image_uri) is empty")
+                image = resolve_uri(str(raw), base)
+            split = normalize_split(cells.get(split_col)) if split_col else None
+            label = parse_cell(schema, label_col, cells.get(label_col)) if label_col else None
+            values = {c: parse_cell(schema, c, cells.get(c)) for c in features}
+            rows.append(Row(number, origin, image, split, label, values))
+        except Discard as d:
+            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
+    return rows, discards
+
+
+def _default_schema(columns: Sequence[str], what: str) -> Schema:
+    lowered = [str(c).strip().lower() for c in columns]
+    missing = [c for c in AUTOML_COLUMNS[1:] if c not in lowered]
+    if missing:
+        raise ValueError(
+            f"{what} has columns {list(columns)[:10]} but no schema was given: expected the AutoML layout "
+            f"split,image_uri,label (missing {', '.join(missing)}), or pass schema={{column: type}}")
+    schema = automl_schema()
+    mapping = {lowered[i]: str(c) for i, c in enumerate(columns)}
+    cols = {mapping[c]: t for c, t in schema.columns.items() if c in mapping}
+    return Schema(cols)
+
+
+def read_dataframe(df: Any, schema: Schema | None) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a pandas DataFrame (row numbers are 1-based positions)."""
+    columns = [str(c) for c in df.columns]
+    schema = schema or _default_schema(columns, "the DataFrame")
+    absent = [c for c in schema.columns if c not in columns]
+    if absent:
+        raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
+    names = list(df.columns)
+
+    def records():
+        for i, tup in enumerate(df.itertuples(index=False, name=None), start=1):
+            yield i, {str(names[j]): v for j, v in enumerate(tup)}, None
+
+    rows, discards = rows_from_records(records(), schema, "<DataFrame>", None)
+    return rows, discards, schema
+
+
+def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
+             header: bool | None = None) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a CSV file on any storage (UTF-8, an optional BOM, RFC 4180 quoting).
+
+    ``header=None`` detects one: a first row holding all the schema's column names (or
+    equal to ``split,image_uri,label``) is a header; without a schema and without a header the
+    AutoML layout ``split,image_uri,label`` is assumed (AutoML CSVs have no header).
+    Relative image paths are taken relative to the CSV's directory.
+    """
+    data = storage.read_bytes(url, storage_options=storage_options)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start}); save the CSV as UTF-8") from None
+    lines = list(csv.reader(io.StringIO(text, newline="")))
+    lines = [ln for ln in lines if ln and any(c.strip() for c in ln)] if lines else []
+    origin = mask(url)
+    if not lines:
+        logger.warning("%s: the CSV holds no rows", origin)
+        return [], [], schema or automl_schema()
+    first = [c.strip() for c in lines[0]]
+    if header is None:
+        header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
+    if header:
+        columns, body = first, lines[1:]
+    elif schema is not None:
+        columns, body = list(schema.columns), lines
+    else:
+        columns, body = list(AUTOML_COLUMNS), lines
+    if schema is None:
+        schema = _default_schema(columns, origin)
+    absent = [c for c in schema.columns if c not in columns]
+    if absent:
+        raise ValueError(f"{origin}: schema names columns the CSV lacks: {', '.join(absent)} (header: {columns})")
+
+    def records():
+        for i, cells in enumerate(body, start=1):
+            if len(cells) != len(columns):
+                yield i, None, f"expected {len(columns)} cells, found {len(cells)}"
+            else:
+                yield i, dict(zip(columns, cells)), None
+
+    rows, discards = rows_from_records(records(), schema, origin, _dirname(url))
+    return rows, discards, schema
+
+
+def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
+                      ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a folder laid out ``split/label/file`` or ``label/file`` (sorted paths).
+
+    Top-level folders named train/validation/test (any case) make the first layout;
+    otherwise every top-level folder is a label and ``test_ratio`` decides the split.
+    Hidden files and folders are left out.
+    """
+    root = url.rstrip("/")
+    parsed = parse_url(root)
+    rels: list[tuple[str, ...]] = []
+    if parsed.is_local:
+        base = parsed.path
+        if not os.path.isdir(base):
+            raise FileNotFoundError(f"{mask(url)}: no such folder")
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for f in filenames:
+                if not f.startswith("."):
+                    rels.append(tuple(os.path.relpath(os.path.join(dirpath, f), base).split(os.sep)))
+        join = lambda parts: os.path.join(base, *parts)
+    else:
+        found = storage.glob(root + "/**", storage_options)
+        prefix = root + "/"
+        for u in found:
+            if u.startswith(prefix):
+                parts = tuple(u[len(prefix):].split("/"))
+                if not any(p.startswith(".") for p in parts):
+                    rels.append(parts)
+        join = lambda parts: prefix + "/".join(parts)
+    rels.sort()
+    tops = {p[0].lower() for p in rels if len(p) > 1}
+    with_split = bool(tops) and tops <= set(_SPLIT_NAMES)
+    depth = 3 if with_split else 2
+    origin = mask(root)
+    rows: list[Row] = []
+    discards: list[DiscardRecord] = []
+    for number, parts in enumerate(rels, start=1):
+        uri = join(parts)
+        if len(parts) != depth:
+            layout = "split/label/file" if with_split else "label/file"
+            discards.append(DiscardRecord(number, uri, f"not in the {layout} layout"))
+            continue
+        split = _SPLIT_NAMES[parts[0].lower()] if with_split else None
+        rows.append(Row(number, origin, uri, split, parts[-2]))
+    return rows, discards, automl_schema()

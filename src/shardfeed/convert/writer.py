@@ -1,0 +1,202 @@
+"""Shards, their state files, the manifest and the discard report.
+
+Every shard is written atomically (``TFRecordWriter``; with its ``.idx`` index when
+uncompressed). After a shard is in place a small state file
+``.<prefix>-state/<shard>.json`` records what went into it (records, discarded rows, the
+plan digest); ``resume`` trusts a shard only when both are there and the digest matches.
+When all shards are done, ``finalize`` builds ``<prefix>-manifest.json`` and
+``<prefix>-discards.csv`` from the state files, so an interrupted and resumed job writes
+exactly what an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .. import storage
+from .._version import __version__
+from ..formats.example import encode_example
+from ..formats.spec import FixedLen, VarLen
+from ..formats.tfrecord import TFRecordWriter
+from .options import Discard, DiscardRecord, Row
+from .plan import RUNTIME_OPTIONS, Plan, Shard
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = "shardfeed.convert/1"
+
+
+def join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name if "://" in base else base.rstrip("/\\") + "/" + name
+
+
+def manifest_url(output_dir: str, prefix: str) -> str:
+    return join(output_dir, f"{prefix}-manifest.json")
+
+
+def discards_url(output_dir: str, prefix: str) -> str:
+    return join(output_dir, f"{prefix}-discards.csv")
+
+
+def state_url(output_dir: str, plan: Plan, shard: Shard) -> str:
+    return join(output_dir, f".{plan.options.prefix}-state/{plan.shard_name(shard)}.json")
+
+
+def convert_row(converter: Any, row: Row) -> tuple[bytes | None, str | None]:
+    """``(record, None)`` for a converted row, ``(None, reason)`` for a discarded one."""
+    try:
+        feats = converter.convert(row, row.split)
+        return encode_example(feats), None
+    except Discard as d:
+        return None, str(d)
+    except Exception as exc:
+        logger.warning("row %s (%s): converter failed", row.number, row.source, exc_info=True)
+        return None, f"converter error: {type(exc).__name__}: {str(exc)[:160]}"
+
+
+class ShardSink:
+    """Collects one shard's records (in row order) and discards; ``commit`` writes it."""
+
+    def __init__(self, plan: Plan, shard: Shard, output_dir: str, storage_options: Mapping[str, Any] | None):
+        self.plan, self.shard, self.output_dir = plan, shard, output_dir
+        self.storage_options = storage_options
+        self.url = join(output_dir, plan.shard_name(shard))
+        compression = plan.options.compression
+        self.writer = TFRecordWriter(self.url, compression=compression, index=compression is None,
+                                     storage_options=storage_options)
+        self.discards: list[DiscardRecord] = []
+
+    def add(self, row: Row, record: bytes | None, reason: str | None) -> None:
+        if record is not None:
+            self.writer.write(record)
+        else:
+            self.discards.append(DiscardRecord(row.number, row.source, reason or "discarded"))
+
+    def commit(self) -> dict[str, Any]:
+        self.writer.close()
+        state = {"plan_digest": self.plan.plan_digest, "file": self.plan.shard_name(self.shard),
+                 "split": self.shard.split, "rows": len(self.shard.rows), "records": self.writer.records,
+                 "discards": [[d.row, d.source, d.reason] for d in self.discards]}
+        storage.write_bytes(state_url(self.output_dir, self.plan, self.shard),
+                            json.dumps(state, ensure_ascii=False).encode(), self.storage_options)
+        return state
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+
+def write_shard(plan: Plan, shard: Shard, output_dir: str, results: Iterable[tuple[Row, bytes | None, str | None]],
+                storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Write a shard from ``(row, record, reason)`` in row order; returns its state."""
+    sink = ShardSink(plan, shard, output_dir, storage_options)
+    try:
+        for row, record, reason in results:
+            sink.add(row, record, reason)
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.commit()
+
+
+def finished_state(plan: Plan, shard: Shard, output_dir: str, storage_options: Mapping[str, Any] | None
+                   ) -> dict[str, Any] | None:
+    """The state of a shard written earlier by the same plan, or None if it must be (re)done."""
+    url = state_url(output_dir, plan, shard)
+    try:
+        state = json.loads(storage.read_bytes(url, storage_options=storage_options))
+    except (FileNotFoundError, ValueError):
+        return None
+    if state.get("plan_digest") != plan.plan_digest:
+        return None
+    if not storage.exists(join(output_dir, plan.shard_name(shard)), storage_options):
+        return None
+    return state
+
+
+def spec_to_json(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, s in spec.items():
+        if isinstance(s, FixedLen):
+            d = s.default
+            if isinstance(d, bytes):
+                d = {"base64": base64.b64encode(d).decode()}
+            out[k] = {"kind": "FixedLen", "dtype": s.dtype, "shape": list(s.shape), "default": d}
+        elif isinstance(s, VarLen):
+            out[k] = {"kind": "VarLen", "dtype": s.dtype}
+        else:
+            raise TypeError(f"feature {k!r}: only FixedLen and VarLen specs can go in a manifest, got {s!r}")
+    return out
+
+
+def spec_from_json(d: Mapping[str, Any]) -> dict[str, Any]:
+    spec = {}
+    for k, s in d.items():
+        if s["kind"] == "VarLen":
+            spec[k] = VarLen(s["dtype"])
+        else:
+            default = s.get("default")
+            if isinstance(default, dict) and "base64" in default:
+                default = base64.b64decode(default["base64"])
+            spec[k] = FixedLen(s["dtype"], tuple(s.get("shape") or ()), default)
+    return spec
+
+
+def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
+             storage_options: Mapping[str, Any] | None, runner: str = "local") -> dict[str, Any]:
+    """Write the discard report and the manifest (last, so its presence means done).
+
+    ``options`` in the manifest are those that decide the content; ``runtime`` holds the
+    ones that only decide how it was produced (runner, workers).
+    """
+    o = plan.options
+    discards = [[d.row, d.source, d.reason] for d in plan.discards]
+    splits: dict[str, Any] = {}
+    for shard in plan.shards:
+        st = states[plan.shard_name(shard)]
+        discards.extend(st["discards"])
+        sp = splits.setdefault(shard.split, {"shards": [], "records": 0, "rows": 0})
+        sp["shards"].append({"file": st["file"], "records": st["records"], "rows": st["rows"]})
+        sp["records"] += st["records"]
+        sp["rows"] += st["rows"]
+    discards.sort(key=lambda d: d[0])
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["row", "source", "reason"])
+    w.writerows(discards)
+    storage.write_bytes(discards_url(output_dir, o.prefix), buf.getvalue().encode("utf-8"), storage_options)
+    written = sum(s["records"] for s in splits.values())
+    options = {k: v for k, v in o.to_dict().items() if k not in RUNTIME_OPTIONS}
+    runtime = {"runner": runner, **{k: getattr(o, k) for k in RUNTIME_OPTIONS}}
+    if not isinstance(options.get("converter_class"), (str, type(None))):
+        cls = options["converter_class"]
+        options["converter_class"] = f"{cls.__module__}:{cls.__qualname__}"
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "shardfeed_version": __version__,
+        "model_type": o.model_type,
+        "source": {"input": plan.source, "digest": plan.source_digest},
+        "plan_digest": plan.plan_digest,
+        "compression": o.compression,
+        "index": o.compression is None,
+        "feature_spec": spec_to_json(plan.feature_spec),
+        "splits": splits,
+        "classes": plan.label_map.names if plan.label_map else None,
+        "label_map": plan.label_map.to_dict() if plan.label_map else None,
+        "multi_label": plan.multi_label,
+        "schema": plan.schema.to_dict() if plan.schema else None,
+        "options": options,
+        "runtime": runtime,
+        "counts": {"rows_read": plan.rows_read, "records_written": written, "rows_discarded": len(discards)},
+        "discard_report": f"{o.prefix}-discards.csv",
+    }
+    if plan.rows_read != written + len(discards):  # a bug, never a data problem
+        raise AssertionError(f"counts do not add up: {plan.rows_read} read, {written} written, {len(discards)} discarded")
+    storage.write_bytes(manifest_url(output_dir, o.prefix),
+                        json.dumps(manifest, ensure_ascii=False, indent=1, default=str).encode(), storage_options)
+    return manifest

@@ -1,0 +1,159 @@
+"""Runners and interfaces: resume after an interruption, the Beam runner against the
+local one, process workers, object storage end to end, the CLI, and inspect."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+from PIL import Image
+
+from shardfeed import storage
+from shardfeed.cli import convert_cmd
+
+# `shardfeed.convert` is also the name of the function sf.convert: import the package's api module.
+from shardfeed.convert import api as sc
+from shardfeed.convert import runner_local
+from shardfeed.convert import writer as writer_mod
+
+
+def dataset(tmp_path, n=12, bad=(3,)):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n):
+        p = tmp_path / "img" / f"{i}.jpg"
+        p.parent.mkdir(exist_ok=True)
+        if i in bad:
+            p.write_bytes(b"garbage")
+        else:
+            Image.fromarray(rng.integers(0, 255, (30 + i, 50, 3), dtype=np.uint8)).save(p, "JPEG")
+        rows.append(("", f"img/{i}.jpg", f"c{i % 3}"))
+    path = tmp_path / "a.csv"
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([("split", "image_uri", "label"), *rows])
+    return str(path)
+
+
+def output_bytes(out):
+    """Every file a conversion wrote (state files aside), by name; the manifest without
+    its ``runtime`` part (runner and worker counts)."""
+    files = {n: pathlib.Path(out, n).read_bytes() for n in sorted(os.listdir(out)) if not n.startswith(".")}
+    manifest = json.loads(files.pop("data-manifest.json"))
+    manifest.pop("runtime")
+    return files, manifest
+
+
+OPTS = {"test_ratio": 0.25, "num_samples_per_tfrecord": 3, "max_image_size": 40, "progress": False}
+
+
+def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    src = dataset(tmp_path)
+    full = str(tmp_path / "full")
+    sc.convert(src, full, **OPTS)
+
+    out = str(tmp_path / "resumed")
+    real_commit = writer_mod.ShardSink.commit
+    commits = []
+
+    def failing_commit(self):
+        if len(commits) == 2:
+            raise RuntimeError("simulated crash")
+        commits.append(self.url)
+        return real_commit(self)
+
+    monkeypatch.setattr(writer_mod.ShardSink, "commit", failing_commit)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        sc.convert(src, out, **OPTS)
+    monkeypatch.setattr(writer_mod.ShardSink, "commit", real_commit)
+    assert not os.path.exists(os.path.join(out, "data-manifest.json"))
+
+    converted = []
+    real_convert_row = writer_mod.convert_row
+    monkeypatch.setattr(runner_local, "convert_row",
+                        lambda c, r: converted.append(r.number) or real_convert_row(c, r))
+    res = sc.convert(src, out, resume=True, **OPTS)
+    assert len(converted) == 12 - 6  # two shards of three rows were kept
+    assert output_bytes(out) == output_bytes(full)
+    assert res.rows_read == res.records_written + res.rows_discarded == 12
+
+    converted.clear()
+    sc.convert(src, out, resume=True, **{**OPTS, "max_image_size": 20})  # another plan: nothing is reused
+    assert len(converted) == 12
+
+
+def test_process_workers_write_the_same_bytes_as_threads(tmp_path):
+    src = dataset(tmp_path, n=6)
+    a, b = str(tmp_path / "threads"), str(tmp_path / "procs")
+    sc.convert(src, a, **OPTS)
+    sc.convert(src, b, executor="process", read_parallel_num=2, **OPTS)
+    assert output_bytes(a) == output_bytes(b)
+
+
+def test_beam_runner_gives_the_same_records_as_the_local_runner(tmp_path):
+    pytest.importorskip("apache_beam")
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    src = dataset(tmp_path)
+    local, beam_out, beam_mt = (str(tmp_path / n) for n in ("local", "beam", "beam_mt"))
+    sc.convert(src, local, **OPTS)
+    res = sc.convert(src, beam_out, runner="beam", **OPTS)
+    assert res.rows_read == res.records_written + res.rows_discarded == 12
+    assert output_bytes(local) == output_bytes(beam_out)
+    opts = PipelineOptions(flags=[], direct_num_workers=2, direct_running_mode="multi_threading")
+    sc.convert(src, beam_mt, runner="beam", pipeline_options=opts, **OPTS)
+    assert output_bytes(local) == output_bytes(beam_mt)
+
+
+def test_end_to_end_on_s3(tmp_path, s3_bucket):
+    bucket, so = s3_bucket
+    src = dataset(tmp_path, n=5, bad=())
+    base = f"s3://{bucket}/raw"
+    with open(src, "rb") as f:
+        storage.write_bytes(f"{base}/a.csv", f.read(), so)
+    for i in range(5):
+        storage.write_bytes(f"{base}/img/{i}.jpg", (tmp_path / "img" / f"{i}.jpg").read_bytes(), so)
+    out = f"s3://{bucket}/converted"
+    res = sc.convert(f"{base}/a.csv", out, storage_options=so, **OPTS)
+    assert res.records_written == 5
+    assert storage.exists(f"{out}/data-manifest.json", so)
+    assert storage.exists(f"{out}/data-train-00000-of-00002.tfrecord.idx", so)
+    rows = list(sc.read_dataset(out, "train", storage_options=so))
+    assert len(rows) == res.splits["train"]["records"] and rows[0]["image/source_id"].startswith(b"s3://")
+    again = sc.convert(f"{base}/a.csv", out, storage_options=so, resume=True, **OPTS)
+    assert again.manifest == res.manifest
+
+
+def test_cli_convert_prints_counts_and_writes_output(tmp_path, capsys):
+    src = dataset(tmp_path, n=4)
+    out = str(tmp_path / "out")
+    rc = convert_cmd.main(["convert", src, out, "--max_image_size", "32", "--num-samples-per-tfrecord", "2",
+                           "--json", "-q"])
+    assert rc == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["rows_read"] == 4 and got["records_written"] == 3 and got["rows_discarded"] == 1
+    rc = convert_cmd.main(["convert", src, str(tmp_path / "o2"), "--schema",
+                           "split:split,image_uri:image_uri,label:string label", "--test_ratio", "0.5", "-q"])
+    assert rc == 0 and "records written" in capsys.readouterr().out
+
+
+def test_inspect_output_draws_samples_and_lists_their_fields(tmp_path, capsys):
+    img = tmp_path / "a.jpg"
+    Image.fromarray(np.full((100, 200, 3), 60, np.uint8)).save(img)
+    answer = [{"text": json.dumps({"class*": "car"}), "coord": ["10", "10", "90", "10", "90", "60", "10", "60"]}]
+    (tmp_path / "d.csv").write_text(f'1,"{{""url"": ""{img}""}}","{json.dumps(answer).replace(chr(34), chr(34) * 2)}"\n')
+    out = str(tmp_path / "out")
+    sc.convert_annotations(str(tmp_path / "d.csv"), out, model_type="DETECTION", progress=False)
+    assert convert_cmd.is_converted_output(out) and not convert_cmd.is_converted_output(str(tmp_path))
+    rc = convert_cmd.inspect_output(out, str(tmp_path / "look"), n=4)
+    assert rc == 0 and "1 records written" in capsys.readouterr().out
+    drawn = np.asarray(Image.open(tmp_path / "look" / "train-000.png"))
+    assert drawn.shape == (100, 200, 3) and (drawn != 60).any()  # the box was drawn
+    with open(tmp_path / "look" / "samples.csv", encoding="utf-8") as f:
+        row = next(csv.DictReader(f))
+    assert row["image/object/class/text"] == "car" and "image/encoded" not in row
