@@ -29,12 +29,14 @@ $(VENV)/bin/python:
 
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py
 	bash scripts/system-deps.sh build
-	$(PIP) install -q -e .
+	$(PIP) install -q -e '.[demo]'
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	bash scripts/system-deps.sh test
 	SHARDFEED_REQUIRE_NATIVE=1 $(PIP) install -q -e '.[dev,tf]'
+	# PyTorch CPU for the adapter tests (a local wheel here; the tests skip without it)
+	$(PIP) install -q torch==2.13.0 || echo "torch==2.13.0 not installable here: torch adapter tests will skip"
 	touch $@
 
 clean:

@@ -85,12 +85,26 @@ def test_head_on_non_example_records_names_the_record(tmp_path, capsys):
     assert "record #0" in err and "junk.tfrecord" in err
 
 
-def test_demo_writes_and_reads_back(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path / "demo"), "--records", "500", "--shards", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "OK: every record written was read back once" in out
-    assert main(["count", str(tmp_path / "demo")]) == 0
-    assert capsys.readouterr().out.strip() == "500"
+def test_demo_converts_trains_and_charts(tmp_path, capsys):
+    pytest.importorskip("PIL")
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--images", "240", "--epochs", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "240 rows read, 240 records written, 0 discarded" in text
+    assert "epoch 2: test accuracy" in text and "records/s" in text and "pipeline / naive" in text
+    assert (out / "where-time-went.png").stat().st_size > 1000
+    assert main(["verify", "-q", str(out / "shards")]) == 0
+    assert "OK: 240 good records" in capsys.readouterr().out
+
+
+def test_inspect_of_a_converted_folder_draws_samples(tmp_path, capsys):
+    pytest.importorskip("PIL")
+    from shardfeed.cli.demo import draw_shapes
+
+    draw_shapes(str(tmp_path / "img"), 12)
+    sf.convert(str(tmp_path / "img"), str(tmp_path / "shards"), progress=False)
+    assert main(["inspect", str(tmp_path / "shards"), "--out", str(tmp_path / "look"), "--images", "3"]) == 0
+    assert len(list((tmp_path / "look").glob("*.png")) + list((tmp_path / "look").glob("*.jpg"))) >= 3
 
 
 def test_version_says_which_parser_is_active():

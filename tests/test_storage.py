@@ -314,3 +314,12 @@ def test_reading_a_directory_is_a_clear_error(tmp_path):
 
 def test_storage_error_is_an_oserror():
     assert issubclass(StorageError, OSError)
+
+
+def test_atomic_local_write_gets_normal_permissions(tmp_path):
+    url = str(tmp_path / "perm.bin")
+    storage.write_bytes(url, b"x")
+    mode = os.stat(url).st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask

@@ -46,6 +46,7 @@ from .transforms import (
     trans_csv_kv2sparse,
     trans_csv_to_dense,
 )
+from .convert import ConvertOptions, ConvertResult, convert, convert_annotations, load_manifest, read_dataset
 from .distributed import (
     WorkItem,
     WorkQueue,
@@ -104,6 +105,7 @@ __all__ = [
     "read_shard", "resolve_slice", "shard_works", "TableRecordDataset", "TableTypeError", "TableWriter",
     "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",
     "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",
-    "trans_csv_to_dense",
+    "trans_csv_to_dense", "ConvertOptions", "ConvertResult", "convert", "convert_annotations", "load_manifest",
+    "read_dataset",
     "retry_stats", "native_available", "native_info",
 ]

@@ -1,93 +1,345 @@
-"""``shardfeed demo``: write a sample CTR-like dataset to TFRecord shards, read it back,
-check it, and print what happened."""
+"""``shardfeed demo``: the main job end to end on data made on the spot.
+
+1. Draws a labeled image dataset (shapes of four classes on varied backgrounds).
+2. Converts it to sharded, indexed TFRecords (``sf.convert``, with a progress bar).
+3. Trains a small classifier (numpy MLP) reading through the pipeline, with two simulated
+   ranks sharing one :class:`~shardfeed.WorkQueue` per epoch; prints accuracy per epoch,
+   records/s and the input-bound verdict.
+4. Trains the same model fed the naive way (read, decode and train one after another in
+   one thread) for comparison.
+5. Writes a PNG chart of where the time went.
+"""
 
 from __future__ import annotations
 
+import io
+import os
+import queue as queue_mod
+import threading
 import time
+import uuid
 
 import numpy as np
 
-from .. import storage
-from ..formats import tfrecord as tfr
-from ..formats.example import encode_example
-from ..formats.parse import parse_batch
-from ..formats.spec import FixedLen, VarLen
-from .progress import progress_bar
+from ..pipeline.stats import INPUT_BOUND_WAIT_FRACTION
 
-DEMO_SPEC = {
-    "label": FixedLen("int64"),
-    "dense": FixedLen("float32", shape=[13]),
-    "cat": FixedLen("bytes", shape=[4]),
-    "history": VarLen("int64"),
-}
+CLASSES = ("circle", "square", "triangle", "cross")
+IMAGE = 48  # pixels, as drawn
+SIZE = 24  # pixels, as converted and trained on
+BATCH = 32
+HIDDEN = 512
+SHUFFLE = 256
 
 
-def make_records(n: int, seed: int = 0):
-    """``n`` serialized Examples shaped like click-through-rate data, deterministic in ``seed``."""
+def _need_pillow():
+    try:
+        from PIL import Image, ImageDraw  # noqa: PLC0415
+    except ImportError as exc:  # pragma: no cover - the demo's install step brings Pillow
+        raise ImportError("the demo draws images with Pillow: pip install 'shardfeed[convert]'") from exc
+    return Image, ImageDraw
+
+
+def draw_shapes(folder: str, n: int, seed: int = 0) -> None:
+    """``n`` JPEGs in ``folder/<class>/<i>.jpg``: one shape each, random size, place, colours."""
+    Image, ImageDraw = _need_pillow()
     rng = np.random.default_rng(seed)
-    dense = rng.normal(size=(n, 13)).astype(np.float32)
-    weights = np.linspace(-1.0, 1.0, 13, dtype=np.float32)
-    labels = (dense @ weights + rng.normal(scale=0.5, size=n) > 0).astype(np.int64)
-    cats = rng.integers(0, 1000, size=(n, 4))
-    lengths = rng.integers(0, 8, size=n)
+    for c in CLASSES:
+        os.makedirs(os.path.join(folder, c), exist_ok=True)
     for i in range(n):
-        yield encode_example({
-            "label": [int(labels[i])],
-            "dense": dense[i],
-            "cat": [f"c{j}_{cats[i, j]}".encode() for j in range(4)],
-            "history": rng.integers(0, 10_000, size=lengths[i]),
-        })
+        label = CLASSES[i % len(CLASSES)]
+        bg = int(rng.integers(0, 256))
+        fg = (bg + int(rng.integers(90, 166))) % 256  # always well apart from the background
+        img = Image.new("RGB", (IMAGE, IMAGE), tuple(int(x) for x in np.clip(bg + rng.integers(-30, 31, 3), 0, 255)))
+        d = ImageDraw.Draw(img)
+        r = int(rng.integers(10, 19))
+        cx, cy = (int(v) for v in rng.integers(r + 2, IMAGE - r - 2, 2))
+        colour = tuple(int(x) for x in np.clip(fg + rng.integers(-30, 31, 3), 0, 255))
+        if label == "circle":
+            d.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)
+        elif label == "square":
+            d.rectangle((cx - r, cy - r, cx + r, cy + r), fill=colour)
+        elif label == "triangle":
+            d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
+        else:
+            w = max(3, r // 3)
+            d.rectangle((cx - r, cy - w, cx + r, cy + w), fill=colour)
+            d.rectangle((cx - w, cy - r, cx + w, cy + r), fill=colour)
+        pixels = np.asarray(img, dtype=np.int16) + rng.integers(-12, 13, (IMAGE, IMAGE, 3))
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+            os.path.join(folder, label, f"{i:05d}.jpg"), quality=90)
 
 
-def run_demo(out: str, records: int = 20_000, shards: int = 4) -> int:
-    print(f"shardfeed demo: {records} CTR-like records -> {shards} TFRecord shards in {out}")
-    per_shard = -(-records // shards)
+def _pixels(encoded: bytes) -> np.ndarray:
+    """Encoded image -> grayscale pixels, standardised per image, the shape's polarity
+    removed (a light shape on dark ground looks like a dark one on light ground)."""
+    Image, _ = _need_pillow()
+    img = Image.open(io.BytesIO(encoded)).convert("L")
+    if img.size != (SIZE, SIZE):
+        img = img.resize((SIZE, SIZE))
+    x = np.asarray(img, dtype=np.float32).reshape(-1)
+    x = np.abs(x - np.median(x))
+    return x / (x.std() + 1e-3) - 1.0
+
+
+def decode(example: dict) -> tuple[np.ndarray, int]:
+    """One example of the converted dataset -> (pixels, label)."""
+    encoded = example["image/encoded"]
+    return _pixels(encoded if isinstance(encoded, bytes) else bytes(encoded)), int(example["image/class/label"])
+
+
+def decode_batch(columns: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A parsed batch (numpy columns) -> (pixels [B, SIZE*SIZE], labels [B])."""
+    return (np.stack([_pixels(b) for b in columns["image/encoded"]]),
+            np.asarray(columns["image/class/label"], dtype=np.int64).reshape(-1))
+
+
+class MLP:
+    """A two-layer perceptron trained with SGD and momentum, in numpy."""
+
+    def __init__(self, n_in: int, n_hidden: int, n_out: int, seed: int = 0, lr: float = 0.01):
+        rng = np.random.default_rng(seed)
+        self.w1 = rng.normal(0, np.sqrt(2 / n_in), (n_in, n_hidden)).astype(np.float32)
+        self.b1 = np.zeros(n_hidden, np.float32)
+        self.w2 = rng.normal(0, np.sqrt(2 / n_hidden), (n_hidden, n_out)).astype(np.float32)
+        self.b2 = np.zeros(n_out, np.float32)
+        self.v = [np.zeros_like(p) for p in self.params]
+        self.lr = lr
+
+    @property
+    def params(self) -> list[np.ndarray]:
+        return [self.w1, self.b1, self.w2, self.b2]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return np.maximum(x @ self.w1 + self.b1, 0) @ self.w2 + self.b2
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> float:
+        h = np.maximum(x @ self.w1 + self.b1, 0)
+        z = h @ self.w2 + self.b2
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        loss = float(-np.log(p[np.arange(len(y)), y] + 1e-9).mean())
+        g = p
+        g[np.arange(len(y)), y] -= 1
+        g /= len(y)
+        gw2, gb2 = h.T @ g, g.sum(0)
+        gh = (g @ self.w2.T) * (h > 0)
+        grads = [x.T @ gh, gh.sum(0), gw2, gb2]
+        for param, vel, grad in zip(self.params, self.v, grads):
+            vel *= 0.9
+            vel += grad
+            param -= self.lr * vel
+        return loss
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float((self.logits(x).argmax(1) == y).mean())
+
+
+def _rank_worker(rank: int, q, spec, out: "queue_mod.Queue", stats: list, errors: list) -> None:
+    import shardfeed as sf  # noqa: PLC0415
+
+    try:
+        ds = (sf.read_tfrecord(q, spec=spec)
+              .shuffle(SHUFFLE, seed=rank)
+              .batch(BATCH)  # parsed natively, a whole batch at once
+              .map(decode_batch, num_parallel_calls=2)
+              .prefetch(4))
+        with iter(ds) as it:
+            for batch in it:
+                out.put((rank, batch))
+            stats.append(it.stats())
+    except BaseException as exc:  # noqa: BLE001 - reported by the trainer
+        errors.append(exc)
+    finally:
+        out.put((rank, None))
+
+
+def train_pipeline(files, spec, test_xy, epochs: int, backend: str, seed: int = 0):
+    """Two ranks read through their pipelines, sharing a WorkQueue per epoch; one trainer
+    averages their steps. Returns (model, per-epoch rows, timings, rank stats)."""
+    import shardfeed as sf  # noqa: PLC0415
+
+    model = MLP(SIZE * SIZE, HIDDEN, len(CLASSES), seed=seed)
+    rows, rank_stats = [], []
+    t_wait = t_compute = 0.0
+    records = 0
+    run = uuid.uuid4().hex[:8]
     t0 = time.perf_counter()
-    gen = make_records(records)
-    written = 0
-    with progress_bar(total=records, desc="write", unit="rec") as bar:
-        for s in range(shards):
-            url = f"{out.rstrip('/')}/demo-{s:05d}-of-{shards:05d}.tfrecord"
-            with tfr.TFRecordWriter(url, index=True) as w:
-                for _ in range(min(per_shard, records - written)):
-                    w.write(next(gen))
-                    written += 1
-            bar.update(w.records)
-    t_write = time.perf_counter() - t0
-    files = storage.expand(f"{out.rstrip('/')}/demo-*-of-*.tfrecord")
-    total_bytes = sum(storage.size(u) for u in files)
-    print(f"  wrote {written} records, {total_bytes / 1e6:.1f} MB in {len(files)} shards "
-          f"(+ index files) in {t_write:.2f} s")
+    for epoch in range(epochs):
+        q = sf.WorkQueue(files, num_epochs=1, shuffle=True, seed=seed + epoch, num_slices=len(files) * 2,
+                         backend=backend, name=f"demo-{run}-e{epoch}", lease_timeout=60)
+        out: queue_mod.Queue = queue_mod.Queue(maxsize=8)
+        errors: list = []
+        stats: list = []
+        threads = [threading.Thread(target=_rank_worker, args=(r, q, spec, out, stats, errors), daemon=True)
+                   for r in range(2)]
+        for t in threads:
+            t.start()
+        done = 0
+        per_rank = [0, 0]
+        while done < 2:
+            tw = time.perf_counter()
+            rank, batch = out.get()
+            t_wait += time.perf_counter() - tw
+            if batch is None:
+                done += 1
+                continue
+            x, y = batch
+            tc = time.perf_counter()
+            model.step(x, y)
+            t_compute += time.perf_counter() - tc
+            records += len(y)
+            per_rank[rank] += len(y)
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        rank_stats.extend(stats)
+        rows.append((epoch + 1, model.accuracy(*test_xy), per_rank))
+    wall = time.perf_counter() - t0
+    return model, rows, {"wall_s": wall, "wait_s": t_wait, "compute_s": t_compute, "records": records}, rank_stats
 
+
+def _shuffled(records, rng, size: int = SHUFFLE):
+    buffer: list = []
+    for r in records:
+        if len(buffer) < size:
+            buffer.append(r)
+            continue
+        i = int(rng.integers(size))
+        buffer[i], r = r, buffer[i]
+        yield r
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def train_naive(files, test_xy, epochs: int, seed: int = 0):
+    """The same training fed the straightforward way: one thread reads a record, decodes it,
+    and trains when a batch is full (records shuffled through a buffer of the same size)."""
+    from ..formats.example import decode_example  # noqa: PLC0415
+    from ..formats.tfrecord import read_records  # noqa: PLC0415
+
+    model = MLP(SIZE * SIZE, HIDDEN, len(CLASSES), seed=seed)
+    t_input = t_compute = 0.0
+    records = 0
+    rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
-    n = 0
-    label_sum = 0
-    dense_sum = np.zeros(13, np.float64)
-    batch: list[bytes] = []
+    for _ in range(epochs):
+        xs, ys = [], []
+        order = list(files)
+        rng.shuffle(order)
+        ti = time.perf_counter()
+        for record in _shuffled(read_records(order), rng):
+            x, y = decode({k: v[0] for k, v in decode_example(record).items() if len(v)})
+            xs.append(x)
+            ys.append(y)
+            if len(xs) == BATCH:
+                t_input += time.perf_counter() - ti
+                tc = time.perf_counter()
+                model.step(np.stack(xs), np.array(ys))
+                t_compute += time.perf_counter() - tc
+                records += len(xs)
+                xs, ys = [], []
+                ti = time.perf_counter()
+        t_input += time.perf_counter() - ti
+        if xs:
+            tc = time.perf_counter()
+            model.step(np.stack(xs), np.array(ys))
+            t_compute += time.perf_counter() - tc
+            records += len(xs)
+    wall = time.perf_counter() - t0
+    return model, {"wall_s": wall, "input_s": t_input, "compute_s": t_compute, "records": records,
+                   "accuracy": model.accuracy(*test_xy)}
 
-    def flush():
-        nonlocal n, label_sum, batch
-        cols = parse_batch(batch, DEMO_SPEC)
-        n += len(batch)
-        label_sum += int(cols["label"].sum())
-        dense_sum[:] += cols["dense"].sum(axis=0)
-        batch = []
 
-    stats = tfr.ReadStats()
-    for record in tfr.read_records(files, stats=stats):
-        batch.append(record)
-        if len(batch) == 1024:
-            flush()
-    if batch:
-        flush()
-    t_read = time.perf_counter() - t0
-    ok = n == written and stats.skipped_records == 0
-    print(f"  read back {n} records (CRC-checked, parsed to numpy in batches of 1024) "
-          f"in {t_read:.2f} s: {n / t_read:,.0f} records/s")
-    print(f"  positive labels: {label_sum / max(n, 1):.1%}; mean of dense[0]: {dense_sum[0] / max(n, 1):+.3f}")
-    shard = tfr.IndexedTFRecord(files[-1])
-    print(f"  random access through {files[-1].rsplit('/', 1)[-1]}.idx: record {len(shard) - 1} "
-          f"of that shard is {len(shard[len(shard) - 1])} bytes")
-    print(f"  {'OK' if ok else 'MISMATCH'}: every record written was read back once")
-    print(f"  try: shardfeed head -n 2 {files[0]}   |   shardfeed verify '{out.rstrip('/')}/*.tfrecord'")
-    return 0 if ok else 1
+def chart(path: str, pipe: dict, naive: dict, stages: list[tuple[str, float]]) -> None:
+    """A PNG bar chart of where the time went, drawn with Pillow."""
+    Image, ImageDraw = _need_pillow()
+    rows = [("pipeline: wall time", pipe["wall_s"], (40, 110, 200)),
+            ("pipeline: trainer computing", pipe["compute_s"], (60, 170, 90)),
+            ("pipeline: trainer waiting for input", pipe["wait_s"], (220, 80, 60))]
+    rows += [(f"  stage {name} (busy, both ranks)", s, (150, 150, 200)) for name, s in stages]
+    rows += [("naive: wall time", naive["wall_s"], (40, 110, 200)),
+             ("naive: training", naive["compute_s"], (60, 170, 90)),
+             ("naive: reading + decoding", naive["input_s"], (220, 80, 60))]
+    width, left, bar_h = 900, 330, 22
+    img = Image.new("RGB", (width, 60 + bar_h * len(rows) + 30), "white")
+    d = ImageDraw.Draw(img)
+    d.text((10, 10), "shardfeed demo: where the time went (seconds)", fill="black")
+    top = max(v for _, v, _ in rows) or 1.0
+    for i, (label, value, colour) in enumerate(rows):
+        y = 40 + i * bar_h
+        d.text((10, y + 5), label, fill="black")
+        d.rectangle((left, y + 3, left + int((width - left - 80) * value / top), y + bar_h - 3), fill=colour)
+        d.text((left + int((width - left - 80) * value / top) + 6, y + 5), f"{value:.2f}", fill="black")
+    img.save(path)
+
+
+def _one_blas_thread() -> str:
+    """The model's maths on one thread: a BLAS thread pool spinning on both cores would fight
+    the input pipeline's threads for them (a real accelerator does not)."""
+    try:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415
+    except ImportError:
+        return "BLAS threads: library default (pip install threadpoolctl to pin them to 1)"
+    threadpool_limits(1)
+    return "BLAS threads: 1"
+
+
+def run_demo(out: str = "demo-out", images: int = 2000, epochs: int = 6, seed: int = 0) -> int:
+    import shardfeed as sf  # noqa: PLC0415
+
+    blas = _one_blas_thread()
+
+    out = os.path.abspath(out)
+    os.makedirs(out, exist_ok=True)
+    t_all = time.perf_counter()
+    folder = os.path.join(out, "images")
+    print(f"shardfeed demo -> {out} ({blas})")
+    print(f"[1/5] drawing {images} labeled images ({', '.join(CLASSES)}) in {folder}")
+    draw_shapes(folder, images, seed)
+
+    print(f"[2/5] converting them to sharded, indexed TFRecords (resized to {SIZE}px, 20% held out for test)")
+    shards = os.path.join(out, "shards")
+    result = sf.convert(folder, shards, test_ratio=0.2, max_image_size=SIZE, image_format="png",
+                        num_samples_per_tfrecord=max(50, images // 8), seed=seed)
+    print(f"      {result}")
+    train_files, test_files = result.files("train"), result.files("test")
+    manifest_spec = sf.read_dataset(shards, split="train").spec
+    spec = {k: manifest_spec[k] for k in ("image/encoded", "image/class/label")}
+    test = [decode(e) for e in sf.read_dataset(shards, split="test")]
+    test_xy = (np.stack([x for x, _ in test]), np.array([y for _, y in test]))
+
+    print(f"[3/5] training a {SIZE * SIZE}-{HIDDEN}-{len(CLASSES)} MLP for {epochs} epochs: 2 ranks share a WorkQueue "
+          "per epoch, each reading through read_tfrecord(queue, spec).shuffle(256).batch(32).map(decode_batch)"
+          ".prefetch(4)")
+    backend = f"sqlite:///{os.path.join(out, 'workqueue.sqlite3')}"
+    _, rows, pipe, rank_stats = train_pipeline(train_files, spec, test_xy, epochs, backend, seed)
+    for epoch, acc, per_rank in rows:
+        print(f"      epoch {epoch}: test accuracy {acc:.1%}  (records taken by rank 0 / rank 1: "
+              f"{per_rank[0]} / {per_rank[1]})")
+    pipe_rate = pipe["records"] / pipe["wall_s"]
+    stages: dict[str, float] = {}
+    for st in rank_stats:
+        for stage in st.stages:
+            name = stage.name.split(":", 1)[-1]
+            stages[name] = stages.get(name, 0.0) + stage.busy_s
+    busiest = max(stages.items(), key=lambda kv: kv[1]) if stages else ("-", 0.0)
+    wait = pipe["wait_s"] / pipe["wall_s"]
+    verdict = "input-bound" if wait >= INPUT_BOUND_WAIT_FRACTION else "not input-bound"
+    print(f"      {pipe_rate:,.0f} records/s; {verdict}: the trainer waited for input {wait:.0%} of "
+          f"{pipe['wall_s']:.2f} s; busiest stage: {busiest[0]} ({busiest[1]:.2f} s busy, both ranks)")
+
+    print("[4/5] the same training fed the naive way (read, decode, train one after another)")
+    _, naive = train_naive(train_files, test_xy, epochs, seed)
+    naive_rate = naive["records"] / naive["wall_s"]
+    print(f"      {naive_rate:,.0f} records/s, test accuracy {naive['accuracy']:.1%}; "
+          f"reading + decoding took {naive['input_s'] / naive['wall_s']:.0%} of {naive['wall_s']:.2f} s")
+    print(f"      pipeline / naive: {pipe_rate / naive_rate:.2f}x the records/s")
+
+    png = os.path.join(out, "where-time-went.png")
+    chart(png, pipe, naive, sorted(stages.items(), key=lambda kv: -kv[1])[:5])
+    print(f"[5/5] chart of where the time went: {png}")
+    print(f"done in {time.perf_counter() - t_all:.1f} s. Try: shardfeed inspect {shards}   |   "
+          f"shardfeed verify '{shards}/*.tfrecord'")
+    return 0 if rows and rows[-1][1] > 1.0 / len(CLASSES) else 1

@@ -141,6 +141,10 @@ def cmd_index(args) -> int:
 
 def cmd_inspect(args) -> int:
     from ..formats.inspect import inspect_records  # noqa: PLC0415
+    from .convert_cmd import inspect_output, is_converted_output  # noqa: PLC0415
+
+    if len(args.urls) == 1 and is_converted_output(args.urls[0]):
+        return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json)
 
     urls = tfr.expand_files(args.urls)
 
@@ -169,7 +173,7 @@ def cmd_inspect(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo  # noqa: PLC0415
 
-    return run_demo(args.out, records=args.records, shards=args.shards)
+    return run_demo(args.out, images=args.images, epochs=args.epochs, seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -203,19 +207,27 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--suffix", default=".idx", help="index file suffix (default .idx)")
     sp.set_defaults(func=cmd_index)
 
-    sp = files(sub.add_parser("inspect", help="feature names, kinds and lengths seen in a sample"))
+    sp = files(sub.add_parser("inspect", help="feature names, kinds and lengths seen in a sample; for a converted "
+                                              "folder, sample images with boxes and masks drawn, and a CSV"))
     sp.add_argument("--sample", type=int, default=1000, help="records to sample (default 1000)")
+    sp.add_argument("--out", default="inspect-out", help="for a converted folder: where sample images and "
+                                                         "samples.csv go (default ./inspect-out)")
+    sp.add_argument("--images", type=int, default=8, help="for a converted folder: sample images to draw")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
 
+    from .convert_cmd import register as register_convert  # noqa: PLC0415
     from .queue_cmd import register as register_queue  # noqa: PLC0415
 
+    register_convert(sub)
     register_queue(sub)
 
-    sp = sub.add_parser("demo", help="write a sample dataset to TFRecord shards and read it back")
-    sp.add_argument("--out", default="demo-out", help="output directory or URL (default ./demo-out)")
-    sp.add_argument("--records", type=int, default=20_000)
-    sp.add_argument("--shards", type=int, default=4)
+    sp = sub.add_parser("demo", help="draw a labeled image set, convert it to shards, train on it through the "
+                                      "pipeline with 2 ranks sharing a WorkQueue, compare with naive feeding")
+    sp.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
+    sp.add_argument("--images", type=int, default=2000, help="images to draw (default 2000)")
+    sp.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
+    sp.add_argument("--seed", type=int, default=0)
     sp.set_defaults(func=cmd_demo)
     return p
 

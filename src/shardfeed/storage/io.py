@@ -248,6 +248,7 @@ class AtomicWriter(io.RawIOBase):
             if self._parsed.is_local:
                 self._file.flush()
                 self._file.close()
+                os.chmod(self._tmp_path, 0o666 & ~_umask())  # mkstemp made it 0600
                 os.replace(self._tmp_path, self._final)
             else:
                 self._file.flush()
@@ -285,6 +286,18 @@ class AtomicWriter(io.RawIOBase):
         else:
             self.abort()
         return False
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (os.umask would race other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def open_output(url: str, storage_options: Mapping[str, Any] | None = None) -> AtomicWriter:
