@@ -21,7 +21,7 @@ fuzz-smoke: $(VENV)/.installed-dev
 	bash fuzz/run_smoke.sh
 
 bench: $(VENV)/.installed-dev
-	$(PY) benchmarks/read_tfrecord.py
+	$(VENV)/bin/shardfeed bench
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

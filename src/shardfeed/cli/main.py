@@ -219,8 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert_cmd import register as register_convert  # noqa: PLC0415
     from .queue_cmd import register as register_queue  # noqa: PLC0415
 
+    from .bench_cmd import register as register_bench  # noqa: PLC0415
+
     register_convert(sub)
     register_queue(sub)
+    register_bench(sub)
 
     sp = sub.add_parser("demo", help="draw a labeled image set, convert it to shards, train on it through the "
                                       "pipeline with 2 ranks sharing a WorkQueue, compare with naive feeding")
