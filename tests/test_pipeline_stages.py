@@ -131,3 +131,23 @@ def test_bad_arguments_are_rejected_with_a_message(call):
 
 def test_autotune_constant_is_exported():
     assert sf.pipeline.AUTOTUNE == -1
+
+
+def test_batch_bytes_as_buffer_gives_the_same_bytes(tmp_path):
+    from shardfeed.formats.native import BytesBuffer
+
+    url = str(tmp_path / "b.tfrecord")
+    sf.write_records(url, [sf.encode_example({"s": [f"v{i}".encode()], "t": [b"x"] * (i % 3)}) for i in range(10)])
+    spec = {"s": sf.FixedLen("bytes"), "t": sf.VarLen("bytes")}
+    for fused in (True, False):
+        src = sf.read_tfrecord(url, spec=spec)
+        src = src if fused else src.shuffle(1, seed=0)  # shuffle(1) keeps the order but unfuses
+        obj = list(src.batch(4))
+        buf = list(src.batch(4, bytes_as="buffer"))
+        for a, b in zip(obj, buf):
+            assert isinstance(b["s"], BytesBuffer)
+            assert b["s"].to_list() == a["s"].tolist()
+            assert b["t"].values.to_list() == list(a["t"].values)
+            assert b["t"].row_splits.tolist() == a["t"].row_splits.tolist()
+    with pytest.raises(ValueError, match="bytes_as"):
+        sf.read_tfrecord(url, spec=spec).batch(4, bytes_as="str")

@@ -66,7 +66,7 @@ def nbytes(batch: Any) -> int:
     if isinstance(batch, (tuple, list)):
         return sum(nbytes(v) for v in batch)
     if isinstance(batch, RaggedColumn):
-        return batch.values.nbytes + batch.row_splits.nbytes
+        return nbytes(batch.values) + batch.row_splits.nbytes
     if isinstance(batch, SparseColumn):
         return batch.indices.nbytes + batch.values.nbytes
     return 0
@@ -75,10 +75,14 @@ def nbytes(batch: Any) -> int:
 class BatchDataset(UnaryDataset):
     kind = "batch"
 
-    def __init__(self, parent: Dataset, batch_size: int, drop_remainder: bool = False) -> None:
+    def __init__(self, parent: Dataset, batch_size: int, drop_remainder: bool = False,
+                 bytes_as: str = "object") -> None:
         super().__init__(parent)
         self.batch_size = positive_int("batch_size", batch_size)
         self.drop_remainder = bool(drop_remainder)
+        if bytes_as not in ("object", "buffer"):
+            raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
+        self.bytes_as = bytes_as
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         from .sources import TFRecordDataset  # noqa: PLC0415 - sources import this module's users
@@ -96,6 +100,7 @@ class _BatchNode(Node):
         super().__init__(b, ds, [self.parent])
         self.size = ds.batch_size
         self.drop = ds.drop_remainder
+        self.bytes_as = ds.bytes_as
 
     def _next(self) -> Any:
         parent = self.parent
@@ -106,7 +111,7 @@ class _BatchNode(Node):
         except StopIteration:
             if not items or self.drop:
                 raise
-        out = parse_batch(items, self.spec) if self.spec is not None else stack(items)
+        out = parse_batch(items, self.spec, bytes_as=self.bytes_as) if self.spec is not None else stack(items)
         self.stats.bytes += nbytes(out)
         return out
 
@@ -125,6 +130,7 @@ class _TFRecordBatchNode(Node):
     def __init__(self, b: Build, ds: BatchDataset, src: Any, state: Mapping[str, Any] | None) -> None:
         super().__init__(b, ds)
         self.src = src
+        self.bytes_as = ds.bytes_as
         self.fi = int(state["file"]) if state else 0
         self.offset = int(state["offset"]) if state else 0
         self._stats: list[ReadStats] = []
@@ -146,7 +152,7 @@ class _TFRecordBatchNode(Node):
         self.fi = fi
         self.offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
         try:
-            out = parse_batch(batch, self.src.spec)
+            out = parse_batch(batch, self.src.spec, bytes_as=self.bytes_as)
         except (DecodeError, ParseError) as exc:
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at byte offset {int(batch.positions[exc.record_index])} "

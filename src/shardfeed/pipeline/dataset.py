@@ -95,12 +95,14 @@ class Dataset:
 
         return ShuffleDataset(self, buffer_size, seed, reshuffle_each_iteration)
 
-    def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
+    def batch(self, batch_size: int, drop_remainder: bool = False, bytes_as: str = "object") -> "Dataset":
         """Group ``batch_size`` elements into one: dicts/tuples of numpy arrays. Serialized
-        Examples of a dataset with a spec are parsed a whole batch at once."""
+        Examples of a dataset with a spec are parsed a whole batch at once; their bytes
+        features come as numpy object arrays (``bytes_as="object"``) or, faster, as one
+        buffer plus offsets each (``bytes_as="buffer"``: a ``BytesBuffer``)."""
         from .batch import BatchDataset  # noqa: PLC0415
 
-        return BatchDataset(self, batch_size, drop_remainder)
+        return BatchDataset(self, batch_size, drop_remainder, bytes_as)
 
     def unbatch(self) -> "Dataset":
         """Split batches (dicts/tuples of arrays, or arrays) back into elements."""
