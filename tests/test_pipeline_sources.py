@@ -31,7 +31,8 @@ def test_batch_parses_whole_batches_instead_of_single_records(tmp_path, monkeypa
 
     calls = []
     real = batch_mod.parse_batch
-    monkeypatch.setattr(batch_mod, "parse_batch", lambda recs, spec: calls.append(len(recs)) or real(recs, spec))
+    monkeypatch.setattr(batch_mod, "parse_batch",
+                        lambda recs, spec, **kw: calls.append(len(recs)) or real(recs, spec, **kw))
     monkeypatch.setattr(sources_mod, "parse_single_example", lambda *a: pytest.fail("parsed one record at a time"))
     ds = sf.read_tfrecord(files, spec=SPEC).shuffle(4, seed=0).shard(0, 1).prefetch(2).batch(3)
     assert sum(len(b["id"]) for b in ds) == 6

@@ -100,6 +100,16 @@ def _rows_convert(res: dict) -> list[Row]:
             for name, r in results.items() if name != anchor_name]
 
 
+def _rows_pipeline_images(res: dict) -> list[Row]:
+    med = res["median"]
+    anchor = med.get("tf.data, 2 threads")
+    w, h = res["size"]
+    return [(f"JPEG {w}x{h} -> 224, batch 64: {name}", _rate(v, "img/s"),
+             f"tf.data: {_rate(anchor, 'img/s')}" if anchor else "- (no TensorFlow)",
+             _ratio(v / anchor if anchor else None))
+            for name, v in med.items() if not name.startswith("tf.data")]
+
+
 def _rows_native_micro(res: dict) -> list[Row]:
     rows: list[Row] = []
     anchor: dict | None = None  # rows are grouped: an anchor row ("1.00") and the rows it anchors
@@ -143,6 +153,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               _rows_pipeline_latency),
     Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4"), _rows_pipeline_memory),
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1"), _rows_long_tail),
+    Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), _rows_pipeline_images, "--dir"),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), _rows_convert, "--data-dir"),
 )}
 

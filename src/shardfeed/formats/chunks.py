@@ -153,7 +153,12 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
 
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
-    Chunks keep the map alive for as long as they are referenced."""
+    Chunks keep the map alive for as long as they are referenced.
+
+    Pages more than a chunk behind the scan are released from the mapping
+    (``MADV_DONTNEED``), so the process's resident size does not grow with the file; a
+    consumer that still reads them (a chunk held in a queue) faults them back in from the
+    page cache, unchanged, since the mapping is a read-only view of the file."""
     path = parse_url(url).path
     try:
         with open(path, "rb") as f:
@@ -166,7 +171,16 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     view = memoryview(mm)
     pos = start
     index = 0
+    released = 0  # pages below this offset were handed back
+    prev = start  # where the previous chunk began
+    can_release = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
     while pos < size:
+        if can_release:
+            upto = (prev // mmap.PAGESIZE) * mmap.PAGESIZE
+            if upto - released >= chunk_size:
+                mm.madvise(mmap.MADV_DONTNEED, released, upto - released)
+                released = upto
+        prev = pos
         end = min(size, pos + chunk_size)
         offsets, lengths, consumed, error = scan_frames(view[pos:end], verify_crc, max_record_bytes)
         if consumed == 0 and error is None and end < size and size - pos >= 8:

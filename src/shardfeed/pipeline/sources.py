@@ -184,6 +184,9 @@ def from_iterable(source: Iterable[Any] | Callable[[], Iterable[Any]]) -> Iterab
 
 
 # -- TFRecord ------------------------------------------------------------------------------
+RECORD_CHUNK = 1 << 20
+"""Bytes of frames found at once when records are handed out one by one: small enough that
+several files read in parallel hold little, large enough that the scan's cost vanishes."""
 _merge_lock = threading.Lock()  # files of one dataset may be read in several threads
 
 
@@ -234,7 +237,8 @@ class _TFRecordFilesReader:
                 ds = self.ds
                 self.stats = ReadStats()
                 self.chunks = iter_frame_chunks(self.files[self.fi], ds.compression, ds.verify_crc, ds.on_corrupt,
-                                                ds.storage_options, stats=self.stats, start_offset=self.offset)
+                                                ds.storage_options, stats=self.stats, start_offset=self.offset,
+                                                chunk_size=RECORD_CHUNK)
             chunk = next(self.chunks, None)
             if chunk is not None:
                 self.records = chunk.records()
