@@ -7,7 +7,7 @@ time) ``.map(decode_resize, num_parallel_calls=2).prefetch(2)``, decoding with s
 is at least twice the target. tf.data: ``TFRecordDataset -> map(parse + decode_jpeg +
 resize, num_parallel_calls=2) -> batch(64) -> prefetch``, ``.numpy()`` on every batch.
 
-    python benchmarks/pipeline_images.py [--images 3000] [--width 320 --height 240] [--rounds 3]
+    python benchmarks/pipeline_images.py [--images 3000] [--width 224 --height 224] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def make_files(directory: str, n: int, width: int, height: int, shards: int = 4)
     for s, url in enumerate(files):
         with sf.TFRecordWriter(url) as w:
             for i in range(min(per, n - s * per)):
-                # smooth gradients plus noise: compresses like a photo (about 20 KB at 320x240)
+                # smooth gradients plus noise: compresses like a photo (about 15 KB at 224x224)
                 a, b, c = rng.uniform(0, 255, 3)
                 img = np.stack([(a + xx * 0.5) % 256, (b + yy * 0.7) % 256, (c + (xx + yy) * 0.3) % 256], -1)
                 img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
@@ -116,8 +116,8 @@ def run_tf(files):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=3000)
-    ap.add_argument("--width", type=int, default=320)
-    ap.add_argument("--height", type=int, default=240)
+    ap.add_argument("--width", type=int, default=224)
+    ap.add_argument("--height", type=int, default=224)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=os.path.join("bench-out", "images"))
     ap.add_argument("--no-tf", action="store_true")
