@@ -49,9 +49,10 @@ def run_queue(works: list[str], cost: list[float], backend: str) -> tuple[float,
 
     def work(r: int) -> None:
         q = clients[r]
-        while (item := q.take()) is not None:
+        item = q.take()
+        while item is not None:
             time.sleep(cost[r])
-            q.ack(item)
+            item = q.ack_and_take(item)  # what reading through the queue does: one round trip
     t = _timed(work, len(cost))
     m = clients[0].metrics()
     clients[0].reset()

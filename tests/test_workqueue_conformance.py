@@ -80,6 +80,33 @@ def test_expired_lease_goes_to_another_worker_and_late_ack_is_refused(backend_ur
     assert m["expired"] == 1 and m["late_acks"] == 2 and m["done"] == 1
 
 
+def test_ack_and_take_acknowledges_then_takes_across_epochs(backend_url, qname):
+    q = _q(backend_url, qname, num_epochs=2)
+    seen = []
+    item = q.take()
+    while item is not None:
+        seen.append((item.epoch, item.index))
+        item = q.ack_and_take(item)
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(len(WORKS))]
+    m = q.metrics()
+    assert m["drained"] and m["done"] == 2 * len(WORKS) and m["in_flight"] == 0 and m["late_acks"] == 0
+
+
+def test_ack_and_take_with_an_expired_lease_refuses_the_ack_but_still_takes(backend_url, qname, caplog):
+    a = _q(backend_url, qname, shuffle=False, lease_timeout=0.3)
+    b = _q(backend_url, qname, shuffle=False, lease_timeout=30)
+    first = a.take()
+    time.sleep(0.5)
+    again = b.take()  # the expired lease went to b
+    assert again.id == first.id
+    with caplog.at_level(logging.WARNING):
+        nxt = a.ack_and_take(first)
+    assert "late acknowledgement" in caplog.text
+    assert nxt is not None and nxt.id != first.id
+    m = a.metrics()
+    assert m["late_acks"] == 1 and m["done"] == 0 and m["in_flight"] == 2
+
+
 def test_renewed_lease_does_not_expire(backend_url, qname):
     a = _q(backend_url, qname, shuffle=False, lease_timeout=0.4)
     b = _q(backend_url, qname, shuffle=False, lease_timeout=0.4)

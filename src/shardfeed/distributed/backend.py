@@ -60,6 +60,11 @@ class QueueBackend(ABC):
         """Mark a leased id done. False (and ``late_acks`` counted) when the lease is no
         longer ``token``'s: it expired and went back to the queue, or is done already."""
 
+    def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
+        """:meth:`ack` then :meth:`take`, as ``(acked, take_result)``; backends where each
+        call is a round trip override it with a single one."""
+        return self.ack(name, item_id, token, worker), self.take(name, worker, lease_s)
+
     @abstractmethod
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
         """Push the lease's deadline to now + ``lease_s``; false when it is no longer held."""

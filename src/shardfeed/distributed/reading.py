@@ -256,6 +256,7 @@ class _QueueReader:
         self.taken = 0
         self.bytes_read = 0
         self.done = False
+        self.to_ack: WorkItem | None = None
 
     def _finish(self, ack: bool) -> None:
         item, self.item = self.item, None
@@ -263,10 +264,11 @@ class _QueueReader:
             self.cursor.close(self.ds.o.read_stats)
             self.cursor = None
         if item is not None and ack and self.ds.auto_ack:
-            self.q.ack(item)
+            self.to_ack = item  # acknowledged together with the next take: one round trip
 
     def _take(self) -> bool:
-        item = self.q.take()
+        done, self.to_ack = self.to_ack, None
+        item = self.q.ack_and_take(done) if done is not None else self.q.take()
         if item is None:
             self.done = True
             return False
@@ -307,6 +309,9 @@ class _QueueReader:
         return {"taken": self.taken}
 
     def close(self) -> None:
+        done, self.to_ack = self.to_ack, None
+        if done is not None:
+            self.q.ack(done)
         item = self.item
         self._finish(ack=False)
         if item is not None:

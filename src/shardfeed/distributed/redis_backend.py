@@ -38,7 +38,7 @@ redis.call('SADD', KEYS[8], ARGV[3])
 return false
 """
 
-_TAKE = _NOW + """
+_TAKE_BODY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
 local worker, lease_s = ARGV[1], tonumber(ARGV[2])
 local exp = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -65,6 +65,8 @@ local soon = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if #soon > 0 then return cjson.encode({status='wait', retry_s=math.max(0, tonumber(soon[2]) - now)}) end
 return cjson.encode({status='drained'})
 """
+_TAKE = _NOW + _TAKE_BODY
+
 
 _FILL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
@@ -76,7 +78,7 @@ redis.call('HSET', KEYS[1], 'next_epoch', tonumber(ARGV[1]) + 1)
 return 1
 """
 
-_ACK = _NOW + """
+_ACK_BODY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if (not v) or cjson.decode(v).token ~= tonumber(ARGV[2]) then
@@ -91,6 +93,33 @@ redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[3], tostring(now))
 redis.call('HSET', KEYS[5], 'last:' .. ARGV[3], tostring(now))
 return 1
 """
+_ACK = _NOW + _ACK_BODY
+
+# Acknowledge an item and take the next in one round trip. KEYS: state, pending, lease,
+# dead, workers (the take script's layout), epochs. ARGV: worker, lease_s, item id, token, epoch.
+_ACK_TAKE = _NOW + """
+local acked = 0
+if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
+local v = redis.call('HGET', KEYS[3], ARGV[3])
+if (not v) or cjson.decode(v).token ~= tonumber(ARGV[4]) then
+  redis.call('HINCRBY', KEYS[1], 'late_acks', 1)
+else
+  redis.call('HDEL', KEYS[3], ARGV[3]); redis.call('ZREM', KEYS[4], ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'acked', 1)
+  redis.call('HINCRBY', KEYS[6], ARGV[5], 1)
+  redis.call('HINCRBY', KEYS[5], 'acked:' .. ARGV[1], 1)
+  redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[1], tostring(now))
+  redis.call('HSET', KEYS[5], 'last:' .. ARGV[1], tostring(now))
+  acked = 1
+end
+local function take()
+""" + _TAKE_BODY + """
+end
+local out = cjson.decode(take())
+out['acked'] = acked
+return cjson.encode(out)
+"""
+
 
 _RENEW = _NOW + """
 local v = redis.call('HGET', KEYS[1], ARGV[1])
@@ -156,7 +185,7 @@ class RedisBackend(QueueBackend):
             raise ValueError(f"bad Redis URL {self.url}: {mask(exc)}") from None
         self._scripts = {k: self._r.register_script(v) for k, v in (
             ("open", _OPEN), ("take", _TAKE), ("fill", _FILL), ("ack", _ACK), ("renew", _RENEW),
-            ("release", _RELEASE), ("restore", _RESTORE), ("drain", _DRAIN))}
+            ("release", _RELEASE), ("restore", _RESTORE), ("drain", _DRAIN), ("ack_take", _ACK_TAKE))}
 
     def _keys(self, name: str) -> list[str]:
         return [f"shardfeed:wq:{{{name}}}:{s}" for s in _SUFFIXES]
@@ -206,6 +235,16 @@ class RedisBackend(QueueBackend):
         if got == -1:
             raise self._missing(name)
         return got == 1
+
+    def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
+        k = self._keys(name)
+        out = json.loads(self._run("ack_take", [k[1], k[2], k[3], k[4], k[6], k[5]],
+                                   [worker, lease_s, item_id, token, item_id.split(":")[0]]))
+        if out["status"] == "missing":
+            raise self._missing(name)
+        if out["status"] == "item":
+            out["token"] = int(out["token"])
+        return bool(out.pop("acked")), out
 
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
         k = self._keys(name)

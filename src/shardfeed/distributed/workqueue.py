@@ -175,11 +175,25 @@ class WorkQueue:
         when ``block`` (up to ``timeout`` seconds, then ``TimeoutError``), else returns
         ``None`` at once. ``str(item)`` is the work's URL.
         """
+        return self._take(block, timeout, None)
+
+    def ack_and_take(self, item: WorkItem, block: bool = True, timeout: float | None = None) -> WorkItem | None:
+        """:meth:`ack` ``item`` and :meth:`take` the next one, in one round trip to the
+        backend where it can (Redis). Returns what :meth:`take` returns."""
+        return self._take(block, timeout, item)
+
+    def _take(self, block: bool, timeout: float | None, done: WorkItem | None) -> WorkItem | None:
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         backoff = 0.005  # the last leases are usually acknowledged soon: look again quickly at first
         while True:
-            r = self.backend.take(self.name, self.worker_id, self.lease_timeout)
+            if done is not None:
+                self._held.pop(done.id, None)
+                ok, r = self.backend.ack_and_take(self.name, done.id, done.token, self.worker_id, self.lease_timeout)
+                self._log_late(done, ok)
+                done = None
+            else:
+                r = self.backend.take(self.name, self.worker_id, self.lease_timeout)
             status = r["status"]
             if status == "item":
                 epoch, index = split_id(r["id"])
@@ -209,10 +223,13 @@ class WorkQueue:
         did it): the acknowledgement is refused and counted as ``late_acks``."""
         self._held.pop(item.id, None)
         ok = self.backend.ack(self.name, item.id, item.token, self.worker_id)
+        self._log_late(item, ok)
+        return ok
+
+    def _log_late(self, item: WorkItem, ok: bool) -> None:
         if not ok:
             logger.warning("work queue %r: late acknowledgement of item %s (%s) refused; its lease had expired",
                            self.name, item.id, mask(item.work))
-        return ok
 
     def renew(self, item: WorkItem) -> bool:
         """Extend ``item``'s lease by ``lease_timeout``; false when it is no longer held."""
@@ -224,17 +241,16 @@ class WorkQueue:
         return self.backend.release(self.name, item.id, item.token)
 
     def __iter__(self):
-        """Items until drained, each acknowledged when the next is asked for."""
-        while True:
-            item = self.take()
-            if item is None:
-                return
+        """Items until drained, each acknowledged when the next is asked for (one round
+        trip for both)."""
+        item = self.take()
+        while item is not None:
             try:
                 yield item
             except GeneratorExit:
                 self.release(item)
                 raise
-            self.ack(item)
+            item = self.ack_and_take(item)
 
     # -- pipeline ------------------------------------------------------------------------------
     def dataset(self, auto_ack: bool = True) -> Any:
