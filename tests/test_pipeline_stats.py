@@ -77,3 +77,17 @@ def test_tensorboard_scalars_written_when_tensorflow_is_installed(tmp_path):
     list(it)
     assert it.stats().write_tensorboard(str(tmp_path / "tb"), step=1)
     assert any(p.name.startswith("events") for p in (tmp_path / "tb").iterdir())
+
+
+def test_prefetch_reports_how_full_its_queue_ran():
+    import time as _time
+
+    from shardfeed.pipeline import from_list
+
+    slow_consumer = from_list(list(range(400))).prefetch(8)
+    with iter(slow_consumer) as it:
+        for _ in it:
+            _time.sleep(0.0005)  # the producer keeps the queue full
+        full = [s for s in it.stats().stages if s.queue_samples]
+    assert full and 0.0 <= full[0].fraction_of_queue_full <= 1.0
+    assert any("fraction_of_queue_full" in st for st in it.stats().to_dict()["stages"])

@@ -36,6 +36,11 @@ try:
 except ImportError as _exc:  # pragma: no cover - depends on the build
     _ext = None
     _WHY_NOT = f"the C extension is not built ({_exc})"
+    import logging as _logging
+
+    _logging.getLogger(__name__).warning(
+        "shardfeed: %s; using the pure-Python path (same results, slower framing and parsing). "
+        "Reinstall with a C compiler and the Python headers to build it.", _WHY_NOT)
 
 __all__ = [
     "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",

@@ -78,6 +78,7 @@ class PrefetchNode(Node):
                 raise StopIteration
             if self.thread is None:
                 self._start()
+            self.stats.sample_queue(min(1.0, self.queue.qsize() / self.queue.limit))  # a chunk may overshoot
             try:
                 kind, st, payload = self.queue.get()
             except Closed:

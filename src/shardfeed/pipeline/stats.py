@@ -36,9 +36,24 @@ class StageStats:
     upstream: list["StageStats"] = field(default_factory=list, repr=False)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    queue_fill_sum: float = 0.0
+    queue_samples: int = 0
+
     def add_work(self, seconds: float) -> None:
         with self.lock:
             self.work_s += seconds
+
+    def sample_queue(self, fraction: float) -> None:
+        """Record how full this stage's queue was when its consumer came for more."""
+        self.queue_fill_sum += fraction
+        self.queue_samples += 1
+
+    @property
+    def fraction_of_queue_full(self) -> float | None:
+        """Mean fill of the stage's queue as its consumer found it (``None``: no queue).
+        Near 0: the consumer drains it as fast as it fills (input-bound); near 1: input
+        is ready ahead of need."""
+        return self.queue_fill_sum / self.queue_samples if self.queue_samples else None
 
     @property
     def busy_s(self) -> float:
@@ -48,11 +63,14 @@ class StageStats:
         return max(0.0, self.inclusive_s - sum(u.inclusive_s for u in self.upstream))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name, "elements": self.elements, "bytes": self.bytes,
             "busy_s": round(self.busy_s, 6), "parallelism": self.parallelism,
             "threaded": self.threaded,
         }
+        if self.queue_samples:
+            out["fraction_of_queue_full"] = round(self.fraction_of_queue_full, 4)
+        return out
 
 
 class PipelineStats:
@@ -132,6 +150,9 @@ class PipelineStats:
             for s in self.stages:
                 tf.summary.scalar(f"shardfeed/{s.name}/busy_s", s.busy_s, step=step)
                 tf.summary.scalar(f"shardfeed/{s.name}/elements", s.elements, step=step)
+                if s.queue_samples:  # as PAI's queue summaries: how full each queue ran
+                    tf.summary.scalar(f"shardfeed/{s.name}/fraction_of_queue_full", s.fraction_of_queue_full,
+                                      step=step)
         writer.flush()
         writer.close()
         return True
