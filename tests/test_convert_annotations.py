@@ -261,3 +261,13 @@ def test_tensorflow_parses_detection_records_with_the_manifest_spec(tmp_path):
     xmin = [tf.sparse.to_dense(p["image/object/bbox/xmin"]).numpy().tolist() for p in parsed]
     assert xmin[0] == pytest.approx([0.05]) and xmin[1] == []
     assert tf.io.decode_jpeg(parsed[0]["image/encoded"]).shape == (100, 200, 3)
+
+
+def test_cli_recognizes_a_pai_annotation_csv_without_being_told(tmp_path, capsys):
+    from shardfeed.cli.main import main
+
+    a, b = jpeg(tmp_path / "a.jpg"), jpeg(tmp_path / "b.jpg")
+    path = pai_csv(tmp_path / "labels.csv", [(a, {"option": "cat"}), (b, {"option": "dog"})])
+    out = str(tmp_path / "out")
+    assert main(["convert", path, out, "--model_type", "CLASSIFICATION", "-q"]) == 0
+    assert [r["image/class/text"] for r in all_records(out)] == [[b"cat"], [b"dog"]]

@@ -22,6 +22,22 @@ def _opt(sp: argparse.ArgumentParser, name: str, **kw: Any) -> None:
     sp.add_argument(*flags, dest=name, **kw)
 
 
+def _looks_like_pai_annotations(url: str) -> bool:
+    """A PAI annotation CSV (``id, raw JSON, answer JSON``) rather than a table: the first
+    row's second and third fields are JSON objects."""
+    import csv  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    from .. import storage  # noqa: PLC0415
+
+    try:
+        head = storage.read_bytes(url, 0, 64 << 10).decode("utf-8", errors="replace")
+    except (OSError, ValueError):
+        return False  # a folder, or unreadable: convert() says what is wrong
+    rows = [r for r in csv.reader(io.StringIO(head)) if r][:3]  # the first may be PAI's header row
+    return any(len(r) >= 3 and r[1].lstrip().startswith("{") and r[2].lstrip().startswith(("{", "[")) for r in rows)
+
+
 def _key_values(items: list[str] | None, what: str) -> dict[str, str]:
     out = {}
     for item in items or []:
@@ -133,7 +149,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         beam_options={k: _beam_value(v) for k, v in _key_values(args.beam_option, "--beam_option").items()} or None,
     )
     annotated = (args.annotations or args.model_type in _ANNOTATION_TYPES
-                 or args.input.lower().endswith(".manifest"))
+                 or args.input.lower().endswith(".manifest") or _looks_like_pai_annotations(args.input))
     if annotated:
         if schema is not None:
             raise ValueError("--schema applies to tables, not to annotation files")
