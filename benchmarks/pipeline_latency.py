@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--reads", type=int, default=16, help="num_parallel_reads")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="pipeline_latency.json")
+    ap.add_argument("--out", default=os.path.join("bench-out", "pipeline_latency.json"))
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as d:
@@ -99,6 +99,7 @@ def main() -> None:
     for k in keys:
         print(f"{k:<20}{med[k]:>12,.0f}")
     print(f"kept {ratio:.0%} of the no-delay rate (target >= 80%)")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"files": a.files, "records_per_file": a.records, "delay_ms": a.delay_ms, "reads": a.reads,
                    "records_per_s": med, "ratio": round(ratio, 4), "target_met": ratio >= 0.8}, f, indent=2)

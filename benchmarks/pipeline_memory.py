@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=2048)
     ap.add_argument("--record-kb", type=int, default=8)
     ap.add_argument("--files", type=int, default=16)
-    ap.add_argument("--out", default="pipeline_memory.json")
+    ap.add_argument("--out", default=os.path.join("bench-out", "pipeline_memory.json"))
     a = ap.parse_args()
     import shardfeed as sf
 
@@ -54,6 +54,7 @@ def main() -> None:
     print(f"{'data MB':>8}{'records':>10}{'s':>8}{'RSS after import MB':>21}{'peak RSS MB':>13}{'pipeline MB':>13}")
     print(f"{a.size_mb:>8}{res['records']:>10}{res['seconds']:>8}{res['rss_after_imports_mb']:>21}"
           f"{res['peak_rss_mb']:>13}{res['pipeline_mb']:>13}")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
 

@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--produce-ms", type=float, default=None, help="default: the measured train step time")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="pipeline_seed003.json")
+    ap.add_argument("--out", default=os.path.join("bench-out", "pipeline_seed003.json"))
     ap.add_argument("--blas-threads", default="1", help="BLAS threads for the model (read before numpy loads)")
     a = ap.parse_args()
     m = MLP()
@@ -131,6 +131,7 @@ def main() -> None:
     for name, key in (("synchronous", "sync"), ("shardfeed prefetch(4)", "shardfeed_prefetch")):
         print(f"{name:<22}{res[key]['step_ms']:>10.2f}{res[key]['wait_fraction'] * 100:>8.1f}%")
     print(f"speedup {res['speedup']:.2f}x (target >= 1.3x, wait < 5%): {'met' if res['targets_met'] else 'NOT met'}")
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
 
