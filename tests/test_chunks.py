@@ -152,3 +152,31 @@ def test_positions_of_records_after_skipped_corruption(tmp_path):
     positions = np.concatenate([c.positions for c in chunks]).tolist()
     expected = np.cumsum([0] + [len(r) + 16 for r in RECORDS[:49]]).tolist()
     assert positions == expected[:20] + expected[21:]
+
+
+@pytest.mark.parametrize("compression, suffix", [("GZIP", ".gz"), ("ZLIB", ".zz")])
+def test_truncated_compressed_file_is_reported_and_skip_keeps_what_inflates(tmp_path, compression, suffix):
+    records = [os.urandom(200) for _ in range(1000)]
+    url = str(tmp_path / f"t.tfrecord{suffix}")
+    tfr.write_records(url, records, compression=compression)
+    data = open(url, "rb").read()
+    open(url, "wb").write(data[:-20])
+    with pytest.raises(CorruptRecordError) as info:
+        _flatten(iter_frame_chunks(url))
+    assert "t.tfrecord" in str(info.value)
+    ours, ref = tfr.ReadStats(), tfr.ReadStats()
+    got = _flatten(iter_frame_chunks(url, on_corrupt="skip", stats=ours))
+    want = list(tfr.read_records(url, on_corrupt="skip", stats=ref))
+    assert got == want == records[:len(got)]
+    assert len(got) >= 900  # everything the damaged stream still inflates, not nothing
+    assert ours.corrupt and ours.records == len(got)
+
+
+def test_tiny_chunk_size_and_stray_tail_bytes_do_not_hang(tmp_path):
+    url = str(tmp_path / "s.tfrecord")
+    tfr.write_records(url, [b"abc", b"defgh"])
+    data = open(url, "rb").read()
+    open(url, "wb").write(data[:-15])
+    stats = tfr.ReadStats()
+    got = _flatten(iter_frame_chunks(url, chunk_size=5, on_corrupt="skip", stats=stats))
+    assert got == [b"abc"] and stats.skipped_records == 1

@@ -323,3 +323,39 @@ def test_atomic_local_write_gets_normal_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o666 & ~umask
+
+
+def test_writer_dropped_without_close_publishes_nothing(tmp_path):
+    import gc
+
+    from shardfeed.formats.tfrecord import TFRecordWriter
+
+    def crash_half_way():
+        w = TFRecordWriter(str(tmp_path / "half.tfrecord"))
+        w.write(b"record")
+        raise RuntimeError("no with, no close")
+
+    with pytest.raises(RuntimeError):
+        crash_half_way()
+    f = storage.open_output(str(tmp_path / "half.bin"))
+    f.write(b"partial")
+    del f
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+
+
+def test_glob_leaves_out_hidden_staging_files_unless_asked(tmp_path):
+    storage.write_bytes(str(tmp_path / "a.tfrecord"), b"x")
+    writer = storage.open_output(str(tmp_path / "b.tfrecord"))  # staged as a hidden temp file
+    try:
+        assert [os.path.basename(u) for u in storage.glob(str(tmp_path / "*"))] == ["a.tfrecord"]
+        assert len(storage.glob(str(tmp_path / ".*"))) == 1
+    finally:
+        writer.abort()
+
+
+def test_mask_hides_a_password_holding_at_signs():
+    storage.register_secret("hunter@2pass")
+    for text in ("redis://:hunter@2pass@127.0.0.1:6391/0", "redis://user:pw@ss@host/0"):
+        masked = storage.mask(text)
+        assert "hunter" not in masked and "2pass" not in masked and "pw@ss" not in masked and "ss@" not in masked

@@ -10,9 +10,11 @@ raises or skips (``on_corrupt``) and reports exactly as it always does.
 
 from __future__ import annotations
 
+import gzip
 import mmap
 import os
 import struct
+import zlib
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
@@ -73,6 +75,7 @@ def iter_frame_chunks(
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
+    chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset)
         return
@@ -97,15 +100,23 @@ def iter_frame_chunks(
             # read in pieces of at most 16 MiB, so a length field never sizes an allocation
             parts = [tail] if tail else []
             got = 0
+            broken = False
             while got < need:
-                piece = stream.read(min(need - got, max(chunk_size, 16 << 20)))
+                try:
+                    piece = stream.read(min(need - got, max(chunk_size, 16 << 20)))
+                except (EOFError, zlib.error, gzip.BadGzipFile):
+                    # a damaged compressed stream: the frames read so far go out, then the
+                    # reference reader re-reads from the first frame not delivered and
+                    # reports the damage as its on_corrupt policy says
+                    broken = True
+                    break
                 if not piece:
                     break
                 parts.append(piece)
                 got += len(piece)
-            data = got > 0
+            data = got > 0 and not broken
             buf = parts[0] if len(parts) == 1 else b"".join(parts)
-            if not buf:
+            if not buf and not broken:
                 return
             offsets, lengths, consumed, error = scan_frames(buf, verify_crc, max_record_bytes)
             if len(offsets):
@@ -113,7 +124,7 @@ def iter_frame_chunks(
                 stats.bytes += int(lengths.sum()) + 16 * len(offsets)
                 index += len(offsets)
                 yield FrameChunk(buf, offsets, lengths, offsets + (base - 12))
-            if error is not None or (not data and consumed < len(buf)):
+            if error is not None or broken or (not data and consumed < len(buf)):
                 # a failed check, or the file ends inside a frame: the reference reader
                 # takes over from that frame and raises or skips exactly as it does
                 stream.close()

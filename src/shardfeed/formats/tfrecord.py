@@ -35,6 +35,7 @@ FOOTER_SIZE = 4
 FRAME_OVERHEAD = HEADER_SIZE + FOOTER_SIZE
 MAX_RECORD_BYTES = (1 << 31) - 1  # a serialized protobuf cannot exceed 2 GiB
 _CHUNK = 4 << 20
+_COMPRESSED_PIECE = 16 << 10
 
 COMPRESSIONS = (None, "GZIP", "ZLIB")
 # Files that sit beside shards and are never TFRecords themselves: left out when a
@@ -201,6 +202,9 @@ class TFRecordReader:
         buf_base = base  # stream offset of buf[0]
         eof = False
         verify = self.verify_crc
+        # A decompressor that hits a truncated stream raises and loses what it inflated in
+        # that call: small reads keep that loss to a few KiB of a damaged file.
+        piece = _COMPRESSED_PIECE if self.compression is not None else 0
         stats = self.stats
 
         def fill(need: int) -> bool:
@@ -214,7 +218,7 @@ class TFRecordReader:
             pos = 0
             while have < need and not eof:
                 try:
-                    chunk = stream.read(max(_CHUNK, min(need - have, 16 << 20)))
+                    chunk = stream.read(piece if piece else max(_CHUNK, min(need - have, 16 << 20)))
                 except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
                     err = self._corrupt("compressed stream", buf_base + have, index, f"{type(exc).__name__}: {exc}")
                     if self.on_corrupt == "raise":

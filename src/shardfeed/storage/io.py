@@ -8,6 +8,7 @@ whose message names the (masked) URL and says why.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tempfile
 from typing import Any, Iterable, Mapping, Sequence
@@ -16,6 +17,8 @@ from ..errors import StorageError
 from .fs import get_filesystem
 from .retry import call_with_retry, transient_reason
 from .urls import ParsedURL, has_magic, mask, parse_url
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BUFFER_SIZE = 8 << 20  # bytes per ranged read of a remote object
 _SPOOL_MAX = 64 << 20  # remote writes are staged in memory up to this, then on local disk
@@ -280,6 +283,17 @@ class AtomicWriter(io.RawIOBase):
     def close(self) -> None:
         self.commit()
 
+    def __del__(self) -> None:
+        # Only an explicit close() or commit() publishes: a writer dropped half-way (an
+        # exception outside a `with`) must leave nothing behind, not a partial file.
+        if not getattr(self, "_done", True):
+            logger.warning("%s: writer dropped without close(); discarding %d bytes", mask(self.url),
+                           self.bytes_written)
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - nothing to do about it during collection
+                pass
+
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.commit()
@@ -340,11 +354,16 @@ def list_dir(url: str, storage_options: Mapping[str, Any] | None = None) -> list
 
 
 def glob(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """URLs of the files matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted."""
+    """URLs of the files matching ``pattern`` (``*``, ``?``, ``[...]``, ``**``), sorted.
+    Hidden names (starting with ``.``) match only a pattern whose last part starts with ``.``."""
     parsed = parse_url(pattern)
     fs, path = get_filesystem(parsed, storage_options)
     found = _run("glob", pattern, lambda: fs.glob(path, detail=True))
-    return sorted(parsed.with_path(_unstrip(fs, name, parsed)) for name, info in found.items() if info.get("type") != "directory")
+    # as a shell does: hidden names (writers' staging files among them) only when asked for
+    hidden_ok = path.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+    return sorted(parsed.with_path(_unstrip(fs, name, parsed)) for name, info in found.items()
+                  if info.get("type") != "directory"
+                  and (hidden_ok or not name.rstrip("/").rsplit("/", 1)[-1].startswith(".")))
 
 
 def _unstrip(fs, name: str, parsed: ParsedURL) -> str:

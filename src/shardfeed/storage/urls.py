@@ -20,7 +20,8 @@ _SECRET_PARAMS = {
     "access_key_secret", "accesskeysecret", "ossaccesskeyid", "accesskeyid",
     "access_key_id", "key",
 }
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@")
+# the password runs to the last '@' of the authority: passwords may hold '@'
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^/\s]+)@")
 _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s'\"]*)")
 
 _secrets: set[str] = set()
@@ -41,14 +42,14 @@ def register_secret(value: str | None) -> None:
 def mask(text: object) -> str:
     """Return ``str(text)`` with passwords, signatures and registered secrets replaced by ``***``."""
     s = str(text)
+    with _secrets_lock:
+        secrets = sorted(_secrets, key=len, reverse=True)
+    for secret in secrets:  # first: the patterns below may split a secret that holds '@'
+        s = s.replace(secret, "***")
     s = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", s)
     s = _QUERY_PARAM.sub(
         lambda m: f"{m['sep']}{m['name']}=***" if m["name"].lower() in _SECRET_PARAMS else m.group(0), s
     )
-    with _secrets_lock:
-        secrets = sorted(_secrets, key=len, reverse=True)
-    for secret in secrets:
-        s = s.replace(secret, "***")
     return s
 
 
