@@ -23,14 +23,6 @@ static uint32_t crc_sw_raw(uint32_t crc, const uint8_t *buf, size_t len);
 static crc_fn crc_impl = crc_sw_raw;
 static const char *crc_name = "table";
 
-static inline uint64_t load64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
 
 /* ---- GF(2) helpers for the shift tables ---- */
 
@@ -94,7 +86,7 @@ static uint32_t crc_sw_raw(uint32_t crc, const uint8_t *buf, size_t len) {
         len--;
     }
     while (len >= 8) {
-        uint64_t w = load64(buf) ^ crc;
+        uint64_t w = sf_load_le64(buf) ^ crc;
         crc = table8[7][w & 0xff] ^ table8[6][(w >> 8) & 0xff] ^ table8[5][(w >> 16) & 0xff] ^
               table8[4][(w >> 24) & 0xff] ^ table8[3][(w >> 32) & 0xff] ^ table8[2][(w >> 40) & 0xff] ^
               table8[1][(w >> 48) & 0xff] ^ table8[0][w >> 56];
@@ -121,9 +113,9 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const
         uint64_t c1 = 0, c2 = 0;
         const uint8_t *end = buf + LONG_BLOCK;
         do {
-            c0 = _mm_crc32_u64(c0, load64(buf));
-            c1 = _mm_crc32_u64(c1, load64(buf + LONG_BLOCK));
-            c2 = _mm_crc32_u64(c2, load64(buf + 2 * LONG_BLOCK));
+            c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
+            c1 = _mm_crc32_u64(c1, sf_load_le64(buf + LONG_BLOCK));
+            c2 = _mm_crc32_u64(c2, sf_load_le64(buf + 2 * LONG_BLOCK));
             buf += 8;
         } while (buf < end);
         c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
@@ -135,9 +127,9 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const
         uint64_t c1 = 0, c2 = 0;
         const uint8_t *end = buf + SHORT_BLOCK;
         do {
-            c0 = _mm_crc32_u64(c0, load64(buf));
-            c1 = _mm_crc32_u64(c1, load64(buf + SHORT_BLOCK));
-            c2 = _mm_crc32_u64(c2, load64(buf + 2 * SHORT_BLOCK));
+            c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
+            c1 = _mm_crc32_u64(c1, sf_load_le64(buf + SHORT_BLOCK));
+            c2 = _mm_crc32_u64(c2, sf_load_le64(buf + 2 * SHORT_BLOCK));
             buf += 8;
         } while (buf < end);
         c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
@@ -146,7 +138,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const
         len -= 3 * SHORT_BLOCK;
     }
     while (len >= 8) {
-        c0 = _mm_crc32_u64(c0, load64(buf));
+        c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
         buf += 8;
         len -= 8;
     }
@@ -174,9 +166,9 @@ __attribute__((target("+crc"))) static uint32_t crc_hw_arm(uint32_t crc, const u
         uint32_t c1 = 0, c2 = 0;
         const uint8_t *end = buf + SHORT_BLOCK;
         do {
-            c0 = __builtin_aarch64_crc32cx(c0, load64(buf));
-            c1 = __builtin_aarch64_crc32cx(c1, load64(buf + SHORT_BLOCK));
-            c2 = __builtin_aarch64_crc32cx(c2, load64(buf + 2 * SHORT_BLOCK));
+            c0 = __builtin_aarch64_crc32cx(c0, sf_load_le64(buf));
+            c1 = __builtin_aarch64_crc32cx(c1, sf_load_le64(buf + SHORT_BLOCK));
+            c2 = __builtin_aarch64_crc32cx(c2, sf_load_le64(buf + 2 * SHORT_BLOCK));
             buf += 8;
         } while (buf < end);
         c0 = shift_crc(shift_short, c0) ^ c1;
@@ -185,7 +177,7 @@ __attribute__((target("+crc"))) static uint32_t crc_hw_arm(uint32_t crc, const u
         len -= 3 * SHORT_BLOCK;
     }
     while (len >= 8) {
-        c0 = __builtin_aarch64_crc32cx(c0, load64(buf));
+        c0 = __builtin_aarch64_crc32cx(c0, sf_load_le64(buf));
         buf += 8;
         len -= 8;
     }

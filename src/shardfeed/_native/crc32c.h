@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,16 @@ uint32_t sf_crc32c_sw(uint32_t crc, const uint8_t *buf, size_t len);
 uint32_t sf_masked_crc32c(const uint8_t *buf, size_t len);
 /* Which implementation sf_crc32c_extend uses: "sse4.2", "armv8-crc" or "table". */
 const char *sf_crc32c_backend(void);
+
+/* A little-endian uint64 from 8 bytes at p (any alignment). */
+static inline uint64_t sf_load_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
 
 static inline uint32_t sf_crc_mask(uint32_t crc) {
     return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;

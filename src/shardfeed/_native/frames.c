@@ -4,14 +4,6 @@
 
 #include "crc32c.h"
 
-static inline uint64_t rd64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
 
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
@@ -28,7 +20,7 @@ void sf_scan_frames(const uint8_t *buf, size_t len, int verify, uint64_t max_rec
     int error = SF_FRAME_OK;
     while (len - pos >= 12) {
         const uint8_t *h = buf + pos;
-        uint64_t n = rd64(h);
+        uint64_t n = sf_load_le64(h);
         if (verify && sf_masked_crc32c(h, 8) != rd32(h + 8)) {
             error = SF_FRAME_LENGTH_CRC;
             break;
