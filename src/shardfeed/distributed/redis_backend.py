@@ -78,40 +78,34 @@ redis.call('HSET', KEYS[1], 'next_epoch', tonumber(ARGV[1]) + 1)
 return 1
 """
 
-_ACK_BODY = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if (not v) or cjson.decode(v).token ~= tonumber(ARGV[2]) then
-  redis.call('HINCRBY', KEYS[1], 'late_acks', 1)
-  return 0
+# ack(): the acknowledgement both scripts below make; 1 done, 0 refused (late_acks counted).
+_ACK_FN = """
+local function ack(state, lease, dead, epochs, workers, id, token, worker, epoch)
+  local v = redis.call('HGET', lease, id)
+  if (not v) or cjson.decode(v).token ~= tonumber(token) then
+    redis.call('HINCRBY', state, 'late_acks', 1)
+    return 0
+  end
+  redis.call('HDEL', lease, id); redis.call('ZREM', dead, id)
+  redis.call('HINCRBY', state, 'acked', 1)
+  redis.call('HINCRBY', epochs, epoch, 1)
+  redis.call('HINCRBY', workers, 'acked:' .. worker, 1)
+  redis.call('HSETNX', workers, 'first:' .. worker, tostring(now))
+  redis.call('HSET', workers, 'last:' .. worker, tostring(now))
+  return 1
 end
-redis.call('HDEL', KEYS[2], ARGV[1]); redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'acked', 1)
-redis.call('HINCRBY', KEYS[4], ARGV[4], 1)
-redis.call('HINCRBY', KEYS[5], 'acked:' .. ARGV[3], 1)
-redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[3], tostring(now))
-redis.call('HSET', KEYS[5], 'last:' .. ARGV[3], tostring(now))
-return 1
 """
-_ACK = _NOW + _ACK_BODY
+# KEYS: state, lease, dead, epochs, workers. ARGV: item id, token, worker, epoch.
+_ACK = _NOW + _ACK_FN + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+return ack(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+"""
 
 # Acknowledge an item and take the next in one round trip. KEYS: state, pending, lease,
 # dead, workers (the take script's layout), epochs. ARGV: worker, lease_s, item id, token, epoch.
-_ACK_TAKE = _NOW + """
-local acked = 0
+_ACK_TAKE = _NOW + _ACK_FN + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
-local v = redis.call('HGET', KEYS[3], ARGV[3])
-if (not v) or cjson.decode(v).token ~= tonumber(ARGV[4]) then
-  redis.call('HINCRBY', KEYS[1], 'late_acks', 1)
-else
-  redis.call('HDEL', KEYS[3], ARGV[3]); redis.call('ZREM', KEYS[4], ARGV[3])
-  redis.call('HINCRBY', KEYS[1], 'acked', 1)
-  redis.call('HINCRBY', KEYS[6], ARGV[5], 1)
-  redis.call('HINCRBY', KEYS[5], 'acked:' .. ARGV[1], 1)
-  redis.call('HSETNX', KEYS[5], 'first:' .. ARGV[1], tostring(now))
-  redis.call('HSET', KEYS[5], 'last:' .. ARGV[1], tostring(now))
-  acked = 1
-end
+local acked = ack(KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[5], ARGV[3], ARGV[4], ARGV[1], ARGV[5])
 local function take()
 """ + _TAKE_BODY + """
 end
