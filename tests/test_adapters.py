@@ -6,20 +6,23 @@ import numpy as np
 import pytest
 
 import shardfeed as sf
-from shardfeed.adapters.torch import shard_near_source
+from shardfeed.adapters.torch import split_for_reader
 from shardfeed.pipeline import from_list
 
 from .test_pipeline_helpers import SPEC, write_shards
 
 
-def test_shard_is_inserted_just_above_the_source(tmp_path):
+def test_readers_split_the_source_spans_below_every_stage(tmp_path):
     files = write_shards(tmp_path, n_files=1, per_file=10)
     ds = sf.read_tfrecord(files, spec=SPEC).shuffle(4, seed=1).batch(3)
-    parts = [shard_near_source(ds, i, 2) for i in range(2)]
+    parts = [split_for_reader(ds, i, 2) for i in range(2)]
     ids = [sorted(int(v) for b in p for v in b["id"]) for p in parts]
-    assert ids == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
-    assert type(parts[0].parent.parent).__name__ == "ShardDataset"  # batch <- shuffle <- shard
-    assert list(shard_near_source(from_list([1, 2, 3]), 1, 2)) == [2]
+    assert ids == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]  # one file: record ranges through its index
+    src = parts[1].parent.parent  # batch <- shuffle <- source
+    assert type(src).__name__ == "TFRecordSource" and [s.start for s in src.provider.spans] == [5]
+    # a source that cannot split has its elements dealt just above it
+    assert type(split_for_reader(from_list([1, 2, 3]).map(str), 1, 2).parent).__name__ == "ShardDataset"
+    assert list(split_for_reader(from_list([1, 2, 3]), 1, 2)) == [2]
 
 
 def test_torch_dataloader_workers_and_ranks_split_without_duplicates(tmp_path):

@@ -27,7 +27,7 @@ def test_tfrecord_batch_yields_numpy_columns_equal_to_parse_example(tmp_path):
 def test_batch_parses_whole_batches_instead_of_single_records(tmp_path, monkeypatch):
     files = write_shards(tmp_path, n_files=1, per_file=6)
     import shardfeed.pipeline.batch as batch_mod
-    import shardfeed.pipeline.sources as sources_mod
+    import shardfeed.pipeline.records as sources_mod
 
     calls = []
     real = batch_mod.parse_batch
@@ -52,12 +52,14 @@ def test_map_after_tfrecord_sees_parsed_records_and_batch_stacks_them(tmp_path):
     assert b.shape == (4, 2) and b[3].tolist() == [6.0, -6.0]
 
 
-def test_parallel_reads_interleave_files_record_by_record(tmp_path):
+@pytest.mark.parametrize("reads", [None, 1, 2, 3, AUTOTUNE])
+def test_parallel_reads_never_change_the_order(tmp_path, reads):
     files = write_shards(tmp_path, n_files=3, per_file=2)
-    ids = [int(b) for b in np.concatenate([b["id"] for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=3).batch(4)])]
-    assert ids == [0, 1000, 2000, 1, 1001, 2001]
-    auto = sf.read_tfrecord(files, num_parallel_reads=AUTOTUNE)
-    assert sorted(auto) == sorted(sf.read_tfrecord(files))
+    ds = sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
+    ids = [int(b) for b in np.concatenate([b["id"] for b in ds.batch(4)])]
+    assert ids == [0, 1, 1000, 1001, 2000, 2001]
+    assert list(sf.read_tfrecord(files, num_parallel_reads=reads)) == list(sf.read_tfrecord(files))
+    assert [int(r["id"]) for r in ds] == ids
 
 
 def test_gzip_tfrecord_reads_same_records(tmp_path):

@@ -28,7 +28,10 @@ def test_read_tfrecord_from_a_queue_yields_every_record_once(tmp_path, backend):
     assert q.take(block=False) is None
 
 
-def test_num_parallel_reads_is_refused_for_a_queue(tmp_path):
-    q = sf.WorkQueue(_files(tmp_path), backend="memory", name="rq2")
-    with pytest.raises(ValueError, match="one item at a time"):
-        sf.read_tfrecord(q, num_parallel_reads=4)
+@pytest.mark.parametrize("reads", [None, 2, 4])
+def test_parallel_reads_on_a_queue_deliver_every_record_once(tmp_path, reads):
+    q = sf.WorkQueue(_files(tmp_path, n=4, per=7), backend="memory", name=f"rq2-{reads}", num_slices=9)
+    ds = sf.read_tfrecord(q, spec={"a": sf.FixedLen("int64")}, num_parallel_reads=reads).batch(3)
+    got = sorted(int(v) for batch in ds for v in batch["a"])
+    assert got == [i * 100 + j for i in range(4) for j in range(7)]
+    assert q.metrics()["drained"]

@@ -1,83 +1,122 @@
 """PyTorch: a shardfeed dataset as a ``torch.utils.data.IterableDataset``.
 
-Each DataLoader worker of each ``torch.distributed`` rank iterates its own part of the
-data: the elements of the first stage above the source are dealt round-robin over
-``world_size * num_workers`` readers (reader ``rank * num_workers + worker_id``), so no
-element is seen twice and none is lost; shuffling, parsing and batching after that point
-happen per reader. Use ``DataLoader(ds.to_torch(), batch_size=None, num_workers=...)``
-when the dataset already batches. With spawn/forkserver workers, the dataset (its map
-functions included) must be picklable, and the script needs a ``__main__`` guard.
+Each DataLoader worker of each ``torch.distributed`` rank reads its own part of the data,
+reader ``rank * num_workers + worker_id`` of ``world_size * num_workers``. The split is
+made on the source's spans (whole files, or record ranges through index files) through the
+declared hook ``Dataset._split``, so each reader fetches only its own bytes; a source that
+cannot split (an in-memory list, say) has its elements dealt round robin just above it.
+Shuffling, parsing and batching happen per reader after the split.
+
+The rank and world size are captured when :func:`to_torch` is called in the rank's main
+process, and travel with the dataset to its workers: spawned workers (the default on
+macOS, and for jobs started with ``torch.multiprocessing.spawn``) cannot see
+``torch.distributed``. The dataset class lives at module level so it pickles; with
+spawn/forkserver workers the pipeline (its map functions included) must be picklable, and
+the script needs a ``__main__`` guard.
+
+``state_dict()``/``load_state_dict()`` follow ``torchdata``'s ``StatefulDataLoader``
+protocol: each worker saves the state of its own pipeline and resumes from it.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+import os
+from typing import Any
 
 from ..pipeline.dataset import Dataset, UnaryDataset
 
 
-def reader_index(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        return int(rank), int(world_size)
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither (then they come from torch.distributed "
+                         "or the RANK/WORLD_SIZE environment variables)")
+    from ..distributed.ranks import resolve_slice  # noqa: PLC0415
+
+    return resolve_slice()
+
+
+def reader_index(rank: int = 0, world_size: int = 1) -> tuple[int, int]:
     """``(index, count)`` of the calling reader among all DataLoader workers of all ranks."""
-    import torch.distributed as dist  # noqa: PLC0415
     from torch.utils.data import get_worker_info  # noqa: PLC0415
 
-    if rank is None or world_size is None:
-        if dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world_size = 0, 1
     info = get_worker_info()
     wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
     return rank * nw + wid, world_size * nw
 
 
-def shard_near_source(ds: Dataset, index: int, count: int) -> Dataset:
-    """``ds`` with ``.shard(index, count)`` inserted just above its source, when the chain
-    has one upstream per stage (so records are dealt before they are parsed or shuffled);
-    otherwise ``ds.shard(index, count)``."""
-    if count == 1:
+def split_for_reader(ds: Dataset, index: int, count: int, threads: int | None = None) -> Dataset:
+    """``ds`` with its source replaced by reader ``index`` of ``count``'s share (split on
+    spans, see ``Dataset._split``), or, when the source cannot split, with
+    ``.shard(index, count)`` inserted just above it (elements dealt before they are parsed
+    or shuffled). ``threads`` caps the source's own threads (several readers share the cores)."""
+    if count == 1 and threads is None:
         return ds
     chain = []
     node = ds
     while isinstance(node, UnaryDataset):
         chain.append(node)
         node = node.parent
-    if not chain:
-        return ds.shard(index, count)
-    rebuilt = node.shard(index, count)
+    split = node._split(index, count, threads)
+    if split is None:
+        if count == 1:
+            return ds
+        if not chain:
+            return ds.shard(index, count)
+        from ..pipeline.slicing import ShardDataset  # noqa: PLC0415
+
+        split = ShardDataset(node, index, count)
     for stage in reversed(chain):
         clone = copy.copy(stage)
         clone.__dict__.pop("_passes", None)
         clone.__dict__.pop("_last_stats", None)
-        clone.parent = rebuilt
-        rebuilt = clone
-    return rebuilt
+        clone.parent = split
+        split = clone
+    return split
+
+
+shard_near_source = split_for_reader  # the earlier name
+
+
+def _torch_dataset_class() -> type:
+    from ._torch_dataset import ShardfeedIterableDataset  # noqa: PLC0415 - imports torch
+
+    return ShardfeedIterableDataset
 
 
 def to_torch(ds: Dataset, rank: int | None = None, world_size: int | None = None) -> Any:
     """A ``torch.utils.data.IterableDataset`` over ``ds``, split across DataLoader workers
-    and distributed ranks without duplicates. ``rank``/``world_size`` default to
-    ``torch.distributed``'s when it is initialized, else 0/1. Raises ``ImportError`` with
-    an install hint when PyTorch is missing."""
+    and distributed ranks without duplicates, each reader fetching only its share.
+    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialized, else
+    ``RANK``/``WORLD_SIZE`` and the like, else 0/1; they are fixed here, in the calling
+    process. Raises ``ImportError`` with an install hint when PyTorch is missing."""
     try:
-        import torch.utils.data  # noqa: PLC0415
+        cls = _torch_dataset_class()
     except ImportError as exc:
         raise ImportError("to_torch needs PyTorch: pip install torch") from exc
+    r, w = _rank_and_world(rank, world_size)
+    return cls(ds, r, w)
 
-    class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
-        def __init__(self) -> None:
-            self.dataset = ds
 
-        def __iter__(self) -> Iterator[Any]:
-            index, count = reader_index(rank, world_size)
-            it = iter(shard_near_source(self.dataset, index, count))
-            try:
-                yield from it
-            finally:
-                it.close()
+def worker_threads(num_workers: int) -> int | None:
+    """Threads each of ``num_workers`` reader processes may use: the cores shared out."""
+    if num_workers <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // num_workers)
 
-        def __repr__(self) -> str:
-            return f"ShardfeedIterableDataset({self.dataset!r})"
 
-    return ShardfeedIterableDataset()
+def pipeline_for_worker(ds: Dataset, rank: int, world_size: int) -> tuple[Dataset, int, int]:
+    """The pipeline the calling DataLoader worker (or main process) iterates."""
+    index, count = reader_index(rank, world_size)
+    from torch.utils.data import get_worker_info  # noqa: PLC0415
+
+    info = get_worker_info()
+    threads = worker_threads(info.num_workers) if info is not None else None
+    return split_for_reader(ds, index, count, threads), index, count
+
+
+__all__ = ["to_torch", "reader_index", "split_for_reader", "shard_near_source", "pipeline_for_worker"]

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import storage
-from ..storage.urls import mask, parse_url
+from ..formats.index import index_url_of, load_index
+from ..storage.urls import mask
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ class WorkItem:
     start: int | None = None
     stop: int | None = None
     offset: int | None = None
+    end: int | None = None
     id: str = ""
     epoch: int = 0
     index: int = 0
@@ -62,15 +63,18 @@ class WorkItem:
             d["start"], d["stop"] = self.start, self.stop
         if self.offset is not None:
             d["offset"] = self.offset
+        if self.end is not None:
+            d["end"] = self.end
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], **extra: Any) -> "WorkItem":
         if not isinstance(d, Mapping) or not isinstance(d.get("work"), str):
             raise ValueError(f"not a work item: {d!r:.200}")
-        start, stop, off = d.get("start"), d.get("stop"), d.get("offset")
+        start, stop, off, end = d.get("start"), d.get("stop"), d.get("offset"), d.get("end")
         return cls(d["work"], str(d.get("kind", "file")), None if start is None else int(start),
-                   None if stop is None else int(stop), None if off is None else int(off), **extra)
+                   None if stop is None else int(stop), None if off is None else int(off),
+                   None if end is None else int(end), **extra)
 
 
 def is_table(url: str) -> bool:
@@ -95,21 +99,6 @@ def apply_prefix(works: Iterable[Any], prefix: str | None) -> list[str]:
 def digest(obj: Any) -> str:
     """A short stable digest of a JSON-able object (sha256, 16 hex digits)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def index_url_of(url: str) -> str:
-    return url.split("?", 1)[0] + ".idx" if parse_url(url).protocol not in ("http", "https") else url + ".idx"
-
-
-def load_index(url: str, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """The index (``(records, 2)`` array of offset, length) of ``url``, or ``None`` when
-    it has no index file."""
-    from ..formats.index import read_index  # noqa: PLC0415
-
-    idx = index_url_of(url)
-    if storage.exists(idx, storage_options):
-        return read_index(idx, storage_options)
-    return None
 
 
 def count_records(url: str, storage_options: Mapping[str, Any] | None = None, scan: bool = False) -> int:
@@ -170,7 +159,8 @@ class Units:
             return WorkItem(url, "rows", start, stop)
         index = self.index[url]
         offset = int(index[start, 0]) if start < len(index) else None
-        return WorkItem(url, "records", start, stop, offset)
+        end = int(index[stop - 1, 0] + index[stop - 1, 1]) if 0 < stop <= len(index) else None
+        return WorkItem(url, "records", start, stop, offset, end)
 
 
 def row_counter_of(row_counts: Mapping[str, int] | RowCounter | None) -> RowCounter | None:

@@ -1,11 +1,15 @@
-"""Reading work items into the pipeline: the records of a file or of a record range, from
-a static shard (:func:`read_shard`) or from what a worker takes off a :class:`WorkQueue`
-(:func:`read_queue`, which ``sf.read_tfrecord(queue, ...)`` calls).
+"""Reading work items into the pipeline: the distributed layer's span providers.
 
-A queue reader acknowledges an item once its last record was delivered (when the record
-after it is asked for, or at the end), renews the item's lease while records flow, stops
-an item at once if its lease was lost (another worker now reads it), and gives back the
-item it holds when the pass is closed early.
+Work items (whole files or record ranges) become :class:`~shardfeed.pipeline.spans.Span`
+s, and the one TFRecord source (:mod:`shardfeed.pipeline.records`) reads them: a static
+shard (:func:`read_shard`, a :class:`~shardfeed.pipeline.spans.StaticSpans` of the rank's
+plan) or what a worker takes off a :class:`WorkQueue` (:class:`QueueSpans`, which
+``sf.read_tfrecord(queue, ...)`` uses).
+
+The queue provider acknowledges an item once its last record was delivered (together with
+the next take: one round trip), renews its lease while its records are read, stops an
+item at once if its lease was lost (another worker has it now), and gives back the items
+it holds when the pass is closed early.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from ..errors import DecodeError, ParseError
-from ..formats.example import parse_single_example
-from ..formats.spec import FeatureSpec, normalize_spec
-from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, TFRecordReader, normalize_compression
+from ..formats.index import load_index
+from ..formats.spec import FeatureSpec
+from ..formats.tfrecord import ReadStats
+from ..pipeline.records import TFRecordSource
 from ..pipeline.sources import SourceDataset
+from ..pipeline.spans import Span, StaticSpans
 from ..storage.urls import mask
-from .items import RowCounter, WorkItem, load_index
+from .items import RowCounter, WorkItem
 from .ranks import resolve_slice
 from .sharding import equal_counts, plan_shards, plan_sizes
 
@@ -33,82 +38,32 @@ logger = logging.getLogger(__name__)
 OpenItem = Callable[[WorkItem], Iterator[Any]]
 
 
-class _Options:
-    """How records are read and parsed (shared by the item datasets)."""
-
-    def __init__(self, spec: Mapping[str, FeatureSpec] | None, compression: str | None, verify_crc: bool,
-                 on_corrupt: str, storage_options: Mapping[str, Any] | None, open_item: OpenItem | None) -> None:
-        if on_corrupt not in ON_CORRUPT:
-            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
-        normalize_compression(compression)
-        self.spec = normalize_spec(spec) if spec is not None else None
-        self.compression = compression
-        self.verify_crc = verify_crc
-        self.on_corrupt = on_corrupt
-        self.storage_options = storage_options
-        self.open_item = open_item
-        self.read_stats = ReadStats()
-
-
-class _ItemCursor:
-    """The records of one item, with the byte offset and count of what was delivered."""
-
-    def __init__(self, item: WorkItem, o: _Options, offset: int | None = None, delivered: int = 0) -> None:
-        self.item = item
-        self.delivered = delivered
-        self.reader: TFRecordReader | None = None
-        self.custom: Iterator[Any] | None = None
-        self.bytes = 0
-        if item.kind == "rows" or o.open_item is not None:
-            if o.open_item is None:
-                raise ValueError(f"{mask(item.work)} is a table item: read it with sf.read_table(queue, ...) "
-                                 "or pass open_item=<function item -> rows>")
-            self.custom = iter(o.open_item(item))
-            for _ in range(delivered):
-                next(self.custom)
-            self.left = None
-            return
-        start = item.start or 0
-        self.left = None if item.stop is None else item.stop - start - delivered
+def item_span(item: WorkItem, storage_options: Mapping[str, Any] | None = None,
+              indexes: dict[str, Any] | None = None) -> Span:
+    """The span of a TFRecord work item: the whole file, or its record range (byte offsets
+    from the item, else from the file's index). Raises ``ValueError`` for a table item."""
+    if item.kind == "rows":
+        raise ValueError(f"{mask(item.work)} is a table item: read it with sf.read_table(queue, ...) "
+                         "or pass open_item=<function item -> rows>")
+    if item.start is None and item.stop is None:
+        return Span(item.work, item.offset or 0, item.end, handle=item)
+    start = item.start or 0
+    offset, end = item.offset, item.end
+    if (offset is None and start > 0) or (end is None and item.stop is not None):
+        cache = indexes if indexes is not None else {}
+        if item.work not in cache:
+            cache[item.work] = load_index(item.work, storage_options)
+        index = cache[item.work]
+        if index is None:
+            raise ValueError(f"{mask(item.work)}: a record range needs the file's index (.idx); "
+                             "run `shardfeed index FILES` or sf.build_index(url)")
+        n = len(index)
         if offset is None:
-            offset = item.offset if item.offset is not None else (0 if start == 0 else -1)
-        if offset == -1:  # a range given without its byte offset: look it up in the index
-            index = load_index(item.work, o.storage_options)
-            if index is None:
-                raise ValueError(f"{mask(item.work)}: a record range needs the file's index (.idx)")
-            offset = int(index[start, 0]) if start < len(index) else None
-        self.offset = offset or 0
-        if offset is None or (self.left is not None and self.left <= 0):
-            self.left = 0
-            return
-        self.reader = TFRecordReader(item.work, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
-                                     start_offset=offset or 0, start_index=start + delivered)
-
-    def next(self) -> Any:
-        """The next record, or ``StopIteration`` at the item's end."""
-        if self.custom is not None:
-            x = next(self.custom)
-            self.delivered += 1
-            return x
-        if self.left == 0 or self.reader is None:
-            raise StopIteration
-        record = next(self.reader)
-        n = len(record) + FRAME_OVERHEAD
-        self.offset = self.reader.offset + n
-        self.bytes += n
-        self.delivered += 1
-        if self.left is not None:
-            self.left -= 1
-        return record
-
-    def close(self, stats: ReadStats) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            stats.merge(self.reader.stats)
-            self.reader = None
-        close = getattr(self.custom, "close", None)
-        if close is not None:
-            close()
+            offset = int(index[start, 0]) if start < n else (int(index[-1].sum()) if n else 0)
+        if end is None and item.stop is not None:
+            stop = min(item.stop, n)
+            end = int(index[stop - 1].sum()) if stop > 0 else 0
+    return Span(item.work, offset or 0, end, start, item.stop, handle=item)
 
 
 def iter_item_records(
@@ -121,86 +76,76 @@ def iter_item_records(
 ) -> Iterator[Any]:
     """The serialized records of one item: a whole TFRecord file or a record range (rows
     of a table item through ``open_item``). Acknowledging is the caller's business."""
-    o = _Options(None, compression, verify_crc, on_corrupt, storage_options, open_item)
-    cursor = _ItemCursor(item, o)
+    if open_item is not None or item.kind == "rows":
+        if open_item is None:
+            item_span(item)  # raises, naming the fix
+        yield from open_item(item)  # type: ignore[misc]
+        return
+    span = item_span(item, storage_options)
+    src = TFRecordSource(StaticSpans([span]), None, compression, verify_crc, on_corrupt, storage_options, None)
+    it = iter(src)
     try:
-        while True:
-            try:
-                yield cursor.next()
-            except StopIteration:
-                return
+        yield from it
     finally:
-        cursor.close(o.read_stats)
-
-
-def _parse(record: Any, o: _Options, raw: bool, cursor: _ItemCursor) -> Any:
-    if o.spec is None or raw or not isinstance(record, (bytes, bytearray, memoryview)):
-        return record
-    try:
-        return parse_single_example(record, o.spec)
-    except (DecodeError, ParseError) as exc:
-        exc.add_note(f"in record #{(cursor.item.start or 0) + cursor.delivered - 1} of {mask(cursor.item.work)}")
-        raise
+        it.close()
 
 
 # -- a fixed list of items (static shards) -----------------------------------------------------
-class _ItemsReader:
-    def __init__(self, ds: "ItemsDataset", state: Mapping[str, Any] | None, raw: bool) -> None:
-        self.ds, self.raw = ds, raw
+class _CustomItemsReader:
+    """Items read by a caller's ``open_item`` (table rows, say); resumes by item and count."""
+
+    bytes_read = 0
+
+    def __init__(self, items: Sequence[WorkItem], open_item: OpenItem, state: Mapping[str, Any] | None) -> None:
+        self.items, self.open_item = items, open_item
         self.k = int(state["item"]) if state else 0
-        self.cursor: _ItemCursor | None = None
-        if state and self.k < len(ds.items):
-            self.cursor = _ItemCursor(ds.items[self.k], ds.o, state.get("offset"), int(state.get("delivered", 0)))
-        self.bytes_read = 0
+        self.delivered = int(state.get("delivered", 0)) if state else 0
+        self.it: Iterator[Any] | None = None
+        if self.delivered and self.k < len(items):
+            self.it = iter(open_item(items[self.k]))
+            for _ in range(self.delivered):
+                next(self.it)
 
     def __next__(self) -> Any:
         while True:
-            if self.cursor is None:
-                if self.k >= len(self.ds.items):
+            if self.it is None:
+                if self.k >= len(self.items):
                     raise StopIteration
-                self.cursor = _ItemCursor(self.ds.items[self.k], self.ds.o)
-            before = self.cursor.bytes
+                self.it, self.delivered = iter(self.open_item(self.items[self.k])), 0
             try:
-                record = self.cursor.next()
+                x = next(self.it)
             except StopIteration:
-                self.cursor.close(self.ds.o.read_stats)
-                self.cursor = None
+                self.close()
                 self.k += 1
                 continue
-            self.bytes_read += self.cursor.bytes - before
-            return _parse(record, self.ds.o, self.raw, self.cursor)
+            self.delivered += 1
+            return x
 
     def get_state(self) -> dict:
-        c = self.cursor
-        if c is None:
-            return {"item": self.k}
-        return {"item": self.k, "delivered": c.delivered, "offset": getattr(c, "offset", None)}
+        return {"item": self.k, "delivered": self.delivered}
 
     def close(self) -> None:
-        if self.cursor is not None:
-            self.cursor.close(self.ds.o.read_stats)
-            self.cursor = None
+        close = getattr(self.it, "close", None)
+        if close is not None:
+            close()
+        self.it = None
 
 
-class ItemsDataset(SourceDataset):
-    """The records of a list of items (whole files or record ranges), in order; resumes
-    by ``(item, byte offset)``."""
+class CustomItemsDataset(SourceDataset):
+    """What ``open_item`` yields for each of a list of items, in order."""
 
     kind = "items"
 
-    def __init__(self, items: Sequence[WorkItem], o: _Options) -> None:
+    def __init__(self, items: Sequence[WorkItem], open_item: OpenItem) -> None:
         self.items = list(items)
-        self.o = o
-        self.read_stats = o.read_stats
+        self.open_item = open_item
+        self.read_stats = ReadStats()
 
-    def _deferred_spec(self) -> Mapping[str, FeatureSpec] | None:
-        return self.o.spec
-
-    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _ItemsReader:
-        return _ItemsReader(self, state, raw)
+    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _CustomItemsReader:
+        return _CustomItemsReader(self.items, self.open_item, state)
 
     def __repr__(self) -> str:
-        return f"ItemsDataset({len(self.items)} items)"
+        return f"CustomItemsDataset({len(self.items)} items)"
 
 
 def read_shard(
@@ -220,9 +165,12 @@ def read_shard(
     on_corrupt: str = "raise",
     storage_options: Mapping[str, Any] | None = None,
     open_item: OpenItem | None = None,
+    num_parallel_reads: int | None = -1,
 ) -> "Dataset":
     """The records of this worker's static shard of ``works`` (see
-    :func:`~shardfeed.distributed.sharding.plan_shards` for ``by``/``strategy``/``seed``).
+    :func:`~shardfeed.distributed.sharding.plan_shards` for ``by``/``strategy``/``seed``),
+    read by the TFRecord source over the rank's spans (only this rank's bytes are fetched;
+    ``num_parallel_reads`` as in ``sf.read_tfrecord``, default ``AUTOTUNE``).
 
     ``equal_steps``: ``"pad"`` (repeat this rank's records up to the largest share) or
     ``"min"`` (stop at the smallest), so that every rank yields the same number of
@@ -232,8 +180,17 @@ def read_shard(
     slice_id, slice_count = resolve_slice(slice_id, slice_count)
     plan = plan_shards(works, slice_count, by=by, strategy=strategy, seed=seed, prefix=prefix,
                        row_counts=row_counts, storage_options=storage_options)
-    ds: Any = ItemsDataset(plan[slice_id], _Options(spec, compression, verify_crc, on_corrupt, storage_options,
-                                                     open_item))
+    mine = plan[slice_id]
+    ds: Any
+    if open_item is not None or any(it.kind == "rows" for it in mine):
+        if open_item is None:
+            item_span(next(it for it in mine if it.kind == "rows"))  # raises, naming the fix
+        ds = CustomItemsDataset(mine, open_item)  # type: ignore[arg-type]
+    else:
+        indexes: dict[str, Any] = {}
+        spans = [item_span(it, storage_options, indexes) for it in mine]
+        ds = TFRecordSource(StaticSpans(spans), spec, compression, verify_crc, on_corrupt, storage_options,
+                            num_parallel_reads)
     if equal_steps is not None:
         sizes = plan_sizes(plan, row_counts, storage_options)
         target = equal_counts(sizes, equal_steps)
@@ -244,27 +201,96 @@ def read_shard(
 
 
 # -- what a worker takes off a queue --------------------------------------------------------------
-class _QueueReader:
-    """Takes items, yields their records (or the items themselves), acks each at its end."""
+class _QueueStream:
+    """One pass over a queue: spans of the items this worker takes, until it is drained."""
 
-    def __init__(self, ds: "QueueItemsDataset | QueueRecordsDataset", raw: bool, records: bool) -> None:
-        self.ds, self.raw, self.records = ds, raw, records
-        self.q: WorkQueue = ds.queue
-        self.item: WorkItem | None = None
-        self.cursor: _ItemCursor | None = None
-        self.renewed = 0.0
+    def __init__(self, provider: "QueueSpans") -> None:
+        self.q = provider.queue
+        self.storage_options = provider.storage_options
         self.taken = 0
-        self.bytes_read = 0
-        self.done = False
+        self.held: dict[str, WorkItem] = {}  # taken, not finished
         self.to_ack: WorkItem | None = None
+        self.renewed: dict[str, float] = {}
+        self.done = False
+        self.indexes: dict[str, Any] = {}
 
-    def _finish(self, ack: bool) -> None:
-        item, self.item = self.item, None
-        if self.cursor is not None:
-            self.cursor.close(self.ds.o.read_stats)
-            self.cursor = None
-        if item is not None and ack and self.ds.auto_ack:
-            self.to_ack = item  # acknowledged together with the next take: one round trip
+    def next_span(self, block: bool = True) -> Span | None:
+        if self.done:
+            return None
+        done, self.to_ack = self.to_ack, None
+        item = self.q.ack_and_take(done, block=block) if done is not None else self.q.take(block=block)
+        if item is None:
+            self.done = block  # not blocking, None may only mean "nothing free right now"
+            return None
+        self.taken += 1
+        self.held[item.id] = item
+        self.renewed[item.id] = time.monotonic()
+        return item_span(item, self.storage_options, self.indexes)
+
+    def get_state(self) -> dict:
+        # The queue is the checkpoint (WorkQueue.get_state); a resumed pass takes afresh.
+        return {"taken": self.taken}
+
+    def finish(self, span: Span) -> None:
+        item = span.handle
+        if self.held.pop(item.id, None) is None:
+            return
+        self.renewed.pop(item.id, None)
+        if self.to_ack is not None:  # two finished before the next take: acknowledge the first now
+            self.q.ack(self.to_ack)
+        self.to_ack = item  # acknowledged together with the next take: one round trip
+
+    def keep(self, span: Span) -> bool:
+        item = span.handle
+        now = time.monotonic()
+        if now - self.renewed.get(item.id, now) <= self.q.lease_timeout / 4:
+            return True
+        self.renewed[item.id] = now
+        if self.q.renew(item):
+            return True
+        logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker that has it now",
+                       self.q.name, item.id, mask(item.work))
+        self.held.pop(item.id, None)
+        return False
+
+    def close(self) -> None:
+        done, self.to_ack = self.to_ack, None
+        if done is not None:
+            self.q.ack(done)
+        held, self.held = self.held, {}
+        for item in held.values():
+            try:
+                self.q.release(item)
+            except Exception:  # noqa: BLE001 - closing goes on; the lease expires anyway
+                logger.warning("work queue %r: could not give back item %s", self.q.name, item.id, exc_info=True)
+
+
+class QueueSpans:
+    """The span provider of a :class:`WorkQueue`: each pass takes items until drained."""
+
+    def __init__(self, queue: "WorkQueue", storage_options: Mapping[str, Any] | None = None) -> None:
+        self.queue = queue
+        self.storage_options = storage_options
+
+    def open(self, state: Any, epoch: tuple) -> _QueueStream:
+        return _QueueStream(self)
+
+    def __repr__(self) -> str:
+        return f"QueueSpans({self.queue!r})"
+
+
+class _QueueItemsReader:
+    """The items themselves (or what ``open_item`` makes of them), each acknowledged at its end."""
+
+    bytes_read = 0
+
+    def __init__(self, queue: "WorkQueue", auto_ack: bool, open_item: OpenItem | None) -> None:
+        self.q, self.auto_ack, self.open_item = queue, auto_ack, open_item
+        self.item: WorkItem | None = None
+        self.it: Iterator[Any] | None = None
+        self.to_ack: WorkItem | None = None
+        self.taken = 0
+        self.done = False
 
     def _take(self) -> bool:
         done, self.to_ack = self.to_ack, None
@@ -272,48 +298,38 @@ class _QueueReader:
         if item is None:
             self.done = True
             return False
-        self.item, self.taken, self.renewed = item, self.taken + 1, time.monotonic()
-        if self.records:
-            self.cursor = _ItemCursor(item, self.ds.o)
+        self.item, self.taken = item, self.taken + 1
+        if self.open_item is not None:
+            self.it = iter(self.open_item(item))
         return True
 
+    def _finish(self) -> None:
+        item, self.item, self.it = self.item, None, None
+        if item is not None and self.auto_ack:
+            self.to_ack = item
+
     def __next__(self) -> Any:
-        if not self.records:
-            self._finish(ack=True)
+        if self.open_item is None:
+            self._finish()
             if self.done or not self._take():
                 raise StopIteration
             return self.item
         while True:
             if self.item is None and (self.done or not self._take()):
                 raise StopIteration
-            now = time.monotonic()
-            if now - self.renewed > self.q.lease_timeout / 4:
-                self.renewed = now
-                if not self.q.renew(self.item):
-                    logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker "
-                                   "that has it now", self.q.name, self.item.id, mask(self.item.work))
-                    self._finish(ack=False)
-                    continue
-            cursor = self.cursor
-            before = cursor.bytes
             try:
-                record = cursor.next()
+                return next(self.it)  # type: ignore[arg-type]
             except StopIteration:
-                self._finish(ack=True)
-                continue
-            self.bytes_read += cursor.bytes - before
-            return _parse(record, self.ds.o, self.raw, cursor)
+                self._finish()
 
     def get_state(self) -> dict:
-        # The queue is the checkpoint (WorkQueue.get_state); a resumed pass takes afresh.
         return {"taken": self.taken}
 
     def close(self) -> None:
         done, self.to_ack = self.to_ack, None
         if done is not None:
             self.q.ack(done)
-        item = self.item
-        self._finish(ack=False)
+        item, self.item = self.item, None
         if item is not None:
             try:
                 self.q.release(item)
@@ -322,41 +338,22 @@ class _QueueReader:
 
 
 class QueueItemsDataset(SourceDataset):
-    """The items a worker takes off ``queue`` until it is drained (see ``WorkQueue.dataset``)."""
+    """The items a worker takes off ``queue`` until it is drained (see ``WorkQueue.dataset``),
+    or, with ``open_item``, what that function yields for each item."""
 
     kind = "workqueue"
 
-    def __init__(self, queue: "WorkQueue", auto_ack: bool = True) -> None:
+    def __init__(self, queue: "WorkQueue", auto_ack: bool = True, open_item: OpenItem | None = None) -> None:
         self.queue = queue
         self.auto_ack = auto_ack
-        self.o = _Options(None, None, True, "raise", None, None)
+        self.open_item = open_item
+        self.read_stats = ReadStats()
 
-    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _QueueReader:
-        return _QueueReader(self, raw, records=False)
+    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _QueueItemsReader:
+        return _QueueItemsReader(self.queue, self.auto_ack, self.open_item)
 
     def __repr__(self) -> str:
         return f"{self.queue!r}.dataset()"
-
-
-class QueueRecordsDataset(SourceDataset):
-    """The records of the items a worker takes off ``queue`` (see :func:`read_queue`)."""
-
-    kind = "workqueue_records"
-    auto_ack = True
-
-    def __init__(self, queue: "WorkQueue", o: _Options) -> None:
-        self.queue = queue
-        self.o = o
-        self.read_stats = o.read_stats
-
-    def _deferred_spec(self) -> Mapping[str, FeatureSpec] | None:
-        return self.o.spec
-
-    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _QueueReader:
-        return _QueueReader(self, raw, records=True)
-
-    def __repr__(self) -> str:
-        return f"read_queue({self.queue!r})"
 
 
 def read_queue(
@@ -367,13 +364,18 @@ def read_queue(
     on_corrupt: str = "raise",
     storage_options: Mapping[str, Any] | None = None,
     open_item: OpenItem | None = None,
-) -> QueueRecordsDataset:
+    num_parallel_reads: int | None = -1,
+) -> "Dataset":
     """A dataset of the records of the items this worker takes off ``queue``: whole
-    TFRecord files or record ranges (``open_item(item)`` reads other kinds, such as table
-    row ranges). Parsed with ``spec`` like ``sf.read_tfrecord``. Each item is acknowledged
-    after its last record was delivered; its lease is renewed while records flow."""
+    TFRecord files or record ranges, read by the TFRecord source (``open_item(item)``
+    reads other kinds, such as table row ranges). Parsed with ``spec`` like
+    ``sf.read_tfrecord``. Each item is acknowledged after its last record was delivered;
+    its lease is renewed while its records are read."""
     from .workqueue import WorkQueue  # noqa: PLC0415
 
     if not isinstance(queue, WorkQueue):
         raise TypeError(f"read_queue needs a WorkQueue, got {type(queue).__name__}")
-    return QueueRecordsDataset(queue, _Options(spec, compression, verify_crc, on_corrupt, storage_options, open_item))
+    if open_item is not None:
+        return QueueItemsDataset(queue, True, open_item)
+    return TFRecordSource(QueueSpans(queue, storage_options), spec, compression, verify_crc, on_corrupt,
+                          storage_options, num_parallel_reads)

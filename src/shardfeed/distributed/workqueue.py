@@ -198,8 +198,8 @@ class WorkQueue:
             if status == "item":
                 epoch, index = split_id(r["id"])
                 base = self.items[index]
-                item = WorkItem(base.work, base.kind, base.start, base.stop, base.offset, r["id"], epoch, index,
-                                int(r["token"]))
+                item = WorkItem(base.work, base.kind, base.start, base.stop, base.offset, base.end, r["id"], epoch,
+                                index, int(r["token"]))
                 self._held[item.id] = item
                 return item
             if status == "need_epoch":
@@ -262,6 +262,13 @@ class WorkQueue:
         return QueueItemsDataset(self, auto_ack)
 
     input_dataset = dataset
+
+    def span_provider(self, storage_options: Mapping[str, Any] | None = None) -> Any:
+        """The pipeline's span provider over this queue: ``sf.read_tfrecord(queue, spec)``
+        reads the items this worker takes, each acknowledged after its last record."""
+        from .reading import QueueSpans  # noqa: PLC0415
+
+        return QueueSpans(self, storage_options)
 
     def input_producer(self) -> Any:
         """PAI's name: an iterator of the work URLs this worker takes (acknowledged as the

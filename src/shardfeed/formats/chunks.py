@@ -70,17 +70,27 @@ def iter_frame_chunks(
     stats: ReadStats | None = None,
     max_record_bytes: int = MAX_RECORD_BYTES,
     start_offset: int = 0,
+    end_offset: int | None = None,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
-    starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)."""
+    starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
+    and ending before byte ``end_offset`` (``None``: the end of the file). Bytes past
+    ``end_offset`` are never read, so readers of neighbouring record ranges of one file
+    fetch disjoint bytes."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
     chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
-    if comp is None and parse_url(url).is_local:
-        yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset)
+    if end_offset is not None and end_offset <= start_offset:
         return
-    stream = open_stream(url, comp, storage_options, buffer_size=chunk_size)
+    if comp is None and parse_url(url).is_local:
+        yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
+                                  end_offset)
+        return
+    # a bounded range: never buffer past its end
+    buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
+    stream = open_stream(url, comp, storage_options, buffer_size=buffer)
     base = start_offset  # stream offset of buf[0]
+    limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
     index = 0
     tail = b""
     try:
@@ -102,8 +112,13 @@ def iter_frame_chunks(
             got = 0
             broken = False
             while got < need:
+                ask = min(need - got, max(chunk_size, 16 << 20))
+                if limit is not None:
+                    ask = min(ask, limit)
+                    if ask <= 0:
+                        break
                 try:
-                    piece = stream.read(min(need - got, max(chunk_size, 16 << 20)))
+                    piece = stream.read(ask)
                 except (EOFError, zlib.error, gzip.BadGzipFile):
                     # a damaged compressed stream: the frames read so far go out, then the
                     # reference reader re-reads from the first frame not delivered and
@@ -114,6 +129,8 @@ def iter_frame_chunks(
                     break
                 parts.append(piece)
                 got += len(piece)
+                if limit is not None:
+                    limit -= len(piece)
             data = got > 0 and not broken
             buf = parts[0] if len(parts) == 1 else b"".join(parts)
             if not buf and not broken:
@@ -129,7 +146,7 @@ def iter_frame_chunks(
                 # takes over from that frame and raises or skips exactly as it does
                 stream.close()
                 yield from _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes,
-                                           base + consumed, index, chunk_size, stats)
+                                           base + consumed, index, chunk_size, stats, end_offset)
                 return
             tail = buf[consumed:]
             base += consumed
@@ -140,8 +157,9 @@ def iter_frame_chunks(
 
 
 def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes, offset, index,
-                    chunk_size, stats) -> Iterator[FrameChunk]:
-    """The rest of a file from frame ``offset`` on, through the reference reader."""
+                    chunk_size, stats, end_offset=None) -> Iterator[FrameChunk]:
+    """The rest of a file (up to the frame starting at or after ``end_offset``) from frame
+    ``offset`` on, through the reference reader."""
     reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
                             max_record_bytes=max_record_bytes, start_offset=offset, start_index=index)
     with reader:
@@ -150,6 +168,10 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
             positions: list[int] = []
             size = 0
             for record in reader:
+                if end_offset is not None and reader.offset >= end_offset:
+                    stats.records -= 1  # counted by the reader, but it belongs to the next range
+                    stats.bytes -= len(record) + 16
+                    break
                 pending.append(record)
                 positions.append(reader.offset)
                 size += len(record)
@@ -162,7 +184,8 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
             stats.merge(reader.stats)
 
 
-def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start) -> Iterator[FrameChunk]:
+def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
+                   end_offset=None) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced.
 
@@ -174,12 +197,14 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size == 0:
+            if size == 0 or start >= size:
                 return
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as exc:
         raise _translate(exc, url, "open") from exc
     view = memoryview(mm)
+    if end_offset is not None:
+        size = min(size, end_offset)  # the range ends here: scan no further
     pos = start
     index = 0
     released = 0  # pages below this offset were handed back
@@ -207,7 +232,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
         pos += consumed
         if error is not None or (end == size and pos < size):
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
-                                       chunk_size, stats)
+                                       chunk_size, stats, end_offset)
             return
 
 

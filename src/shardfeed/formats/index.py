@@ -7,6 +7,7 @@ footer), the format DALI's TFRecord reader takes.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 from typing import Any, Mapping
@@ -17,6 +18,8 @@ from .. import storage
 from ..errors import CorruptRecordError, ShardfeedError
 from ..storage.urls import mask
 from .crc import masked_crc32c, masked_length_crc
+
+logger = logging.getLogger(__name__)
 
 
 def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -126,3 +129,76 @@ class IndexedTFRecord:
             if masked_crc32c(data) != data_crc:
                 raise CorruptRecordError("data crc", mask(self.url), offset, i)
         return data
+
+
+# -- finding, building and caching the index of a shard ------------------------------------
+def index_url_of(url: str) -> str:
+    """Where the index of ``url`` lives beside it: ``<url>.idx`` (before any query string,
+    except for http(s), whose query is part of the object's address)."""
+    from ..storage.urls import parse_url  # noqa: PLC0415
+
+    url = os.fspath(url)
+    if parse_url(url).protocol in ("http", "https"):
+        return url + ".idx"
+    return url.split("?", 1)[0] + ".idx"
+
+
+def cache_dir() -> str:
+    """The folder for indexes that cannot be written beside their shard:
+    ``$SHARDFEED_CACHE_DIR/index`` (default ``~/.cache/shardfeed/index``)."""
+    root = os.environ.get("SHARDFEED_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "shardfeed")
+    return os.path.join(root, "index")
+
+
+def _cached_index_path(url: str, storage_options: Mapping[str, Any] | None) -> str:
+    import hashlib  # noqa: PLC0415
+
+    # keyed by the shard's address and size, so a rewritten shard never meets a stale index
+    size = storage.size(url, storage_options)
+    key = hashlib.sha256(f"{url}\0{size}".encode()).hexdigest()[:32]
+    return os.path.join(cache_dir(), key + ".idx")
+
+
+def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False) -> np.ndarray | None:
+    """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
+    or the index cache; ``None`` when there is none and ``build`` is false.
+
+    With ``build=True`` a missing index is made by scanning the shard once (the native
+    frame scan) and saved beside it, or in :func:`cache_dir` when the storage is
+    read-only, so later readers and later passes find it. Compressed shards have no
+    index (records cannot be reached without inflating what precedes them): ``ValueError``.
+    """
+    idx = index_url_of(url)
+    if storage.exists(idx, storage_options):
+        return read_index(idx, storage_options)
+    from .tfrecord import normalize_compression  # noqa: PLC0415
+
+    if normalize_compression("auto", url) is not None:
+        if not build:
+            return None
+        raise ValueError(f"{mask(url)}: a compressed shard cannot be split into record ranges (index files "
+                         "address uncompressed TFRecords); give more files than readers, or decompress it")
+    cached = _cached_index_path(url, storage_options)
+    if os.path.exists(cached):
+        return read_index(cached)
+    if not build:
+        return None
+    from .chunks import iter_frame_chunks  # noqa: PLC0415
+    from .tfrecord import format_index  # noqa: PLC0415
+
+    offsets, lengths = [], []
+    for chunk in iter_frame_chunks(url, None, storage_options=storage_options):
+        offsets.append(chunk.positions)
+        lengths.append(chunk.lengths + 16)
+    index = np.stack([np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
+                      np.concatenate(lengths) if lengths else np.zeros(0, np.int64)], axis=1).astype(np.int64)
+    data = format_index(index.tolist())
+    try:
+        storage.write_bytes(idx, data, storage_options)
+        logger.info("built the index of %s (%d records) and saved it as %s", mask(url), len(index), mask(idx))
+    except (PermissionError, OSError, NotImplementedError) as exc:
+        os.makedirs(cache_dir(), exist_ok=True)
+        storage.write_bytes(cached, data)
+        logger.info("built the index of %s (%d records); cannot write beside it (%s), cached as %s",
+                    mask(url), len(index), type(exc).__name__, cached)
+    return index

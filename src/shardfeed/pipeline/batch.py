@@ -1,8 +1,10 @@
 """``batch`` and ``unbatch``.
 
-When the upstream dataset hands out serialized Examples for a spec (a TFRecord source
-with ``spec=``, possibly through shuffle/shard/take/repeat/prefetch/interleave), ``batch``
-asks for the serialized records and parses the whole batch in one
+A parent that can make whole batches itself says so through the declared hook
+``Dataset._batch_node`` (the TFRecord source does: frames straight to the batch parser).
+Otherwise, when the upstream dataset hands out serialized Examples for a spec (a TFRecord
+source with ``spec=``, possibly through shuffle/shard/take/repeat/prefetch/interleave),
+``batch`` asks for the serialized records and parses the whole batch in one
 :func:`~shardfeed.formats.parse.parse_batch` call, straight into numpy columns. Other
 elements are stacked: dicts and tuples column by column, arrays along a new first axis,
 1-D arrays of different lengths into a :class:`~shardfeed.RaggedColumn`.
@@ -14,10 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import DecodeError, ParseError
-from ..formats.chunks import iter_frame_chunks, rebatch_tagged
 from ..formats.parse import parse_batch
-from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..formats.spec import RaggedColumn, SparseColumn
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import Build, Node
@@ -85,12 +84,8 @@ class BatchDataset(UnaryDataset):
         self.bytes_as = bytes_as
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
-        from .sources import TFRecordDataset  # noqa: PLC0415 - sources import this module's users
-
-        parent = self.parent
-        if type(parent) is TFRecordDataset and parent._interleave is None and parent.spec is not None:
-            return _TFRecordBatchNode(b, self, parent, state)
-        return _BatchNode(b, self, state)
+        fused = self.parent._batch_node(b, state, self)
+        return fused if fused is not None else _BatchNode(b, self, state)
 
 
 class _BatchNode(Node):
@@ -120,61 +115,6 @@ class _BatchNode(Node):
 
     def close(self) -> None:
         self.parent.close()
-
-
-class _TFRecordBatchNode(Node):
-    """``read_tfrecord(files, spec).batch(n)`` fused: whole batches of frames straight from
-    the chunked reader to the batch parser, no per-record step. Its state is the source's
-    ``(file, byte offset)`` cursor, so it resumes exactly like the unfused chain."""
-
-    def __init__(self, b: Build, ds: BatchDataset, src: Any, state: Mapping[str, Any] | None) -> None:
-        super().__init__(b, ds)
-        self.src = src
-        self.bytes_as = ds.bytes_as
-        self.fi = int(state["file"]) if state else 0
-        self.offset = int(state["offset"]) if state else 0
-        self._stats: list[ReadStats] = []
-        self._batches = rebatch_tagged(self._chunks(self.fi, self.offset), ds.batch_size, ds.drop_remainder)
-        b.ctx.on_close(self.close)
-
-    def _chunks(self, fi: int, offset: int):
-        src = self.src
-        for i in range(fi, len(src.files)):
-            stats = ReadStats()
-            self._stats.append(stats)
-            for chunk in iter_frame_chunks(src.files[i], src.compression, src.verify_crc, src.on_corrupt,
-                                           src.storage_options, stats=stats, start_offset=offset if i == fi else 0):
-                yield chunk, i
-            self._merge_stats()
-
-    def _next(self) -> Any:
-        batch, fi = next(self._batches)
-        self.fi = fi
-        self.offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
-        try:
-            out = parse_batch(batch, self.src.spec, bytes_as=self.bytes_as)
-        except (DecodeError, ParseError) as exc:
-            if exc.record_index is not None and 0 <= exc.record_index < batch.count:
-                exc.add_note(f"in record at byte offset {int(batch.positions[exc.record_index])} "
-                             f"of {self.src.files[fi]} (or the file before it, for a batch spanning two)")
-            raise
-        self.stats.bytes += nbytes(out)
-        return out
-
-    def _merge_stats(self) -> None:
-        from .sources import _merge_lock  # noqa: PLC0415
-
-        with _merge_lock:
-            for st in self._stats:
-                self.src.read_stats.merge(st)
-        self._stats = []
-
-    def get_state(self) -> dict:
-        return {"file": self.fi, "offset": self.offset}
-
-    def close(self) -> None:
-        self._batches.close()
-        self._merge_stats()
 
 
 class UnbatchDataset(UnaryDataset):

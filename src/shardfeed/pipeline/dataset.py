@@ -45,6 +45,14 @@ class Dataset:
 
         return PipelineIterator(self, state)
 
+    def __getstate__(self) -> dict:
+        # pass counters and statistics stay with the process that made them (a dataset
+        # pickled to a DataLoader worker starts afresh there)
+        d = dict(self.__dict__)
+        d.pop("_passes", None)
+        d.pop("_last_stats", None)
+        return d
+
     def _next_pass(self) -> int:
         with _counter_lock:
             n = self.__dict__.get("_passes", 0)
@@ -62,6 +70,18 @@ class Dataset:
     def _deferred_spec(self) -> Mapping[str, Any] | None:
         """The feature spec when this dataset can hand out serialized Example records for a
         downstream ``batch`` to parse in one call; ``None`` otherwise."""
+        return None
+
+    def _batch_node(self, b: Build, state: Mapping[str, Any] | None, batch: "Dataset") -> Node | None:
+        """The hook a following ``batch`` calls: a node that makes whole batches of this
+        dataset itself (resuming from ``state``, the state such a node gives), or ``None``
+        to let ``batch`` group elements one by one. ``batch`` carries the batch arguments."""
+        return None
+
+    def _split(self, index: int, count: int, threads: int | None = None) -> "Dataset | None":
+        """The hook ``shard`` and the adapters call: reader ``index`` of ``count``'s share of
+        this dataset, split below it so each reader reads only its own part (sources over
+        spans do), or ``None`` to deal elements round robin above it."""
         return None
 
     def stats(self) -> "PipelineStats":
@@ -129,10 +149,16 @@ class Dataset:
         return SkipDataset(self, count)
 
     def shard(self, index: int, count: int) -> "Dataset":
-        """Elements ``index, index + count, index + 2*count, ...`` (worker ``index`` of ``count``)."""
+        """Reader ``index`` of ``count``'s part. On a source that reads spans (TFRecord
+        files and record ranges) the split is made on the spans, so each reader fetches
+        only its own bytes (whole files, or record ranges through index files); elsewhere
+        elements ``index, index + count, index + 2*count, ...``. Either way every element
+        is in exactly one part."""
         from .slicing import ShardDataset  # noqa: PLC0415
 
-        return ShardDataset(self, index, count)
+        ShardDataset(self, index, count)  # validates the arguments
+        split = self._split(index, count)
+        return split if split is not None else ShardDataset(self, index, count)
 
     def prefetch(self, buffer_size: int = AUTOTUNE) -> "Dataset":
         """Produce up to ``buffer_size`` elements ahead in a background thread

@@ -1,0 +1,511 @@
+"""The TFRecord source: the records of the spans a provider yields, through the native
+chunk path. Every way of reading TFRecords (``read_tfrecord`` on files, ``read_shard``, a
+``WorkQueue``, the framework adapters) is this one source over a different provider.
+
+Frames are found in large chunks (:func:`~shardfeed.formats.chunks.iter_frame_chunks`:
+``mmap`` and the native CRC scan for local shards, bounded ranged reads elsewhere) and
+each chunk is tagged with its span, so the state is a cursor: the provider's state at the
+current span and the byte offset after the last record delivered. A following ``batch``
+asks the source for whole batches through the declared hook :meth:`TFRecordSource._batch_node`:
+batches of frames go straight to the batch parser, on ``num_parallel_reads`` threads, in
+order, so the output never depends on the parallelism.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+
+from ..errors import DecodeError, ParseError
+from ..formats.chunks import DEFAULT_CHUNK, FrameChunk, iter_frame_chunks, rebatch_tagged
+from ..formats.example import parse_single_example
+from ..formats.parse import parse_batch
+from ..formats.spec import FeatureSpec, normalize_spec
+from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
+from ..storage.urls import mask, parse_url
+from .dataset import Dataset, positive_int
+from .node import AUTOTUNE, Build, Node
+from .sources import SourceDataset, SourceNode
+from .spans import Span, SpanProvider, StaticSpans
+from .workers import ChunkQueue, Closed, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+RECORD_CHUNK = 1 << 20
+"""Bytes of frames found at once when records are handed out one by one: small enough that
+several spans read ahead hold little, large enough that the scan's cost vanishes."""
+
+READ_AHEAD_BYTES = 64 << 20
+"""Bytes that spans read ahead (remote or compressed shards) may hold together."""
+
+
+class ReadOptions(NamedTuple):
+    """How frames are read: compression (``"auto"``: by file name), CRC checks, the corrupt
+    policy (``"raise"`` or ``"skip"``), storage options, and the chunk size in bytes."""
+
+    compression: str | None = "auto"
+    verify_crc: bool = True
+    on_corrupt: str = "raise"
+    storage_options: Mapping[str, Any] | None = None
+    chunk_size: int = DEFAULT_CHUNK
+
+    def check(self) -> "ReadOptions":
+        if self.on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {self.on_corrupt!r}")
+        normalize_compression(self.compression)
+        return self
+
+
+class _Tag(NamedTuple):
+    """Where a chunk came from: the span's sequence number in the pass, the provider's
+    state at that span, and the span."""
+
+    seq: int
+    pstate: Any
+    span: Span
+
+
+def _needs_read_ahead(span: Span, o: ReadOptions) -> bool:
+    # local uncompressed shards are mapped: nothing to wait for, nothing to read ahead
+    return normalize_compression(o.compression, span.url) is not None or not parse_url(span.url).is_local
+
+
+class _SpanChunks:
+    """The chunks of one pass over a provider's spans, each tagged with a :class:`_Tag`.
+
+    Spans are opened in order and each is finished (acknowledged, for a queue) as soon as
+    all its records were read into the pipeline, before the next is taken. With
+    ``read_ahead`` > 1, remote or compressed spans are read in that many background
+    threads, each a bounded number of bytes ahead (spans ahead are taken without waiting:
+    a queue never blocks on work this reader itself holds), and their chunks still come
+    out in span order.
+    """
+
+    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int) -> None:
+        self.src = src
+        self.o = src.options
+        self.chunk_size = chunk_size
+        self.stream = src.provider.open(state["spans"] if state else None, epoch)
+        self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
+        self.seq = 0
+        self.read_ahead = src.read_ahead
+        self.per_span = max(2 * chunk_size, READ_AHEAD_BYTES // max(1, self.read_ahead))
+        self.pool: WorkerPool | None = None
+        self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
+        self.closed = False
+
+    def _open_next(self, block: bool) -> bool:
+        """Take the next span and start reading it ahead when that helps; false when the
+        provider has none (now, when not ``block``ing)."""
+        pstate = self.stream.get_state()
+        span = self.stream.next_span(block)
+        if span is None:
+            return False
+        start = span.offset
+        if self.resume is not None:
+            key, offset = self.resume
+            self.resume = None
+            if list(key) == span.key():
+                start = max(start, offset)
+        tag = _Tag(self.seq, pstate, span)
+        self.seq += 1
+        q = None
+        if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
+            if self.pool is None:
+                self.pool = WorkerPool(self.read_ahead, "read-ahead")
+            q = ChunkQueue(self.per_span)
+            self.pool.submit(self._fill, span, start, q)
+        self.ahead.append((tag, start, q))
+        return True
+
+    def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
+        o = self.o
+        return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
+                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end)
+
+    def __iter__(self) -> Iterator[tuple[FrameChunk, _Tag]]:
+        ahead = self.ahead
+        while True:
+            if not ahead and not self._open_next(block=True):
+                return
+            # keep spans read ahead while the newest one is read in the background
+            while len(ahead) < self.read_ahead and ahead[-1][2] is not None and self._open_next(block=False):
+                pass
+            tag, start, q = ahead[0]
+            kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))
+            ahead.popleft()
+            if kept:
+                self.stream.finish(tag.span)
+
+    def _local(self, tag: _Tag, start: int) -> Iterator[tuple[FrameChunk, _Tag]]:
+        stats = ReadStats()
+        try:
+            for chunk in self._read(tag.span, start, stats):
+                yield chunk, tag
+                if not self._keep(tag):
+                    return False
+        finally:
+            self.src._merge_stats(stats)
+        return True
+
+    def _queued(self, tag: _Tag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, _Tag]]:
+        while True:
+            kind, x = q.get()
+            if kind == "end":
+                return True
+            if kind == "error":
+                raise x
+            yield x, tag
+            if not self._keep(tag):
+                q.close()
+                return False
+
+    def _keep(self, tag: _Tag) -> bool:
+        if self.stream.keep(tag.span):
+            return True
+        logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
+        return False
+
+    def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
+        """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
+        stats = ReadStats()
+        try:
+            for chunk in self._read(span, start, stats):
+                q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
+            q.put(("end", None), 1)
+        except Closed:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there
+            try:
+                q.put(("error", exc), 1)
+            except Closed:
+                pass
+        finally:
+            self.src._merge_stats(stats)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for _, _, q in self.ahead:
+            if q is not None:
+                q.close()
+        self.ahead.clear()
+        if self.pool is not None:
+            self.pool.close()
+        self.stream.close()
+
+
+def _chunk_bytes(chunk: FrameChunk) -> int:
+    n = chunk.count
+    return int(chunk.offsets[-1] + chunk.lengths[-1] - chunk.offsets[0]) if n else 0
+
+
+def _state(tag: _Tag | None, offset: int, initial: Any) -> Any:
+    if tag is None:
+        return initial
+    return {"spans": tag.pstate, "key": tag.span.key(), "offset": offset}
+
+
+# -- records one by one ---------------------------------------------------------------------
+class _RecordReader:
+    """Hands out the records of the chunks one at a time (parsed with the spec unless the
+    consumer takes serialized records)."""
+
+    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool) -> None:
+        self.src = src
+        self.parse = src.spec is not None and not raw
+        self.chunks = _SpanChunks(src, epoch, state, RECORD_CHUNK)
+        self.it = iter(self.chunks)
+        self.initial = dict(state) if state else None
+        self.tag: _Tag | None = None
+        self.records: list[bytes] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.k = 0
+        self.offset = 0
+        self.bytes_read = 0
+
+    def __next__(self) -> Any:
+        k = self.k
+        while k >= len(self.records):
+            chunk, tag = next(self.it)
+            self.tag = tag
+            self.records = chunk.records()
+            self.starts = chunk.positions.tolist()
+            self.ends = (chunk.positions + chunk.lengths + FRAME_OVERHEAD).tolist()
+            self.k = k = 0
+        record = self.records[k]
+        self.k = k + 1
+        self.bytes_read += len(record) + FRAME_OVERHEAD
+        self.offset = self.ends[k]
+        if not self.parse:
+            return record
+        try:
+            return parse_single_example(record, self.src.spec)
+        except (DecodeError, ParseError) as exc:
+            exc.add_note(f"in record at byte offset {self.starts[k]} of {mask(self.tag.span.url)}")
+            raise
+
+    def get_state(self) -> Any:
+        return _state(self.tag, self.offset, self.initial)
+
+    def close(self) -> None:
+        self.it.close()  # type: ignore[attr-defined]
+        self.chunks.close()
+        self.records, self.starts, self.ends = [], [], []
+
+
+# -- whole batches ------------------------------------------------------------------------
+class _Pending(NamedTuple):
+    result: Any  # a Future, or the parsed batch when parsed in the consumer's thread
+    batch: FrameChunk
+    tag: _Tag
+
+
+class SourceBatchNode(Node):
+    """``source.batch(n)`` fused: batches of frames straight from the chunks to the batch
+    parser, ``threads`` batches parsed at once (the native parser releases the GIL),
+    delivered in order. Its state is the source's cursor, so it resumes exactly like the
+    unfused chain."""
+
+    def __init__(self, b: Build, ds: Any, src: "TFRecordSource", state: Mapping[str, Any] | None) -> None:
+        super().__init__(b, ds)
+        self.src = src
+        self.spec = src.spec
+        self.bytes_as = ds.bytes_as
+        self.initial = dict(state) if state else None
+        self.chunks = _SpanChunks(src, b.epoch, state, src.options.chunk_size)
+        self.batches = rebatch_tagged(iter(self.chunks), ds.batch_size, ds.drop_remainder)
+        self.threads = src.threads
+        self.pool: WorkerPool | None = None
+        self.pending: collections.deque[_Pending] = collections.deque()
+        self.tag: _Tag | None = None
+        self.offset = 0
+        self.exhausted = False
+        if self.threads > 1:
+            self.stats.threaded = True
+            self.stats.parallelism = self.threads
+        b.ctx.on_close(self.close)
+
+    def _parse(self, batch: FrameChunk) -> Any:
+        return parse_batch(batch, self.spec, bytes_as=self.bytes_as)
+
+    def _fill(self) -> None:
+        want = 1 if self.threads <= 1 else 2 * self.threads
+        while not self.exhausted and len(self.pending) < want:
+            try:
+                batch, tag = next(self.batches)
+            except StopIteration:
+                self.exhausted = True
+                break
+            if self.threads <= 1:
+                self.pending.append(_Pending(None, batch, tag))
+                continue
+            if self.pool is None:
+                if self.ctx.closed:
+                    raise RuntimeError("the iterator was closed")
+                self.pool = WorkerPool(self.threads, "parse")
+            self.pending.append(_Pending(self.pool.submit(self._parse, batch), batch, tag))
+
+    def _next(self) -> Any:
+        self._fill()
+        if not self.pending:
+            raise StopIteration
+        fut, batch, tag = self.pending.popleft()
+        try:
+            out = self._parse(batch) if fut is None else fut.result()
+        except (DecodeError, ParseError) as exc:
+            if exc.record_index is not None and 0 <= exc.record_index < batch.count:
+                exc.add_note(f"in record at byte offset {int(batch.positions[exc.record_index])} of "
+                             f"{mask(tag.span.url)} (or the span before it, for a batch spanning two)")
+            raise
+        self.tag = tag
+        self.offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
+        from .batch import nbytes  # noqa: PLC0415 - batch imports this module lazily too
+
+        self.stats.bytes += nbytes(out)
+        return out
+
+    def get_state(self) -> Any:
+        return _state(self.tag, self.offset, self.initial)
+
+    def close(self) -> None:
+        for p in self.pending:
+            if p.result is not None:
+                p.result.cancel()
+        self.pending.clear()
+        if self.pool is not None:
+            self.pool.close()
+        self.batches.close()  # type: ignore[attr-defined]
+        self.chunks.close()
+
+
+# -- the dataset ------------------------------------------------------------------------------
+class TFRecordSource(SourceDataset):
+    """Records of TFRecord spans (whole files or record ranges) from a provider, in the
+    provider's order.
+
+    Without ``spec`` each element is the serialized record (``bytes``); with a ``spec``
+    (``{name: FixedLen|VarLen|Sparse}``) each element is that record parsed into a dict of
+    numpy values, except that a following ``batch`` parses whole batches at once, on
+    ``num_parallel_reads`` threads. ``read_stats`` (a :class:`~shardfeed.ReadStats`)
+    accumulates what every pass read and skipped. The state is a cursor: the provider's
+    state at the current span and a byte offset.
+    """
+
+    kind = "tfrecord"
+
+    def __init__(
+        self,
+        files: Any,
+        spec: Mapping[str, FeatureSpec] | None = None,
+        compression: str | None = "auto",
+        verify_crc: bool = True,
+        on_corrupt: str = "raise",
+        storage_options: Mapping[str, Any] | None = None,
+        num_parallel_reads: int | None = AUTOTUNE,
+    ) -> None:
+        options = ReadOptions(compression, verify_crc, on_corrupt, storage_options).check()
+        self.provider = _provider_of(files, storage_options)
+        self.spec = normalize_spec(spec) if spec is not None else None
+        self.options = options
+        self.num_parallel_reads = positive_int("num_parallel_reads", num_parallel_reads, allow_autotune=True,
+                                               allow_none=True)
+        self.read_stats = ReadStats()
+        self._stats_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        d = super().__getstate__()
+        d.pop("_stats_lock", None)  # locks do not pickle; a copy counts on its own
+        d["read_stats"] = ReadStats()
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._stats_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, provider: SpanProvider, spec: Mapping[str, FeatureSpec] | None = None,
+           options: ReadOptions = ReadOptions(), num_parallel_reads: int | None = AUTOTUNE) -> "TFRecordSource":
+        """The source over ``provider`` with ``options``."""
+        o = options
+        return cls(provider, spec, o.compression, o.verify_crc, o.on_corrupt, o.storage_options, num_parallel_reads)
+
+    # the files of a static provider, as a user who gave a list expects to see them
+    @property
+    def files(self) -> list[str]:
+        urls = getattr(self.provider, "urls", None)
+        if urls is None:
+            raise AttributeError(f"{self.provider!r} has no fixed list of files")
+        return urls
+
+    @property
+    def threads(self) -> int:
+        """Batches parsed at once: ``num_parallel_reads`` (``AUTOTUNE``: one per core)."""
+        n = self.num_parallel_reads
+        if n is None:
+            return 1
+        return max(1, os.cpu_count() or 1) if n == AUTOTUNE else n
+
+    @property
+    def read_ahead(self) -> int:
+        """Remote or compressed spans read at once in background threads."""
+        n = self.num_parallel_reads
+        if n is None or n == 1:
+            return 1
+        return 16 if n == AUTOTUNE else n
+
+    def _merge_stats(self, stats: ReadStats) -> None:
+        with self._stats_lock:
+            self.read_stats.merge(stats)
+
+    def _deferred_spec(self) -> Mapping[str, FeatureSpec] | None:
+        return self.spec
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw))
+
+    def open(self, state: Mapping[str, Any] | None, raw: bool) -> _RecordReader:
+        return _RecordReader(self, (), state, raw)
+
+    def _batch_node(self, b: Build, state: Mapping[str, Any] | None, batch: Dataset) -> Node | None:
+        """The declared hook a following ``batch`` calls: whole batches parsed at once (or
+        ``None`` when there is no spec to parse with)."""
+        if self.spec is None:
+            return None
+        return SourceBatchNode(b, batch, self, state)
+
+    def with_provider(self, provider: SpanProvider, num_parallel_reads: int | None | str = "same") -> "TFRecordSource":
+        """The same source (spec, options) over another provider; ``read_stats`` shared."""
+        out = TFRecordSource.of(provider, None, self.options,
+                                self.num_parallel_reads if num_parallel_reads == "same" else num_parallel_reads)
+        out.spec = self.spec
+        out.read_stats = self.read_stats
+        out._stats_lock = self._stats_lock
+        return out
+
+    def _split(self, index: int, count: int, threads: int | None = None) -> "TFRecordSource | None":
+        """Reader ``index`` of ``count``'s share, split on spans below the source (each
+        reader fetches only its own bytes); ``None`` when the provider cannot split.
+        ``threads`` caps the parse threads of the share (several readers share the cores)."""
+        split = getattr(self.provider, "split", None)
+        if split is None:
+            return None
+        n = self.num_parallel_reads
+        if threads is not None and n == AUTOTUNE:
+            n = threads if threads > 1 else None
+        return self.with_provider(split(index, count, self.options.storage_options), n)
+
+    def __repr__(self) -> str:
+        return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"
+
+
+def _provider_of(files: Any, storage_options: Mapping[str, Any] | None) -> SpanProvider:
+    """A span provider from what a user passes as ``files``: a provider; an object that
+    offers one (``span_provider(storage_options)``, as a ``WorkQueue`` does); or a URL,
+    glob or list of them (whole files, in order)."""
+    offer = getattr(files, "span_provider", None)
+    if callable(offer):
+        return offer(storage_options)
+    if isinstance(files, SpanProvider):
+        return files
+    return StaticSpans([Span(u) for u in expand_files(files, storage_options)])
+
+
+TFRecordDataset = TFRecordSource
+"""The source's earlier name: ``sf.TFRecordDataset(files, spec, ...)`` still works."""
+
+
+def read_tfrecord(
+    files: Any,
+    spec: Mapping[str, FeatureSpec] | None = None,
+    compression: str | None = "auto",
+    verify_crc: bool = True,
+    on_corrupt: str = "raise",
+    storage_options: Mapping[str, Any] | None = None,
+    num_parallel_reads: int | None = AUTOTUNE,
+) -> TFRecordSource:
+    """Read TFRecord files given as a URL, a glob or a list of them (any storage).
+
+    Yields serialized records, or parsed examples when ``spec`` is given (a following
+    ``batch(n)`` parses n records in one call into numpy columns). ``compression`` is
+    ``"auto"`` (by file extension), ``None``, ``"GZIP"`` or ``"ZLIB"``; ``on_corrupt`` is
+    ``"raise"`` (a :class:`~shardfeed.errors.CorruptRecordError` naming file and byte
+    offset) or ``"skip"`` (counted in ``.read_stats``). ``num_parallel_reads``: threads
+    that parse batches at once, and remote or compressed files read ahead at once
+    (``AUTOTUNE``, the default: one parse thread per core, 16 files ahead; ``None``: all
+    in the consumer's thread). The order of records never depends on it: files in the
+    order given, records in file order. Raises ``FileNotFoundError`` at once when a path
+    or glob matches nothing.
+
+    ``files`` may also be a span provider (:mod:`shardfeed.pipeline.spans`) or an object
+    that offers one through ``span_provider(storage_options)``, such as a
+    :class:`~shardfeed.WorkQueue`: the dataset then reads the items (files or record
+    ranges) this worker takes off the queue, acknowledging each after its last record was
+    delivered.
+    """
+    return TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads)

@@ -1,0 +1,211 @@
+"""Spans and the providers that yield them: the seam every record read goes through.
+
+A :class:`Span` is a piece of one file: the whole file, or the frames between two byte
+offsets (a record range, cut through the file's index). A **provider** yields the spans
+of one pass, in order: a static list (:class:`StaticSpans`), a rank's share of one
+(:func:`split_spans`), or, from the distributed layer, what a worker takes off a
+``WorkQueue``. The TFRecord source (:mod:`shardfeed.pipeline.records`) reads whatever
+spans its provider gives; splitting work among readers happens here, on spans, so that
+every reader fetches only its share of the bytes.
+
+The provider protocol lives in this layer and the distributed layer implements it, so the
+pipeline never imports the distributed layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+from ..formats.index import index_url_of, load_index
+from ..formats.tfrecord import normalize_compression
+from ..storage import exists
+from ..storage.urls import mask
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Frames of ``url`` from byte ``offset`` up to byte ``end`` (``None``: the end of the
+    file). ``start``/``stop`` are the record numbers of the range when it was cut through
+    an index (for messages and counting); ``handle`` is the provider's own object for the
+    span (a queue item), passed back to it when the span is done."""
+
+    url: str
+    offset: int = 0
+    end: int | None = None
+    start: int | None = None
+    stop: int | None = None
+    handle: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def records(self) -> int | None:
+        """Records in a range cut through an index; ``None`` for a whole file."""
+        return None if self.start is None or self.stop is None else self.stop - self.start
+
+    def key(self) -> list:
+        """What identifies the span in a saved state (JSON)."""
+        return [self.url, self.offset, self.end]
+
+
+@runtime_checkable
+class SpanStream(Protocol):
+    """One pass of a provider."""
+
+    def next_span(self, block: bool = True) -> Span | None:
+        """The next span, or ``None`` when the pass has no more. With ``block=False``,
+        ``None`` may also mean "none at once" (a queue whose other items are leased)."""
+
+    def get_state(self) -> Any:
+        """A JSON-able state from which ``open`` yields first the span that ``next_span``
+        would return now (or, for a provider whose backend is its own checkpoint, whatever
+        that backend hands out next). The source takes it just before each ``next_span``."""
+
+    def finish(self, span: Span) -> None:
+        """Every record of ``span`` was read into the pipeline (acknowledge it)."""
+
+    def keep(self, span: Span) -> bool:
+        """Called while ``span`` is read; ``False`` stops reading it at once (its work was
+        given to another reader, say)."""
+
+    def close(self) -> None:
+        """The pass ends; give back spans taken and not finished."""
+
+
+@runtime_checkable
+class SpanProvider(Protocol):
+    """Yields the spans of every pass (``epoch`` is the pass's repetition path)."""
+
+    def open(self, state: Any, epoch: tuple) -> SpanStream: ...
+
+
+class _ListStream:
+    def __init__(self, spans: Sequence[Span], state: Any) -> None:
+        self.spans = spans
+        self.i = int(state["i"]) if state else 0
+
+    def next_span(self, block: bool = True) -> Span | None:
+        if self.i >= len(self.spans):
+            return None
+        self.i += 1
+        return self.spans[self.i - 1]
+
+    def get_state(self) -> dict:
+        return {"i": self.i}
+
+    def finish(self, span: Span) -> None:
+        pass
+
+    def keep(self, span: Span) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class StaticSpans:
+    """A fixed list of spans, the same every pass; the state is one index."""
+
+    def __init__(self, spans: Sequence[Span]) -> None:
+        self.spans = list(spans)
+
+    def open(self, state: Any, epoch: tuple) -> _ListStream:
+        return _ListStream(self.spans, state)
+
+    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None) -> "StaticSpans":
+        """This reader's share (see :func:`split_spans`)."""
+        return StaticSpans(split_spans(self.spans, index, count, storage_options))
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.spans]
+
+    def __repr__(self) -> str:
+        return f"StaticSpans({len(self.spans)} spans)"
+
+
+def file_spans(urls: Sequence[str]) -> list[Span]:
+    """One whole-file span per URL."""
+    return [Span(u) for u in urls]
+
+
+def range_spans(url: str, index: Any, start: int, stop: int) -> list[Span]:
+    """The span of records ``start..stop-1`` of ``url`` through its index (none when empty)."""
+    if start >= stop:
+        return []
+    return [Span(url, int(index[start, 0]), int(index[stop - 1, 0] + index[stop - 1, 1]), start, stop)]
+
+
+def _whole(s: Span) -> bool:
+    return s.offset == 0 and s.end is None
+
+
+def split_spans(spans: Sequence[Span], index: int, count: int,
+                storage_options: Mapping[str, Any] | None = None) -> list[Span]:
+    """Reader ``index`` of ``count``'s share of ``spans``: every record in exactly one
+    share, and each reader's share is only its own bytes. Deterministic: every reader
+    computes the same plan without talking to the others.
+
+    - Whole files, round robin (reader ``r`` gets spans ``r, r+count, ...``), when the
+      spans divide evenly, or when there are at least ``count`` of them and some lack an
+      index file (no file is read just to plan).
+    - Otherwise contiguous record ranges of the sequence of all records, sizes differing by
+      at most one, cut through the files' index files; a missing index is built by
+      scanning the file once and saved beside it (or in the index cache when the storage
+      is read-only), so later readers and passes find it.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"the number of readers must be a positive int, got {count!r}")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        raise ValueError(f"reader index must be an int in [0, {count}), got {index!r}")
+    spans = list(spans)
+    if count == 1:
+        return spans
+    n = len(spans)
+    if n % count == 0:
+        return spans[index::count]
+    whole = [s for s in spans if _whole(s)]
+    have_index = all(normalize_compression("auto", s.url) is None and exists(index_url_of(s.url), storage_options)
+                     for s in whole)
+    if n >= count and not have_index:
+        return spans[index::count]
+    if n < count and whole and not have_index:
+        logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
+                       "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
+    return _split_records(spans, index, count, storage_options)
+
+
+def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None) -> list[Span]:
+    sized: list[tuple[Span, Any, int, int]] = []  # span, index, first record, stop
+    for s in spans:
+        idx = load_index(s.url, storage_options, build=True)
+        if idx is None:  # pragma: no cover - build=True always gives one or raises
+            raise ValueError(f"{mask(s.url)}: no index")
+        if s.start is not None and s.stop is not None:
+            a, b = s.start, s.stop
+        else:
+            a = int(_record_at(idx, s.offset)) if s.offset else 0
+            b = len(idx) if s.end is None else int(_record_at(idx, s.end))
+        sized.append((s, idx, a, b))
+    total = sum(b - a for _, _, a, b in sized)
+    q, r = divmod(total, count)
+    lo = index * q + min(index, r)
+    hi = lo + q + (1 if index < r else 0)
+    out: list[Span] = []
+    base = 0
+    for s, idx, a, b in sized:
+        size = b - a
+        x, y = max(lo, base), min(hi, base + size)
+        if x < y:
+            out += range_spans(s.url, idx, a + x - base, a + y - base)
+        base += size
+    return out
+
+
+def _record_at(index: Any, offset: int) -> int:
+    """The number of the first record whose frame starts at or after byte ``offset``."""
+    import numpy as np  # noqa: PLC0415
+
+    return int(np.searchsorted(index[:, 0], offset, side="left"))
