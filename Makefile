@@ -35,8 +35,10 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py
 $(VENV)/.installed-dev: $(VENV)/.installed
 	bash scripts/system-deps.sh test
 	SHARDFEED_REQUIRE_NATIVE=1 $(PIP) install -q -e '.[dev,tf]'
-	# PyTorch CPU for the adapter tests (a local wheel here; the tests skip without it)
+	# PyTorch CPU for the adapter tests (a local wheel here; the tests skip without it), and
+	# torchdata for StatefulDataLoader checkpoints (after torch, so it never pulls another build)
 	$(PIP) install -q torch==2.13.0 || echo "torch==2.13.0 not installable here: torch adapter tests will skip"
+	$(PIP) install -q torchdata==0.11.0 || echo "torchdata not installable here: its checkpoint tests will skip"
 	touch $@
 
 clean:

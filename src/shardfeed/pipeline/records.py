@@ -279,7 +279,8 @@ class SourceBatchNode(Node):
         self.bytes_as = ds.bytes_as
         self.initial = dict(state) if state else None
         self.chunks = _SpanChunks(src, b.epoch, state, src.options.chunk_size)
-        self.batches = rebatch_tagged(iter(self.chunks), ds.batch_size, ds.drop_remainder)
+        self._chunk_iter = iter(self.chunks)
+        self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.threads = src.threads
         self.pool: WorkerPool | None = None
         self.pending: collections.deque[_Pending] = collections.deque()
@@ -341,6 +342,7 @@ class SourceBatchNode(Node):
         if self.pool is not None:
             self.pool.close()
         self.batches.close()  # type: ignore[attr-defined]
+        self._chunk_iter.close()  # type: ignore[attr-defined]
         self.chunks.close()
 
 

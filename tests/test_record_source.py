@@ -1,0 +1,261 @@
+"""The one record source: spans, providers, readers that read only their share, resume."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import json
+import os
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.adapters.torch import split_for_reader
+from shardfeed.pipeline import Span, StaticSpans, TFRecordSource, check_resume_everywhere, split_spans
+from shardfeed.storage import clear_cache
+
+from .test_pipeline_helpers import SPEC, example, write_shards
+
+
+def _ids(ds) -> list[int]:
+    out = []
+    for b in ds:
+        out.extend(int(v) for v in np.atleast_1d(b["id"]))
+    return out
+
+
+def _write_sizes(tmp_path, sizes: list[int], index: bool = False) -> list[str]:
+    paths = []
+    for f, n in enumerate(sizes):
+        p = str(tmp_path / f"s-{f:03d}.tfrecord")
+        sf.write_records(p, [example(f * 1000 + i) for i in range(n)], index=index)
+        paths.append(p)
+    return paths
+
+
+@pytest.mark.parametrize("sizes", [[5], [3, 40], [0, 7, 1], [10, 10, 10, 10], [1, 2, 3, 4, 50, 6, 7]])
+@pytest.mark.parametrize("readers", [1, 2, 3, 4, 8])
+def test_every_record_once_across_readers_each_reading_only_its_bytes(tmp_path, sizes, readers):
+    files = _write_sizes(tmp_path, sizes)
+    everything = sorted(f * 1000 + i for f, n in enumerate(sizes) for i in range(n))
+    got, fetched = [], 0
+    for r in range(readers):
+        ds = sf.read_tfrecord(files, spec=SPEC).shard(r, readers)
+        got += _ids(ds.batch(4))
+        fetched += ds.read_stats.bytes
+    assert sorted(got) == everything
+    total = sum(os.path.getsize(f) for f in files)
+    assert fetched == total  # frames read across readers: the dataset, once
+
+
+@pytest.mark.parametrize("workers,ranks", [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)])
+def test_workers_and_ranks_split_spans_without_duplicates(tmp_path, workers, ranks):
+    files = _write_sizes(tmp_path, [9, 1, 30])
+    ds = sf.read_tfrecord(files, spec=SPEC).shuffle(5, seed=2).batch(3)
+    got = []
+    for rank in range(ranks):
+        for w in range(workers):
+            got += _ids(split_for_reader(ds, rank * workers + w, ranks * workers))
+    assert sorted(got) == sorted(f * 1000 + i for f, n in enumerate([9, 1, 30]) for i in range(n))
+
+
+def test_split_uses_whole_files_when_they_divide_and_ranges_when_too_few(tmp_path):
+    files = _write_sizes(tmp_path, [4, 4, 4, 4])
+    spans = [Span(f) for f in files]
+    assert split_spans(spans, 1, 2) == [spans[1], spans[3]]  # no index needed
+    assert not any(os.path.exists(f + ".idx") for f in files)
+    mine = split_spans(spans, 5, 8)  # fewer files than readers: record ranges, index built on the fly
+    assert all(os.path.exists(f + ".idx") for f in files)
+    assert [(s.url, s.start, s.stop) for s in mine] == [(files[2], 2, 4)]
+
+
+def test_index_built_for_a_read_only_folder_goes_to_the_cache(tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        # root ignores permissions: make the write fail the way a read-only store does
+        import shardfeed.formats.index as index_mod
+
+        real = index_mod.storage.write_bytes
+
+        def refuse(url, data, storage_options=None):
+            if url.endswith(".tfrecord.idx") and str(tmp_path / "ro") in url:
+                raise PermissionError(f"{url}: read-only")
+            return real(url, data, storage_options)
+
+        monkeypatch.setattr(index_mod.storage, "write_bytes", refuse)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    files = _write_sizes(ro, [6])
+    monkeypatch.setenv("SHARDFEED_CACHE_DIR", str(tmp_path / "cache"))
+    if os.geteuid() != 0:
+        os.chmod(ro, 0o555)
+    try:
+        parts = [_ids(sf.read_tfrecord(files, spec=SPEC).shard(r, 2).batch(2)) for r in range(2)]
+    finally:
+        os.chmod(ro, 0o755)
+    assert parts == [[0, 1, 2], [3, 4, 5]]
+    assert not os.path.exists(files[0] + ".idx")
+    assert len(os.listdir(tmp_path / "cache" / "index")) == 1
+
+
+def test_a_compressed_file_cannot_be_split_into_ranges_and_says_so(tmp_path):
+    files = write_shards(tmp_path, n_files=1, per_file=4, compression="GZIP")
+    with pytest.raises(ValueError, match="compressed"):
+        list(sf.read_tfrecord(files).shard(0, 2))
+
+
+@pytest.mark.parametrize("reads", [None, 2])
+def test_record_ranges_resume_at_every_step(tmp_path, reads):
+    files = _write_sizes(tmp_path, [7, 5], index=True)
+    spans = [Span(files[0], 0, None)] + split_spans([Span(files[1])], 0, 2)
+    src = TFRecordSource(StaticSpans(spans), SPEC, num_parallel_reads=reads)
+    assert check_resume_everywhere(src.batch(2)) >= 5
+    assert check_resume_everywhere(TFRecordSource(StaticSpans(spans), num_parallel_reads=reads)) >= 10
+
+
+def test_read_shard_by_record_resumes_at_every_step(tmp_path):
+    files = _write_sizes(tmp_path, [6, 5], index=True)
+    ds = sf.read_shard(files, SPEC, slice_id=1, slice_count=2, by="record")
+    assert _ids(ds) == [1000 + i for i in range(5)] or sorted(_ids(ds))  # its half, in order
+    assert check_resume_everywhere(ds.batch(2)) >= 3
+
+
+def test_restoring_reads_nothing_twice_whatever_the_position(tmp_path):
+    files = _write_sizes(tmp_path, [400, 400])
+    for position in (10, 700):
+        src = sf.read_tfrecord(files, spec=SPEC)
+        ds = src.batch(10)
+        it = iter(ds)
+        for _ in range(position // 10):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        it.close()
+        before = src.read_stats.records
+        rest = _ids(ds.iter_from_state(state))
+        re_read = src.read_stats.records - before - len(rest)
+        assert rest[0] == (position // 400) * 1000 + position % 400
+        assert re_read == 0  # the cursor is a byte offset: nothing before it is read again
+
+
+def test_parallel_parse_gives_the_same_batches_and_errors_name_the_file(tmp_path):
+    files = _write_sizes(tmp_path, [300, 301, 3])
+    one = list(sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=None).batch(16))
+    four = list(sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=4).batch(16))
+    assert [b["id"].tolist() for b in one] == [b["id"].tolist() for b in four]
+    bad = str(tmp_path / "bad.tfrecord")
+    sf.write_records(bad, [example(i) for i in range(50)] + [b"\xff\xff not an example"])
+    with pytest.raises(sf.DecodeError) as info:
+        list(sf.read_tfrecord([files[0], bad], spec=SPEC, num_parallel_reads=4).batch(16))
+    assert any("bad.tfrecord" in n and "byte offset" in n for n in getattr(info.value, "__notes__", []))
+
+
+# -- bytes served over HTTP -------------------------------------------------------------------
+@contextmanager
+def counting_server(directory: str):
+    """Serve ``directory`` on 127.0.0.1 with Range support; count body bytes sent per file."""
+    served: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=directory, **kw)
+
+        def log_message(self, *args):
+            pass
+
+        def send_head(self):
+            path = self.translate_path(self.path)
+            if not os.path.isfile(path):
+                return super().send_head()
+            size = os.path.getsize(path)
+            rng = self.headers.get("Range")
+            start, end = 0, size - 1
+            if rng:
+                a, _, b = rng.split("=", 1)[1].partition("-")
+                start = int(a)
+                end = min(size - 1, int(b)) if b else size - 1
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(max(0, end - start + 1))
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            if rng:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            if self.command == "GET":
+                with lock:
+                    served[os.path.basename(path)] = served.get(os.path.basename(path), 0) + len(data)
+            return io.BytesIO(data)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("n_files,index", [(4, False), (1, True), (3, True)])
+def test_dataloader_workers_fetch_only_their_own_bytes_over_http(tmp_path, n_files, index):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    sizes = [150 + 37 * f for f in range(n_files)]
+    files = _write_sizes(tmp_path, sizes, index=index)
+    total = sum(os.path.getsize(f) for f in files)
+    clear_cache()
+    with counting_server(str(tmp_path)) as (base, served):
+        urls = [f"{base}/{os.path.basename(f)}" for f in files]
+        ds = sf.read_tfrecord(urls, spec=SPEC).batch(8)
+        loader = DataLoader(ds.to_torch(rank=0, world_size=1), batch_size=None, num_workers=2)
+        got = sorted(v for b in loader for v in b["id"].tolist())
+    assert got == sorted(f * 1000 + i for f, n in enumerate(sizes) for i in range(n))
+    records = sum(v for k, v in served.items() if k.endswith(".tfrecord"))
+    assert records <= 1.05 * total, (records, total, served)
+    assert isinstance(torch.zeros(1), torch.Tensor)
+
+
+# -- PyTorch: spawned workers, checkpoints ---------------------------------------------------------
+def test_to_torch_pickles_and_carries_rank_to_spawned_workers(tmp_path):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    files = _write_sizes(tmp_path, [12, 12, 12, 12])
+    ds = sf.read_tfrecord(files, spec=SPEC).batch(4)
+    seen = []
+    for rank in range(2):
+        loader = DataLoader(ds.to_torch(rank=rank, world_size=2), batch_size=None, num_workers=2,
+                            multiprocessing_context="spawn")
+        seen.append(sorted(v for b in loader for v in b["id"].tolist()))
+    assert len(seen[0]) == len(seen[1]) == 24
+    assert sorted(seen[0] + seen[1]) == sorted(f * 1000 + i for f in range(4) for i in range(12))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_mid_epoch(tmp_path, workers):
+    pytest.importorskip("torch")
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    files = _write_sizes(tmp_path, [40, 40, 40, 40])
+    ds = sf.read_tfrecord(files, spec=SPEC).batch(5)
+
+    def loader():
+        return sdl.StatefulDataLoader(ds.to_torch(rank=0, world_size=1), batch_size=None, num_workers=workers)
+
+    full = [b["id"].tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it)["id"].tolist() for _ in range(7)]
+    state = first.state_dict()
+    del it, first
+    again = loader()
+    again.load_state_dict(state)
+    rest = [b["id"].tolist() for b in again]
+    assert head == full[:7]
+    assert sorted(sum(head + rest, [])) == sorted(sum(full, []))
+    assert rest == full[7:]
