@@ -325,6 +325,8 @@ static PyTypeObject CompiledSpecType = {
 
 /* ------------------------------------------------------------------ batch parse */
 
+#define SF_RELEASE_GIL_BYTES (4u << 20)
+
 static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, npy_intp rows, npy_intp cols,
                              int fixed) {
     if (as_buffer) {
@@ -341,12 +343,16 @@ static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, 
         int64_t *o = PyArray_DATA((PyArrayObject *)offs);
         size_t pos = 0;
         o[0] = 0;
-        Py_BEGIN_ALLOW_THREADS for (size_t k = 0; k < count; k++) {
+        /* Releasing the GIL costs a reacquire, which waits out another thread's Python work
+         * (up to the switch interval) when parse threads contend: only for large copies. */
+        PyThreadState *ts = total >= SF_RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+        for (size_t k = 0; k < count; k++) {
             if (vals[k].n) memcpy(d + pos, vals[k].p, vals[k].n);
             pos += vals[k].n;
             o[k + 1] = (int64_t)pos;
         }
-        Py_END_ALLOW_THREADS return Py_BuildValue("NN", data, offs);
+        if (ts) PyEval_RestoreThread(ts);
+        return Py_BuildValue("NN", data, offs);
     }
     npy_intp dims[2] = {fixed ? rows : (npy_intp)count, cols};
     PyObject *arr = PyArray_SimpleNew(fixed ? 2 : 1, dims, NPY_OBJECT);
