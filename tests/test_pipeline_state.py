@@ -132,3 +132,38 @@ def test_fused_tfrecord_batch_resumes_and_equals_parsing_each_batch(tmp_path, co
             got, want = batch[key], expected[key]
             assert (got == want) if not hasattr(want, "dtype") else (got.tolist() == want.tolist())
     assert source.read_stats.records >= len(records)
+
+
+def test_shuffle_restore_rereads_a_bounded_window_whatever_the_position():
+    calls = [0]
+
+    def counted(x):
+        calls[0] += 1
+        return x
+
+    n, size = 120_000, 500
+    ds = from_list(list(range(n))).map(counted).shuffle(size, seed=9)
+    reread = {}
+    for position in (2_000, 108_000):  # early, and at 90% of the pass
+        it = iter(ds)
+        head = [next(it) for _ in range(position)]
+        state = json.loads(json.dumps(it.get_state()))
+        assert len(json.dumps(state)) < 4096  # a cursor and a few numbers, no buffered data
+        expected = [next(it) for _ in range(50)]
+        it.close()
+        calls[0] = 0
+        with ds.iter_from_state(state) as resumed:
+            assert [next(resumed) for _ in range(50)] == expected
+            reread[position] = calls[0] - 50
+        assert len(set(head)) == position
+    # both restores re-read about size * ln(size) elements, not the position
+    assert max(reread.values()) <= 17 * size, reread
+    assert reread[108_000] <= 2 * reread[2_000] + 2 * size, reread
+
+
+def test_shuffle_restore_matches_near_the_end_of_a_pass():
+    # the draws after upstream ran out move the last slot: a restore there must agree too
+    ds = from_list(list(range(40))).shuffle(16, seed=4)
+    assert check_resume_everywhere(ds) == 41
+    small = from_list(list(range(7))).shuffle(16, seed=4)  # fewer elements than the buffer
+    assert check_resume_everywhere(small) == 8

@@ -1,15 +1,25 @@
-"""``shuffle``: a seeded buffer shuffle whose state is a seed and a count.
+"""``shuffle``: a seeded buffer shuffle whose state is a few numbers and one upstream cursor.
 
 The buffer fills with ``buffer_size`` elements; each output is a random slot of it, refilled
 from upstream. The random stream is numpy's PCG64 seeded from ``(seed, epoch path)``, so
-the same seed gives the same order in every run. The state holds no buffered data: the
-upstream state at the start of the pass and how many elements were delivered; resuming
-replays that prefix (upstream records are read again, nothing is delivered twice).
-Serialized records pass through untouched, so a following ``batch`` still parses them.
+the same seed gives the same order in every run. Serialized records pass through
+untouched, so a following ``batch`` still parses them.
+
+Resuming costs the same wherever the pass was: which upstream position each slot holds
+depends only on the random draws, never on the data, so a restore recomputes it from the
+seed and the number delivered (vectorized: milliseconds for millions of draws), then
+re-reads upstream from the newest saved upstream cursor at or before the oldest element
+still in the buffer, keeping only the buffered ones. That span is about
+``buffer_size * ln(buffer_size)`` elements whatever the position (the oldest of n slots
+has waited about n ln n draws); the node keeps upstream cursors every ``buffer_size / 4``
+elements for the last ``16 * buffer_size`` in memory, and the state carries only the one
+it needs (no buffered data). Older than that (rare: a slot not drawn for 16 buffers), the
+restore replays from the start of the pass.
 """
 
 from __future__ import annotations
 
+import collections
 import secrets
 from typing import Any, Mapping
 
@@ -50,33 +60,56 @@ class _ShuffleNode(Node):
         if state is not None:
             seed = int(state["seed"])
             self.parent_start = state["parent_start"]
-            replay = int(state["consumed"])
         else:
             # no seed given: draw one now and keep it in the state, so a resume still matches
             seed = ds.seed if ds.seed is not None else secrets.randbits(63)
             self.parent_start = None
-            replay = 0
         self.seed = seed
-        epoch = b.epoch if ds.reshuffle_each_iteration else ()
-        self.parent = ds.parent._build(b, self.parent_start)
-        super().__init__(b, ds, [self.parent])
-        self.rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch)))
+        self.epoch = b.epoch if ds.reshuffle_each_iteration else ()
         self.size = ds.buffer_size
         self.buf: list = []
+        self.pos: list[int] = []  # upstream position of each slot's element
+        self.read = 0  # upstream elements read
         self.exhausted = False
         self.draws = np.empty(0)
         self.di = 0
         self.consumed = 0
+        self.every = max(1, self.size // 4)
+        self.anchors: collections.deque = collections.deque(maxlen=16 * self.size // self.every + 2)
+        self.b, self.ds = b, ds
+        anchor = state.get("anchor") if state is not None else None
+        if state is not None and "consumed" in state and anchor is None and int(state["consumed"]) and "read" not in state:
+            anchor = None  # a state from before anchors: replay below
+        if state is not None and state.get("read") is not None and anchor is not None:
+            self.parent = ds.parent._build(b, anchor[1])
+            super().__init__(b, ds, [self.parent])
+            self._restore(int(state["consumed"]), int(state["read"]), bool(state["exhausted"]), int(anchor[0]),
+                          anchor[1])
+            return
+        self.parent = ds.parent._build(b, self.parent_start)
+        super().__init__(b, ds, [self.parent])
+        self.rng = np.random.Generator(np.random.PCG64(derive_seed(seed, self.epoch)))
+        replay = int(state["consumed"]) if state else 0
+        self.replayed = replay
         for _ in range(replay):
             self._shuffled_next()
 
+    # -- reading upstream, remembering cursors to resume from ----------------------------
+    def _read_one(self) -> Any:
+        if self.read % self.every == 0:
+            self.anchors.append((self.read, self.parent.get_state()))
+        x = next(self.parent)
+        self.read += 1
+        return x
+
     def _shuffled_next(self) -> Any:
         buf = self.buf
-        parent = self.parent
         if not self.exhausted and len(buf) < self.size:
             try:
                 while len(buf) < self.size:
-                    buf.append(next(parent))
+                    p = self.read
+                    buf.append(self._read_one())
+                    self.pos.append(p)
             except StopIteration:
                 self.exhausted = True
         if not buf:
@@ -89,20 +122,88 @@ class _ShuffleNode(Node):
         x = buf[i]
         if not self.exhausted:
             try:
-                buf[i] = next(parent)
+                p = self.read
+                buf[i] = self._read_one()
+                self.pos[i] = p
             except StopIteration:
                 self.exhausted = True
         if self.exhausted:
             buf[i] = buf[-1]
             buf.pop()
+            self.pos[i] = self.pos[-1]
+            self.pos.pop()
         self.consumed += 1
         return x
 
     _next = _shuffled_next
 
+    # -- resuming ------------------------------------------------------------------------------
+    def _restore(self, consumed: int, read: int, exhausted: bool, anchor_pos: int, anchor_state: Any) -> None:
+        """Rebuild the buffer after ``consumed`` draws without replaying them through upstream."""
+        self.rng = np.random.Generator(np.random.PCG64(derive_seed(self.seed, self.epoch)))
+        blocks = -(-consumed // _DRAWS)
+        draws = self.rng.random(blocks * _DRAWS) if blocks else np.empty(0)
+        self.draws = draws[(blocks - 1) * _DRAWS:] if blocks else np.empty(0)
+        self.di = consumed - (blocks - 1) * _DRAWS if blocks else 0
+        size = self.size
+        first = min(size, read)  # the first fill
+        # draws while upstream still gave a replacement: slot t%... refilled with position first + t
+        full = consumed if not exhausted else max(0, min(consumed, read - first))
+        slots = (draws[:full] * first).astype(np.int64) if first else np.empty(0, np.int64)
+        pos = np.arange(first, dtype=np.int64)
+        if full:
+            last = np.full(first, -1, np.int64)
+            rev = slots[::-1]
+            uniq, idx = np.unique(rev, return_index=True)
+            last[uniq] = full - 1 - idx
+            drawn = last >= 0
+            pos[drawn] = first + last[drawn]
+        positions = pos.tolist()
+        # the draws after upstream ran out: each takes a slot and moves the last one into it
+        for t in range(full, consumed):
+            i = int(draws[t] * len(positions))
+            positions[i] = positions[-1]
+            positions.pop()
+        if exhausted and full < consumed and read > first:
+            pass  # the draw that found upstream empty is among those above, as in _shuffled_next
+        # re-read upstream from the anchor, keeping the elements still in the buffer
+        want = {p: k for k, p in enumerate(positions)}
+        buf: list = [None] * len(positions)
+        self.read = anchor_pos
+        got = 0
+        while self.read < read and got < len(want):
+            p = self.read
+            x = self._read_one()
+            k = want.get(p)
+            if k is not None:
+                buf[k] = x
+                got += 1
+        if got != len(want):
+            raise RuntimeError(f"shuffle resume: upstream gave {got} of the {len(want)} buffered elements "
+                               "(is the upstream deterministic?)")
+        # upstream is now at position `read`: skip the rest of the already-read range
+        while self.read < read:
+            self._read_one()
+        self.replayed = read - anchor_pos
+        self.buf, self.pos = buf, positions
+        self.exhausted = exhausted
+        self.consumed = consumed
+
     def get_state(self) -> dict:
-        return {"seed": self.seed, "parent_start": self.parent_start, "consumed": self.consumed}
+        state = {"seed": self.seed, "parent_start": self.parent_start, "consumed": self.consumed,
+                 "read": self.read, "exhausted": self.exhausted, "anchor": None}
+        if self.read == 0:
+            state["anchor"] = [0, self.parent_start]
+            return state
+        oldest = min(self.pos) if self.pos else self.read
+        for p, st in reversed(self.anchors):
+            if p <= oldest:
+                state["anchor"] = [p, st]
+                break
+        return state  # no anchor old enough: a restore replays from the pass's start
 
     def close(self) -> None:
         self.buf = []
+        self.pos = []
+        self.anchors.clear()
         self.parent.close()
