@@ -52,7 +52,12 @@ def serve(directory: str, delay: list):
             self.end_headers()
             return io.BytesIO(data)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        # the default listen backlog (5) drops connections when many reads start at once,
+        # and a dropped SYN is retried after a second: an artefact no object store has
+        request_queue_size = 128
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server

@@ -54,6 +54,27 @@ def _rows_read_tfrecord(res: dict) -> list[Row]:
     return rows
 
 
+def _rows_read_paths(res: dict) -> list[Row]:
+    med = res["median"]
+    anchor_name = res.get("anchor")
+    anchor = med.get(anchor_name) if anchor_name else None
+    rows = [(name.strip(), _rate(rate, "rec/s"), f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
+             _ratio(rate / anchor if anchor else None))
+            for name, rate in med.items() if not name.startswith("tf.data")]
+    for what, ratio in res.get("bytes_fetched_ratio", {}).items():
+        rows.append((f"bytes fetched, {what}", f"{ratio:.3f}x the data", "1.05x (target)", "-"))
+    return rows
+
+
+def _rows_resume(res: dict) -> list[Row]:
+    out = []
+    for frac, r in res["rows"].items():
+        out.append((f"restore at {float(frac):.0%} of {res['records']:,} records, shuffle {res['buffer']:,}",
+                    f"{r['restore_s'] * 1e3:.0f} ms, {r['records_reread']:,} re-read", "1 s (target)",
+                    _ratio(1.0 / r["restore_s"] if r["restore_s"] else None)))
+    return out
+
+
 def _rows_read_table(res: dict) -> list[Row]:
     rate = res["rows_per_s"]
     sf_rate = rate["shardfeed"]
@@ -147,6 +168,9 @@ class Benchmark:
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("native_micro", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_native_micro),
     Benchmark("read_tfrecord", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_read_tfrecord, "--dir"),
+    Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), _rows_read_paths,
+              "--dir"),
+    Benchmark("resume", "--json", (), ("--records", "100000", "--buffer", "1000"), _rows_resume, "--dir"),
     Benchmark("read_table", "--json", (), ("--rows", "200000", "--repeats", "1"), _rows_read_table, "--data"),
     Benchmark("pipeline_seed003", "--out", (), ("--steps", "20", "--repeats", "1"), _rows_pipeline_seed003),
     Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1"),
