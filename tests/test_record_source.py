@@ -259,3 +259,133 @@ def test_stateful_dataloader_resumes_mid_epoch(tmp_path, workers):
     assert head == full[:7]
     assert sorted(sum(head + rest, [])) == sorted(sum(full, []))
     assert rest == full[7:]
+
+
+# -- found in review ----------------------------------------------------------------------------
+def test_a_pathlib_path_is_a_file_not_a_provider(tmp_path):
+    from pathlib import Path
+
+    files = _write_sizes(tmp_path, [3])
+    assert _ids(sf.read_tfrecord(Path(files[0]), spec=SPEC)) == [0, 1, 2]
+    assert _ids(sf.read_tfrecord([Path(files[0])], spec=SPEC)) == [0, 1, 2]
+
+
+def test_files_of_very_different_sizes_split_evenly_when_indexed(tmp_path):
+    files = _write_sizes(tmp_path, [10, 10, 10, 100], index=True)
+    shares = [_ids(sf.read_tfrecord(files, spec=SPEC).shard(r, 2).batch(7)) for r in range(2)]
+    assert [len(s) for s in shares] == [65, 65]  # record ranges, not 20 against 110
+    assert sorted(shares[0] + shares[1]) == sorted(f * 1000 + i for f, n in enumerate([10, 10, 10, 100])
+                                                   for i in range(n))
+
+
+
+def test_unindexed_files_of_different_sizes_split_by_file_with_a_warning(tmp_path, caplog):
+    files = _write_sizes(tmp_path, [10, 10, 10, 100])  # no index: planning reads no file
+    with caplog.at_level("WARNING"):
+        shares = [_ids(sf.read_tfrecord(files, spec=SPEC).shard(r, 2)) for r in range(2)]
+    assert sorted(len(s) for s in shares) == [20, 110]
+    assert "shares differ in size" in caplog.text and "shardfeed index" in caplog.text
+    assert not any(os.path.exists(f + ".idx") for f in files)
+
+
+class _LosesSecondSpan:
+    """A provider whose second span is lost to another reader before it is read."""
+
+    def __init__(self, spans):
+        self.spans = spans
+        self.finished = []
+
+    def open(self, state, epoch):
+        outer = self
+
+        class Stream:
+            i = 0
+
+            def next_span(self, block=True):
+                if self.i >= len(outer.spans):
+                    return None
+                self.i += 1
+                return outer.spans[self.i - 1]
+
+            def get_state(self):
+                return {"i": self.i}
+
+            def finish(self, span):
+                outer.finished.append(span.url)
+
+            def keep(self, span):
+                return span is not outer.spans[1]
+
+            def close(self):
+                pass
+
+        return Stream()
+
+
+def test_a_span_lost_before_it_is_read_delivers_nothing_and_is_not_finished(tmp_path):
+    files = _write_sizes(tmp_path, [4, 4, 4])
+    provider = _LosesSecondSpan([Span(f) for f in files])
+    got = _ids(TFRecordSource(provider, SPEC).batch(3))
+    assert got == [0, 1, 2, 3, 2000, 2001, 2002, 2003]
+    assert provider.finished == [files[0], files[2]]
+
+
+def test_a_queue_item_is_acknowledged_only_after_its_records_were_delivered(tmp_path):
+    files = _write_sizes(tmp_path, [5, 5, 5, 5])
+    q = sf.WorkQueue(files, backend="memory", name="ack-after-delivery", shuffle=False)
+    it = iter(sf.read_tfrecord(q, spec=SPEC, num_parallel_reads=None).batch(4))
+    assert next(it)["id"].tolist() == [0, 1, 2, 3]
+    # the first item is read to its end (and the second taken) while this batch is made,
+    # but it is acknowledged only once its last record went out, with the next take
+    assert next(it)["id"].tolist() == [4, 1000, 1001, 1002]
+    assert q.metrics()["done"] == 0
+    assert next(it)["id"].tolist() == [1003, 1004, 2000, 2001]
+    assert q.metrics()["done"] == 1
+    rest = [v for b in it for v in b["id"].tolist()]
+    assert rest == [2002, 2003, 2004, 3000, 3001, 3002, 3003, 3004]
+    assert q.metrics()["done"] == 4 and q.metrics()["drained"]
+
+
+@pytest.mark.parametrize("reads", [None, 4])
+def test_a_read_error_comes_after_every_batch_before_it(tmp_path, reads):
+    files = _write_sizes(tmp_path, [100])
+    bad = str(tmp_path / "bad.tfrecord")
+    good = [example(7000 + i) for i in range(30)]
+    sf.write_records(bad, good)
+    with open(bad, "r+b") as f:  # corrupt the data CRC of record 20
+        frames = 20 * (len(good[0]) + 16)
+        f.seek(frames + 12 + len(good[20]))
+        f.write(b"\x00\x00\x00\x00")
+    delivered = []
+    with pytest.raises(sf.CorruptRecordError):
+        for b in sf.read_tfrecord(files + [bad], spec=SPEC, num_parallel_reads=reads).batch(16):
+            delivered.extend(b["id"].tolist())
+    assert delivered[:100] == list(range(100))
+    assert len(delivered) == 112  # 7 full batches: the error comes where the reader stopped, in order
+
+
+def test_splitting_gzip_files_named_without_gz_says_they_are_compressed(tmp_path):
+    p = str(tmp_path / "plain-name.tfrecord")
+    sf.write_records(p, [example(i) for i in range(4)], compression="GZIP")
+    with pytest.raises(ValueError, match="compressed"):
+        list(sf.read_tfrecord(p, compression="GZIP").shard(0, 2))
+
+
+def test_readers_of_one_queue_share_it_instead_of_dealing_records(tmp_path):
+    files = _write_sizes(tmp_path, [6, 6, 6], index=True)
+    q = sf.WorkQueue(files, backend="memory", name="shared-by-readers", num_slices=6, seed=1)
+    ds = sf.read_tfrecord(q, spec=SPEC).batch(4)
+    got = []
+    for r in range(2):  # two readers (say DataLoader workers) take from the same queue
+        got += _ids(split_for_reader(ds, r, 2))
+    assert sorted(got) == sorted(f * 1000 + i for f in range(3) for i in range(6))
+
+
+def test_shuffle_over_a_queue_saves_a_fresh_buffer_state(tmp_path):
+    files = _write_sizes(tmp_path, [5, 5])
+    q = sf.WorkQueue(files, backend="memory", name="shuffled-queue", shuffle=False)
+    it = iter(sf.read_tfrecord(q).shuffle(3, seed=1))
+    next(it)
+    root = it.get_state()["root"]
+    assert root["consumed"] == 0 and "anchor" not in root  # the queue is the checkpoint
+    it.close()

@@ -37,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 OpenItem = Callable[[WorkItem], Iterator[Any]]
 
+TAKE_SLICE_S = 1.0
+"""A blocking take waits this long at a time, then checks whether the pass was closed."""
+
 
 def item_span(item: WorkItem, storage_options: Mapping[str, Any] | None = None,
               indexes: dict[str, Any] | None = None) -> Span:
@@ -212,13 +215,23 @@ class _QueueStream:
         self.to_ack: WorkItem | None = None
         self.renewed: dict[str, float] = {}
         self.done = False
+        self.closed = False
         self.indexes: dict[str, Any] = {}
 
     def next_span(self, block: bool = True) -> Span | None:
         if self.done:
             return None
         done, self.to_ack = self.to_ack, None
-        item = self.q.ack_and_take(done, block=block) if done is not None else self.q.take(block=block)
+        while True:
+            try:
+                # a blocking take waits in slices, so that closing the pass stops it
+                wait = dict(block=True, timeout=TAKE_SLICE_S) if block else dict(block=False)
+                item = self.q.ack_and_take(done, **wait) if done is not None else self.q.take(**wait)
+                break
+            except TimeoutError:
+                done = None  # acknowledged by the call that timed out
+                if self.closed:
+                    return None
         if item is None:
             self.done = block  # not blocking, None may only mean "nothing free right now"
             return None
@@ -241,19 +254,24 @@ class _QueueStream:
         self.to_ack = item  # acknowledged together with the next take: one round trip
 
     def keep(self, span: Span) -> bool:
-        item = span.handle
+        """Renews the leases of every held item that is due (items read ahead included);
+        false when ``span``'s item was lost to another worker."""
         now = time.monotonic()
-        if now - self.renewed.get(item.id, now) <= self.q.lease_timeout / 4:
-            return True
-        self.renewed[item.id] = now
-        if self.q.renew(item):
-            return True
-        logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker that has it now",
-                       self.q.name, item.id, mask(item.work))
-        self.held.pop(item.id, None)
-        return False
+        lost = False
+        for item in list(self.held.values()):
+            if now - self.renewed.get(item.id, now) <= self.q.lease_timeout / 4:
+                continue
+            self.renewed[item.id] = now
+            if not self.q.renew(item):
+                logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker that has "
+                               "it now", self.q.name, item.id, mask(item.work))
+                self.held.pop(item.id, None)
+                self.renewed.pop(item.id, None)
+                lost = lost or item.id == span.handle.id
+        return not lost and span.handle.id in self.held
 
     def close(self) -> None:
+        self.closed = True
         done, self.to_ack = self.to_ack, None
         if done is not None:
             self.q.ack(done)
@@ -266,7 +284,13 @@ class _QueueStream:
 
 
 class QueueSpans:
-    """The span provider of a :class:`WorkQueue`: each pass takes items until drained."""
+    """The span provider of a :class:`WorkQueue`: each pass takes items until drained.
+
+    The queue is its own checkpoint (``WorkQueue.get_state``): a reopened pass takes
+    afresh, so the provider is not ``replayable``. Several readers of one queue (ranks,
+    DataLoader workers) already share the work, so splitting it gives the same provider."""
+
+    replayable = False
 
     def __init__(self, queue: "WorkQueue", storage_options: Mapping[str, Any] | None = None) -> None:
         self.queue = queue
@@ -274,6 +298,10 @@ class QueueSpans:
 
     def open(self, state: Any, epoch: tuple) -> _QueueStream:
         return _QueueStream(self)
+
+    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
+              compression: str | None = "auto") -> "QueueSpans":
+        return self
 
     def __repr__(self) -> str:
         return f"QueueSpans({self.queue!r})"

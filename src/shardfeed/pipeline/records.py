@@ -76,12 +76,14 @@ def _needs_read_ahead(span: Span, o: ReadOptions) -> bool:
 class _SpanChunks:
     """The chunks of one pass over a provider's spans, each tagged with a :class:`_Tag`.
 
-    Spans are opened in order and each is finished (acknowledged, for a queue) as soon as
-    all its records were read into the pipeline, before the next is taken. With
+    Spans are opened in order. A span read to its end is finished (acknowledged, for a
+    queue) once a record of a later span reached the consumer (``delivered``) or at the
+    end of the pass; only when the provider has nothing to hand out at once (a queue whose
+    other items are leased, perhaps to this very reader) are the spans read to their end
+    finished before waiting, so a reader never waits on work it holds itself. With
     ``read_ahead`` > 1, remote or compressed spans are read in that many background
-    threads, each a bounded number of bytes ahead (spans ahead are taken without waiting:
-    a queue never blocks on work this reader itself holds), and their chunks still come
-    out in span order.
+    threads, a bounded number of bytes ahead, and their chunks still come out in span
+    order.
     """
 
     def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int) -> None:
@@ -92,16 +94,33 @@ class _SpanChunks:
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
         self.read_ahead = src.read_ahead
-        self.per_span = max(2 * chunk_size, READ_AHEAD_BYTES // max(1, self.read_ahead))
+        # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
+        self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead))
         self.pool: WorkerPool | None = None
         self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
+        self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
         self.closed = False
+
+    def delivered(self, seq: int) -> None:
+        """A record of span ``seq`` reached the consumer: every span before it is done."""
+        done = self.read_done
+        while done and done[0][0] < seq:
+            self.stream.finish(done.popleft()[1])
+
+    def finish_all(self) -> None:
+        """The pass reached its end: every span read to its end is done."""
+        while self.read_done:
+            self.stream.finish(self.read_done.popleft()[1])
 
     def _open_next(self, block: bool) -> bool:
         """Take the next span and start reading it ahead when that helps; false when the
         provider has none (now, when not ``block``ing)."""
         pstate = self.stream.get_state()
-        span = self.stream.next_span(block)
+        span = self.stream.next_span(False)
+        if span is None and block:
+            self.finish_all()  # nothing at once: never wait on work this reader holds
+            pstate = self.stream.get_state()
+            span = self.stream.next_span(True)
         if span is None:
             return False
         start = span.offset
@@ -138,15 +157,15 @@ class _SpanChunks:
             kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))
             ahead.popleft()
             if kept:
-                self.stream.finish(tag.span)
+                self.read_done.append((tag.seq, tag.span))
 
     def _local(self, tag: _Tag, start: int) -> Iterator[tuple[FrameChunk, _Tag]]:
         stats = ReadStats()
         try:
             for chunk in self._read(tag.span, start, stats):
-                yield chunk, tag
-                if not self._keep(tag):
+                if not self._keep(tag):  # checked before the records go out, not after
                     return False
+                yield chunk, tag
         finally:
             self.src._merge_stats(stats)
         return True
@@ -158,10 +177,10 @@ class _SpanChunks:
                 return True
             if kind == "error":
                 raise x
-            yield x, tag
             if not self._keep(tag):
                 q.close()
                 return False
+            yield x, tag
 
     def _keep(self, tag: _Tag) -> bool:
         if self.stream.keep(tag.span):
@@ -204,10 +223,16 @@ def _chunk_bytes(chunk: FrameChunk) -> int:
     return int(chunk.offsets[-1] + chunk.lengths[-1] - chunk.offsets[0]) if n else 0
 
 
-def _state(tag: _Tag | None, offset: int, initial: Any) -> Any:
+def _state(tag: _Tag | None, offset: int, initial: Any, replayable: bool = True) -> Any:
     if tag is None:
-        return initial
-    return {"spans": tag.pstate, "key": tag.span.key(), "offset": offset}
+        state = initial
+    else:
+        state = {"spans": tag.pstate, "key": tag.span.key(), "offset": offset}
+    if not replayable:
+        # a provider that is its own checkpoint (a queue): stages above must not count on
+        # reopening this state to read the same records again
+        state = dict(state or {}, replayable=False)
+    return state
 
 
 # -- records one by one ---------------------------------------------------------------------
@@ -232,7 +257,12 @@ class _RecordReader:
     def __next__(self) -> Any:
         k = self.k
         while k >= len(self.records):
-            chunk, tag = next(self.it)
+            try:
+                chunk, tag = next(self.it)
+            except StopIteration:
+                self.chunks.finish_all()
+                raise
+            self.chunks.delivered(tag.seq)  # this chunk's first record goes out now
             self.tag = tag
             self.records = chunk.records()
             self.starts = chunk.positions.tolist()
@@ -251,17 +281,22 @@ class _RecordReader:
             raise
 
     def get_state(self) -> Any:
-        return _state(self.tag, self.offset, self.initial)
+        return _state(self.tag, self.offset, self.initial, getattr(self.src.provider, "replayable", True))
 
     def close(self) -> None:
-        self.it.close()  # type: ignore[attr-defined]
-        self.chunks.close()
-        self.records, self.starts, self.ends = [], [], []
+        try:
+            self.chunks.close()
+        finally:
+            try:
+                self.it.close()  # type: ignore[attr-defined]
+            except ValueError:  # running in another thread (a closing pass): it ends with it
+                pass
+            self.records, self.starts, self.ends = [], [], []
 
 
 # -- whole batches ------------------------------------------------------------------------
 class _Pending(NamedTuple):
-    result: Any  # a Future, or the parsed batch when parsed in the consumer's thread
+    result: Any  # a Future; None: parse in the consumer's thread; the exception when reading failed
     batch: FrameChunk
     tag: _Tag
 
@@ -303,6 +338,10 @@ class SourceBatchNode(Node):
             except StopIteration:
                 self.exhausted = True
                 break
+            except Exception as exc:  # noqa: BLE001 - raised in order, after the batches before it
+                self.exhausted = True
+                self.pending.append(_Pending(exc, None, None))  # type: ignore[arg-type]
+                break
             if self.threads <= 1:
                 self.pending.append(_Pending(None, batch, tag))
                 continue
@@ -315,8 +354,11 @@ class SourceBatchNode(Node):
     def _next(self) -> Any:
         self._fill()
         if not self.pending:
+            self.chunks.finish_all()
             raise StopIteration
         fut, batch, tag = self.pending.popleft()
+        if batch is None:  # reading failed after the batches before it
+            raise fut
         try:
             out = self._parse(batch) if fut is None else fut.result()
         except (DecodeError, ParseError) as exc:
@@ -324,6 +366,7 @@ class SourceBatchNode(Node):
                 exc.add_note(f"in record at byte offset {int(batch.positions[exc.record_index])} of "
                              f"{mask(tag.span.url)} (or the span before it, for a batch spanning two)")
             raise
+        self.chunks.delivered(tag.seq)
         self.tag = tag
         self.offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
         # the serialized bytes parsed: exact, and free (measuring the columns costs more
@@ -332,18 +375,23 @@ class SourceBatchNode(Node):
         return out
 
     def get_state(self) -> Any:
-        return _state(self.tag, self.offset, self.initial)
+        return _state(self.tag, self.offset, self.initial, getattr(self.src.provider, "replayable", True))
 
     def close(self) -> None:
         for p in self.pending:
-            if p.result is not None:
+            if hasattr(p.result, "cancel"):
                 p.result.cancel()
         self.pending.clear()
-        if self.pool is not None:
-            self.pool.close()
-        self.batches.close()  # type: ignore[attr-defined]
-        self._chunk_iter.close()  # type: ignore[attr-defined]
-        self.chunks.close()
+        try:
+            if self.pool is not None:
+                self.pool.close()
+            self.chunks.close()  # first: stops read-ahead threads, gives back held spans
+        finally:
+            for gen in (self.batches, self._chunk_iter):
+                try:
+                    gen.close()  # type: ignore[attr-defined]
+                except ValueError:  # running in another thread (a closing pass): it ends with it
+                    pass
 
 
 # -- the dataset ------------------------------------------------------------------------------
@@ -460,7 +508,7 @@ class TFRecordSource(SourceDataset):
         n = self.num_parallel_reads
         if threads is not None and n == AUTOTUNE:
             n = threads if threads > 1 else None
-        return self.with_provider(split(index, count, self.options.storage_options), n)
+        return self.with_provider(split(index, count, self.options.storage_options, self.options.compression), n)
 
     def __repr__(self) -> str:
         return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"
@@ -470,11 +518,12 @@ def _provider_of(files: Any, storage_options: Mapping[str, Any] | None) -> SpanP
     """A span provider from what a user passes as ``files``: a provider; an object that
     offers one (``span_provider(storage_options)``, as a ``WorkQueue`` does); or a URL,
     glob or list of them (whole files, in order)."""
-    offer = getattr(files, "span_provider", None)
-    if callable(offer):
-        return offer(storage_options)
-    if isinstance(files, SpanProvider):
-        return files
+    if not isinstance(files, (str, bytes, os.PathLike, list, tuple)):
+        offer = getattr(files, "span_provider", None)
+        if callable(offer):
+            return offer(storage_options)
+        if isinstance(files, SpanProvider):
+            return files
     return StaticSpans([Span(u) for u in expand_files(files, storage_options)])
 
 

@@ -11,10 +11,10 @@ seed and the number delivered (vectorized: milliseconds for millions of draws), 
 re-reads upstream from the newest saved upstream cursor at or before the oldest element
 still in the buffer, keeping only the buffered ones. That span is about
 ``buffer_size * ln(buffer_size)`` elements whatever the position (the oldest of n slots
-has waited about n ln n draws); the node keeps upstream cursors every ``buffer_size / 4``
-elements for the last ``16 * buffer_size`` in memory, and the state carries only the one
-it needs (no buffered data). Older than that (rare: a slot not drawn for 16 buffers), the
-restore replays from the start of the pass.
+has waited about n ln n draws); the node keeps an upstream cursor every
+``buffer_size / 4`` elements back to the oldest buffered element (a few dozen), and the
+state carries only the one it needs (no buffered data). Over a source that is its own
+checkpoint (a ``WorkQueue``), a restore starts a fresh buffer where the queue is.
 """
 
 from __future__ import annotations
@@ -55,6 +55,18 @@ class ShuffleDataset(UnaryDataset):
         return _ShuffleNode(b, self, state)
 
 
+def _replayable(state: Any) -> bool:
+    """False when a state (nested) says its source cannot be reopened to give the same
+    records again (``"replayable": False``, what a work-queue source's state carries)."""
+    if isinstance(state, Mapping):
+        if state.get("replayable") is False:
+            return False
+        return all(_replayable(v) for v in state.values())
+    if isinstance(state, list):
+        return all(_replayable(v) for v in state)
+    return True
+
+
 class _ShuffleNode(Node):
     def __init__(self, b: Build, ds: ShuffleDataset, state: Mapping[str, Any] | None) -> None:
         if state is not None:
@@ -75,11 +87,9 @@ class _ShuffleNode(Node):
         self.di = 0
         self.consumed = 0
         self.every = max(1, self.size // 4)
-        self.anchors: collections.deque = collections.deque(maxlen=16 * self.size // self.every + 2)
+        self.anchors: collections.deque = collections.deque()  # (position, upstream state), trimmed
         self.b, self.ds = b, ds
         anchor = state.get("anchor") if state is not None else None
-        if state is not None and "consumed" in state and anchor is None and int(state["consumed"]) and "read" not in state:
-            anchor = None  # a state from before anchors: replay below
         if state is not None and state.get("read") is not None and anchor is not None:
             self.parent = ds.parent._build(b, anchor[1])
             super().__init__(b, ds, [self.parent])
@@ -97,7 +107,12 @@ class _ShuffleNode(Node):
     # -- reading upstream, remembering cursors to resume from ----------------------------
     def _read_one(self) -> Any:
         if self.read % self.every == 0:
-            self.anchors.append((self.read, self.parent.get_state()))
+            anchors = self.anchors
+            anchors.append((self.read, self.parent.get_state()))
+            if len(anchors) > 8:  # drop cursors older than the one before the oldest buffered element
+                oldest = min(self.pos) if self.pos else self.read
+                while len(anchors) > 1 and anchors[1][0] <= oldest:
+                    anchors.popleft()
         x = next(self.parent)
         self.read += 1
         return x
@@ -190,6 +205,10 @@ class _ShuffleNode(Node):
         self.consumed = consumed
 
     def get_state(self) -> dict:
+        if self.read and not _replayable(self.anchors[-1][1] if self.anchors else None):
+            # upstream is its own checkpoint (a work queue): it cannot give the buffered
+            # records again, so a restore starts a fresh buffer where upstream is now
+            return {"seed": self.seed, "parent_start": self.parent.get_state(), "consumed": 0}
         state = {"seed": self.seed, "parent_start": self.parent_start, "consumed": self.consumed,
                  "read": self.read, "exhausted": self.exhausted, "anchor": None}
         if self.read == 0:
@@ -200,7 +219,7 @@ class _ShuffleNode(Node):
             if p <= oldest:
                 state["anchor"] = [p, st]
                 break
-        return state  # no anchor old enough: a restore replays from the pass's start
+        return state
 
     def close(self) -> None:
         self.buf = []

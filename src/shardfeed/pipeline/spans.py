@@ -20,7 +20,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from ..formats.index import index_url_of, load_index
 from ..formats.tfrecord import normalize_compression
-from ..storage import exists
+from ..storage import exists, size
 from ..storage.urls import mask
 
 logger = logging.getLogger(__name__)
@@ -108,15 +108,19 @@ class _ListStream:
 class StaticSpans:
     """A fixed list of spans, the same every pass; the state is one index."""
 
+    replayable = True
+    """Reopening at a saved state yields the same spans again (a queue's does not)."""
+
     def __init__(self, spans: Sequence[Span]) -> None:
         self.spans = list(spans)
 
     def open(self, state: Any, epoch: tuple) -> _ListStream:
         return _ListStream(self.spans, state)
 
-    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None) -> "StaticSpans":
+    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
+              compression: str | None = "auto") -> "StaticSpans":
         """This reader's share (see :func:`split_spans`)."""
-        return StaticSpans(split_spans(self.spans, index, count, storage_options))
+        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression))
 
     @property
     def urls(self) -> list[str]:
@@ -142,19 +146,26 @@ def _whole(s: Span) -> bool:
     return s.offset == 0 and s.end is None
 
 
+BALANCE_CHECK_MAX_FILES = 4096
+"""Up to this many files, a split by whole files is checked for balance by the files' sizes."""
+
+
 def split_spans(spans: Sequence[Span], index: int, count: int,
-                storage_options: Mapping[str, Any] | None = None) -> list[Span]:
+                storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto") -> list[Span]:
     """Reader ``index`` of ``count``'s share of ``spans``: every record in exactly one
     share, and each reader's share is only its own bytes. Deterministic: every reader
     computes the same plan without talking to the others.
 
-    - Whole files, round robin (reader ``r`` gets spans ``r, r+count, ...``), when the
-      spans divide evenly, or when there are at least ``count`` of them and some lack an
-      index file (no file is read just to plan).
+    - Whole files, round robin (reader ``r`` gets spans ``r, r+count, ...``), when that
+      gives every reader about the same bytes (within 10%, by the files' sizes; not
+      checked beyond 4,096 files), or when some file lacks an index file and there are at
+      least ``count`` files (no file is read just to plan; a warning names the imbalance).
     - Otherwise contiguous record ranges of the sequence of all records, sizes differing by
       at most one, cut through the files' index files; a missing index is built by
       scanning the file once and saved beside it (or in the index cache when the storage
       is read-only), so later readers and passes find it.
+
+    Compressed files cannot be cut into record ranges: ``ValueError`` when that is needed.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of readers must be a positive int, got {count!r}")
@@ -164,17 +175,40 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if count == 1:
         return spans
     n = len(spans)
-    if n % count == 0:
+    balanced = n % count == 0 and (n > BALANCE_CHECK_MAX_FILES or _balanced(spans, count, storage_options))
+    if balanced:
         return spans[index::count]
+    compressed = [s.url for s in spans if normalize_compression(compression, s.url) is not None]
     whole = [s for s in spans if _whole(s)]
-    have_index = all(normalize_compression("auto", s.url) is None and exists(index_url_of(s.url), storage_options)
-                     for s in whole)
+    have_index = not compressed and all(exists(index_url_of(s.url), storage_options) for s in whole)
     if n >= count and not have_index:
+        if n % count or n <= BALANCE_CHECK_MAX_FILES:
+            logger.warning("%d files split among %d readers by whole files: shares differ in size (build index "
+                           "files with `shardfeed index FILES` for shares equal to one record, or use "
+                           "read_shard(..., equal_steps='pad'|'min') for collective training)", n, count)
         return spans[index::count]
-    if n < count and whole and not have_index:
+    if compressed:
+        raise ValueError(f"{len(spans)} file(s) among {count} readers needs record ranges, but "
+                         f"{mask(compressed[0])} is compressed (there is no index into a compressed stream): "
+                         "give at least as many files as readers, or decompress the files")
+    if whole and not have_index:
         logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
                        "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
     return _split_records(spans, index, count, storage_options)
+
+
+def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None) -> int:
+    end = s.end if s.end is not None else size(s.url, storage_options)
+    return max(0, end - s.offset)
+
+
+def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether dealing the spans round robin gives every reader its share within 10%."""
+    shares = [0] * count
+    for k, s in enumerate(spans):
+        shares[k % count] += _span_bytes(s, storage_options)
+    mean = sum(shares) / count
+    return mean == 0 or max(shares) <= 1.1 * mean
 
 
 def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None) -> list[Span]:
