@@ -389,3 +389,22 @@ def test_shuffle_over_a_queue_saves_a_fresh_buffer_state(tmp_path):
     root = it.get_state()["root"]
     assert root["consumed"] == 0 and "anchor" not in root  # the queue is the checkpoint
     it.close()
+
+
+def test_ranks_started_by_torch_spawn_with_spawned_workers_read_every_record_once(tmp_path):
+    pytest.importorskip("torch")
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from ._ddp_worker import run_rank
+
+    files = _write_sizes(tmp_path, [10, 11, 12, 13])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run_rank, args=(2, port, files, str(tmp_path)), nprocs=2, join=True)
+    per_rank = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    assert all(per_rank)  # each rank read a share, not everything and not nothing
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(f * 1000 + i for f, n in enumerate([10, 11, 12, 13])
+                                                       for i in range(n))
