@@ -29,7 +29,7 @@ from ..storage.urls import mask, parse_url
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
 from .sources import SourceDataset, SourceNode
-from .spans import Span, SpanProvider, StaticSpans
+from .spans import DEFAULT_BLOCK_SIZE, SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
 from .workers import ChunkQueue, Closed, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -514,6 +514,15 @@ class TFRecordSource(SourceDataset):
         return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"
 
 
+def _check_shuffle(shuffle: str | None, seed: int | None, block_size: int) -> None:
+    if shuffle not in SHUFFLES:
+        raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
+    if shuffle is not None and (seed is None or isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"shuffle={shuffle!r} needs a seed (an int >= 0), so that every run and every reader "
+                         f"computes the same order: pass seed=..., got {seed!r}")
+    positive_int("block_size", block_size)
+
+
 def _provider_of(files: Any, storage_options: Mapping[str, Any] | None) -> SpanProvider:
     """A span provider from what a user passes as ``files``: a provider; an object that
     offers one (``span_provider(storage_options)``, as a ``WorkQueue`` does); or a URL,
@@ -539,6 +548,12 @@ def read_tfrecord(
     on_corrupt: str = "raise",
     storage_options: Mapping[str, Any] | None = None,
     num_parallel_reads: int | None = AUTOTUNE,
+    *,
+    shuffle: str | None = None,
+    seed: int | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    slice_id: int | None = None,
+    slice_count: int | None = None,
 ) -> TFRecordSource:
     """Read TFRecord files given as a URL, a glob or a list of them (any storage).
 
@@ -558,5 +573,29 @@ def read_tfrecord(
     :class:`~shardfeed.WorkQueue`: the dataset then reads the items (files or record
     ranges) this worker takes off the queue, acknowledging each after its last record was
     delivered.
+
+    ``shuffle``: ``None`` (the order given), ``"files"`` (a seeded order of the files,
+    different every epoch) or ``"blocks"`` (a seeded order of record ranges of
+    ``block_size`` records, cut through index files, built when missing: sequential reads
+    within a block, good for object storage); ``seed`` is required for either. With
+    ``slice_id``/``slice_count`` this reader takes its share below the source: every
+    ``slice_count``-th unit of the epoch's order, or, unshuffled, its files or record
+    ranges (see :meth:`Dataset.shard`).
     """
-    return TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads)
+    _check_shuffle(shuffle, seed, block_size)
+    if (slice_id is None) != (slice_count is None):
+        raise ValueError("give both slice_id and slice_count, or neither")
+    if shuffle is not None:
+        provider = _provider_of(files, storage_options)
+        if not isinstance(provider, StaticSpans):
+            raise ValueError(f"shuffle={shuffle!r} applies to files; {provider!r} hands out its own order "
+                             "(a WorkQueue shuffles with WorkQueue(..., shuffle=True, seed=...))")
+        files = ShuffledSpans(provider.spans, seed, shuffle, block_size, storage_options,  # type: ignore[arg-type]
+                              compression)
+    src = TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads)
+    if slice_id is not None:
+        split = src._split(slice_id, slice_count)  # type: ignore[arg-type]
+        if split is None:
+            raise ValueError(f"{src.provider!r} cannot be split among readers")
+        src = split
+    return src

@@ -243,3 +243,82 @@ def _record_at(index: Any, offset: int) -> int:
     import numpy as np  # noqa: PLC0415
 
     return int(np.searchsorted(index[:, 0], offset, side="left"))
+
+
+# -- shuffled orders -----------------------------------------------------------------------------
+SHUFFLES = (None, "files", "blocks")
+DEFAULT_BLOCK_SIZE = 2048
+
+
+def block_spans(spans: Sequence[Span], block_size: int, storage_options: Mapping[str, Any] | None = None,
+                compression: str | None = "auto") -> list[Span]:
+    """``spans`` cut into record ranges of ``block_size`` records (the last of a file may be
+    shorter), through the files' index files (built when missing)."""
+    out: list[Span] = []
+    for s in spans:
+        if normalize_compression(compression, s.url) is not None:
+            raise ValueError(f"shuffle='blocks' needs record ranges, but {mask(s.url)} is compressed (there is "
+                             "no index into a compressed stream): use shuffle='files', or decompress the files")
+        idx = load_index(s.url, storage_options, build=True)
+        a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
+        b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
+        for lo in range(a, b, block_size):
+            out += range_spans(s.url, idx, lo, min(b, lo + block_size))
+    return out
+
+
+class ShuffledSpans:
+    """Spans (``"files"``) or blocks of about ``block_size`` records (``"blocks"``) in a
+    seeded order that changes every epoch (a :class:`~shardfeed.pipeline.permute.Permutation`
+    keyed by ``(seed, epoch)``); reader ``index`` of ``count`` takes positions ``index,
+    index + count, ...`` of that order, so every unit is read once per epoch across the
+    readers, and each epoch deals them afresh. The state is one index."""
+
+    replayable = True
+
+    def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int = DEFAULT_BLOCK_SIZE,
+                 storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
+                 index: int = 0, count: int = 1, _units: list | None = None) -> None:
+        if mode not in ("files", "blocks"):
+            raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
+        self.spans = list(spans)
+        self.seed = seed
+        self.mode = mode
+        self.block_size = block_size
+        self.storage_options = storage_options
+        self.compression = compression
+        self.index, self.count = index, count
+        self._units_cache = _units if _units is not None else []  # shared with splits: made once
+
+    def units(self) -> list[Span]:
+        if not self._units_cache:
+            units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
+                                                                        self.storage_options, self.compression)
+            self._units_cache.append(units)
+        return self._units_cache[0]
+
+    def order(self, epoch: tuple) -> list[Span]:
+        """This reader's units of the epoch, in order."""
+        from .permute import Permutation  # noqa: PLC0415
+
+        units = self.units()
+        perm = Permutation(len(units), (self.seed, *[int(e) for e in epoch]))
+        return [units[i] for i in perm.take(self.index, len(units), self.count).tolist()]
+
+    def open(self, state: Any, epoch: tuple) -> _ListStream:
+        return _ListStream(self.order(epoch), state)
+
+    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
+              compression: str | None = "auto") -> "ShuffledSpans":
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1 or not 0 <= index < count:
+            raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
+        return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
+                             self.compression, self.index + index * self.count, self.count * count,
+                             self._units_cache)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.spans]
+
+    def __repr__(self) -> str:
+        return f"ShuffledSpans({len(self.spans)} spans, {self.mode}, reader {self.index} of {self.count})"

@@ -1,0 +1,115 @@
+"""Shuffle modes on the source: seeded file and block orders, split among readers, resumable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.pipeline import check_resume_everywhere
+from shardfeed.pipeline.permute import Permutation
+
+from .test_pipeline_helpers import SPEC, example
+
+SIZES = [40, 3, 25, 0, 17, 60]
+
+
+def _files(tmp_path, sizes=SIZES, index=False):
+    paths = []
+    for f, n in enumerate(sizes):
+        p = str(tmp_path / f"m-{f:02d}.tfrecord")
+        sf.write_records(p, [example(f * 1000 + i) for i in range(n)], index=index)
+        paths.append(p)
+    return paths
+
+
+def _all(sizes=SIZES):
+    return sorted(f * 1000 + i for f, n in enumerate(sizes) for i in range(n))
+
+
+def _ids(ds):
+    return [int(v) for b in ds for v in np.atleast_1d(b["id"])]
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 64, 1000, 4097])
+def test_permutation_is_a_seeded_bijection(n):
+    p = Permutation(n, (7, 0))
+    got = p.take(0, n).tolist()
+    assert sorted(got) == list(range(n))
+    assert got == Permutation(n, (7, 0)).take(0, n).tolist()
+    if n > 8:
+        assert got != Permutation(n, (7, 1)).take(0, n).tolist()
+        assert got != list(range(n))
+        assert [p[i] for i in (0, n // 2, n - 1)] == [got[0], got[n // 2], got[-1]]
+    with pytest.raises(IndexError):
+        p[n]
+
+
+@pytest.mark.parametrize("mode", ["files", "blocks"])
+@pytest.mark.parametrize("readers", [1, 2, 3, 7])
+def test_every_record_once_per_epoch_across_readers(tmp_path, mode, readers):
+    files = _files(tmp_path)
+    got = []
+    for r in range(readers):
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=5, block_size=8, slice_id=r, slice_count=readers)
+        got += _ids(ds.batch(4))
+    assert sorted(got) == _all()
+
+
+@pytest.mark.parametrize("mode", ["files", "blocks"])
+def test_same_seed_same_order_and_each_epoch_differs(tmp_path, mode):
+    files = _files(tmp_path)
+    one = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=8).batch(5))
+    two = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=8).batch(5))
+    other = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=4, block_size=8).batch(5))
+    assert one == two and sorted(one) == _all()
+    assert one != other
+    epochs = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=8).repeat(2).batch(5))
+    first, second = epochs[: len(one)], epochs[len(one):]
+    assert sorted(first) == sorted(second) == _all() and first != second
+    if mode == "blocks":  # blocks of one file are read in sequence, in an order across files
+        runs = sum(1 for a, b in zip(one, one[1:]) if b != a + 1)
+        assert runs >= 8  # far more breaks than the 5 file boundaries of the plain order
+
+
+@pytest.mark.parametrize("mode", ["files", "blocks"])
+def test_shuffled_source_resumes_at_every_step(tmp_path, mode):
+    files = _files(tmp_path, [9, 4, 7])
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=2, block_size=3, num_parallel_reads=2).batch(2)
+    assert check_resume_everywhere(ds) >= 10
+    assert check_resume_everywhere(sf.read_tfrecord(files, shuffle=mode, seed=2, block_size=3).repeat(2), every=3)
+
+
+def test_shuffle_needs_a_seed_and_a_known_mode(tmp_path):
+    files = _files(tmp_path, [3])
+    with pytest.raises(ValueError, match="needs a seed"):
+        sf.read_tfrecord(files, shuffle="files")
+    with pytest.raises(ValueError, match="shuffle must be one of"):
+        sf.read_tfrecord(files, shuffle="global!", seed=1)
+    with pytest.raises(ValueError, match="slice_id and slice_count"):
+        sf.read_tfrecord(files, slice_id=0)
+
+
+def test_blocks_of_a_compressed_file_say_why_not(tmp_path):
+    p = str(tmp_path / "z.tfrecord.gz")
+    sf.write_records(p, [example(i) for i in range(5)], compression="GZIP")
+    with pytest.raises(ValueError, match="compressed"):
+        list(sf.read_tfrecord(p, shuffle="blocks", seed=1))
+    assert sorted(int(r) for r in (sf.decode_example(x)["id"][0] for x in sf.read_tfrecord(p, shuffle="files", seed=1))) \
+        == list(range(5))
+
+
+def test_a_queue_refuses_a_source_shuffle(tmp_path):
+    q = sf.WorkQueue(_files(tmp_path, [3]), backend="memory", name="no-source-shuffle")
+    with pytest.raises(ValueError, match="WorkQueue"):
+        sf.read_tfrecord(q, shuffle="files", seed=1)
+
+
+def test_to_torch_readers_take_their_share_of_each_epoch(tmp_path):
+    from shardfeed.adapters.torch import split_for_reader
+
+    files = _files(tmp_path)
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=9, block_size=6).batch(4)
+    got = [_ids(split_for_reader(ds, r, 3)) for r in range(3)]
+    assert sorted(got[0] + got[1] + got[2]) == _all()
+    assert all(got)
