@@ -408,3 +408,15 @@ def test_ranks_started_by_torch_spawn_with_spawned_workers_read_every_record_onc
     assert all(per_rank)  # each rank read a share, not everything and not nothing
     assert sorted(per_rank[0] + per_rank[1]) == sorted(f * 1000 + i for f, n in enumerate([10, 11, 12, 13])
                                                        for i in range(n))
+
+
+def test_index_files_parse_fast_and_still_name_a_bad_line(tmp_path):
+    p = tmp_path / "x.idx"
+    p.write_bytes(b"0 20\n\n20 30\n")
+    assert sf.read_index(str(p)).tolist() == [[0, 20], [20, 30]]
+    p.write_bytes(b"0 20\n20 30 40\n")
+    with pytest.raises(sf.ShardfeedError, match="line 2"):
+        sf.read_index(str(p))
+    p.write_bytes(b"0 20\n5 7\n")
+    with pytest.raises(sf.ShardfeedError, match="line 2"):
+        sf.read_index(str(p))

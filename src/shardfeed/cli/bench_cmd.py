@@ -75,6 +75,16 @@ def _rows_resume(res: dict) -> list[Row]:
     return out
 
 
+def _rows_shuffle(res: dict) -> list[Row]:
+    med, mix = res["median"], res.get("largest_file_share", {})
+    anchor_name = res.get("anchor")
+    anchor = med.get(anchor_name) if anchor_name else None
+    return [(f"{name} (largest file share {mix[name]:.3f})" if name in mix else name, _rate(rate, "rec/s"),
+             f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
+             _ratio(rate / anchor if anchor else None))
+            for name, rate in med.items() if name != anchor_name]
+
+
 def _rows_read_table(res: dict) -> list[Row]:
     rate = res["rows_per_s"]
     sf_rate = rate["shardfeed"]
@@ -171,6 +181,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), _rows_read_paths,
               "--dir"),
     Benchmark("resume", "--json", (), ("--records", "100000", "--buffer", "1000"), _rows_resume, "--dir"),
+    Benchmark("shuffle", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_shuffle, "--dir"),
     Benchmark("read_table", "--json", (), ("--rows", "200000", "--repeats", "1"), _rows_read_table, "--data"),
     Benchmark("pipeline_seed003", "--out", (), ("--steps", "20", "--repeats", "1"), _rows_pipeline_seed003),
     Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1"),
