@@ -78,6 +78,13 @@ class Dataset:
         to let ``batch`` group elements one by one. ``batch`` carries the batch arguments."""
         return None
 
+    def _shuffle_batch_node(self, b: Build, state: Mapping[str, Any] | None, shuffle: "Dataset",
+                            batch: "Dataset") -> Node | None:
+        """The hook ``shuffle(...).batch(...)`` directly on this dataset calls: a node that
+        shuffles and batches whole batches itself with the same order and state as the
+        unfused chain, or ``None``."""
+        return None
+
     def _split(self, index: int, count: int, threads: int | None = None) -> "Dataset | None":
         """The hook ``shard`` and the adapters call: reader ``index`` of ``count``'s share of
         this dataset, split below it so each reader reads only its own part (sources over

@@ -36,6 +36,51 @@ def derive_seed(seed: int, epoch: tuple) -> int:
     return int(np.random.SeedSequence([seed, *epoch]).generate_state(1, np.uint64)[0])
 
 
+def next_draws(rng: np.random.Generator, draws: np.ndarray, di: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The next ``k`` draws of the stream (blocks of ``_DRAWS`` from ``rng``), and the new
+    ``(block, index)``: the same values the shuffle node takes one at a time."""
+    parts = []
+    while k > 0:
+        if di >= len(draws):
+            draws, di = rng.random(_DRAWS), 0
+        take = min(k, len(draws) - di)
+        parts.append(draws[di: di + take])
+        di += take
+        k -= take
+    return (np.concatenate(parts) if parts else np.empty(0)), draws, di
+
+
+def slot_positions(seed: int, epoch: tuple, size: int, consumed: int, read: int,
+                   exhausted: bool) -> tuple[np.random.Generator, np.ndarray, int, list[int]]:
+    """After ``consumed`` draws of a shuffle of ``size`` slots that had read ``read``
+    upstream elements: the random stream positioned after those draws ``(rng, block,
+    index)``, and the upstream position each slot holds. Depends only on the draws, never
+    on the data; vectorized while upstream still refilled every slot."""
+    rng = np.random.Generator(np.random.PCG64(derive_seed(seed, epoch)))
+    blocks = -(-consumed // _DRAWS)
+    draws = rng.random(blocks * _DRAWS) if blocks else np.empty(0)
+    block = draws[(blocks - 1) * _DRAWS:] if blocks else np.empty(0)
+    di = consumed - (blocks - 1) * _DRAWS if blocks else 0
+    first = min(size, read)  # the first fill
+    # draws while upstream still gave a replacement: draw t refills its slot with position first + t
+    full = consumed if not exhausted else max(0, min(consumed, read - first))
+    slots = (draws[:full] * first).astype(np.int64) if first else np.empty(0, np.int64)
+    pos = np.arange(first, dtype=np.int64)
+    if full:
+        last = np.full(first, -1, np.int64)
+        uniq, idx = np.unique(slots[::-1], return_index=True)
+        last[uniq] = full - 1 - idx
+        drawn = last >= 0
+        pos[drawn] = first + last[drawn]
+    positions = pos.tolist()
+    # the draws after upstream ran out: each takes a slot and moves the last one into it
+    for t in range(full, consumed):
+        i = int(draws[t] * len(positions))
+        positions[i] = positions[-1]
+        positions.pop()
+    return rng, block, di, positions
+
+
 class ShuffleDataset(UnaryDataset):
     kind = "shuffle"
 
@@ -50,6 +95,11 @@ class ShuffleDataset(UnaryDataset):
 
     def _deferred_spec(self):
         return self.parent._deferred_spec()
+
+    def _batch_node(self, b: Build, state: Mapping[str, Any] | None, batch: Dataset) -> Node | None:
+        """A following ``batch`` asks here; a parent that can shuffle and batch whole
+        batches itself (a TFRecord source) makes the fused node."""
+        return self.parent._shuffle_batch_node(b, state, self, batch)
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return _ShuffleNode(b, self, state)
@@ -155,32 +205,8 @@ class _ShuffleNode(Node):
     # -- resuming ------------------------------------------------------------------------------
     def _restore(self, consumed: int, read: int, exhausted: bool, anchor_pos: int, anchor_state: Any) -> None:
         """Rebuild the buffer after ``consumed`` draws without replaying them through upstream."""
-        self.rng = np.random.Generator(np.random.PCG64(derive_seed(self.seed, self.epoch)))
-        blocks = -(-consumed // _DRAWS)
-        draws = self.rng.random(blocks * _DRAWS) if blocks else np.empty(0)
-        self.draws = draws[(blocks - 1) * _DRAWS:] if blocks else np.empty(0)
-        self.di = consumed - (blocks - 1) * _DRAWS if blocks else 0
-        size = self.size
-        first = min(size, read)  # the first fill
-        # draws while upstream still gave a replacement: slot t%... refilled with position first + t
-        full = consumed if not exhausted else max(0, min(consumed, read - first))
-        slots = (draws[:full] * first).astype(np.int64) if first else np.empty(0, np.int64)
-        pos = np.arange(first, dtype=np.int64)
-        if full:
-            last = np.full(first, -1, np.int64)
-            rev = slots[::-1]
-            uniq, idx = np.unique(rev, return_index=True)
-            last[uniq] = full - 1 - idx
-            drawn = last >= 0
-            pos[drawn] = first + last[drawn]
-        positions = pos.tolist()
-        # the draws after upstream ran out: each takes a slot and moves the last one into it
-        for t in range(full, consumed):
-            i = int(draws[t] * len(positions))
-            positions[i] = positions[-1]
-            positions.pop()
-        if exhausted and full < consumed and read > first:
-            pass  # the draw that found upstream empty is among those above, as in _shuffled_next
+        self.rng, self.draws, self.di, positions = slot_positions(self.seed, self.epoch, self.size, consumed, read,
+                                                                  exhausted)
         # re-read upstream from the anchor, keeping the elements still in the buffer
         want = {p: k for k, p in enumerate(positions)}
         buf: list = [None] * len(positions)

@@ -1,0 +1,297 @@
+"""``source.shuffle(n).batch(k)`` fused: the buffer shuffle computed on positions, whole
+batches of frames gathered from the source's chunks and parsed at once.
+
+The shuffle node draws one slot at a time and refills it from upstream; which upstream
+position each output is depends only on the random draws (see
+:func:`~shardfeed.pipeline.shuffle.slot_positions`). So the positions of a whole batch
+are computed at once with numpy (the last write to each drawn slot), the frames at those
+positions are gathered from the chunks the source read, and the batch parser takes them
+in one call: the same elements in the same order as the unfused chain, and the same state
+(either chain resumes from the other's), without a Python step per record.
+
+Records stay in the source's chunks while any of them is buffered; chunks that hold only a
+few buffered records are compacted (those records copied out), so memory stays near the
+buffer's own size.
+"""
+
+from __future__ import annotations
+
+import collections
+import secrets
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..formats.chunks import FrameChunk
+from ..formats.tfrecord import FRAME_OVERHEAD
+from ..storage.urls import mask
+from .records import RECORD_CHUNK, TFRecordSource, _SpanChunks, _state
+from .shuffle import derive_seed, next_draws, slot_positions
+
+
+class _Chunk:
+    __slots__ = ("base", "chunk", "url", "start_state", "end_state")
+
+    def __init__(self, base: int, chunk: FrameChunk, url: str, start_state: Any, end_state: Any) -> None:
+        self.base = base  # upstream position of its first record
+        self.chunk = chunk
+        self.url = url
+        self.start_state = start_state  # the source's state before its first record
+        self.end_state = end_state  # ... after its last
+
+
+class ShuffledBatches:
+    """The batch producer of a fused shuffle + batch (see :class:`~shardfeed.pipeline.records.SourceBatchNode`)."""
+
+    def __init__(self, src: TFRecordSource, shuffle_ds: Any, batch_ds: Any, epoch: tuple,
+                 state: Mapping[str, Any] | None) -> None:
+        self.src = src
+        self.size = shuffle_ds.buffer_size
+        self.k = batch_ds.batch_size
+        self.drop = batch_ds.drop_remainder
+        self.epoch_path = epoch
+        epoch_key = epoch if shuffle_ds.reshuffle_each_iteration else ()
+        if state is not None:
+            self.seed = int(state["seed"])
+            self.parent_start = state["parent_start"]
+        else:
+            self.seed = shuffle_ds.seed if shuffle_ds.seed is not None else secrets.randbits(63)
+            self.parent_start = None
+        self.chunks: collections.deque[_Chunk] = collections.deque()
+        self.survivors: dict[int, tuple[bytes, int, str]] = {}  # compacted: position -> (record, file offset, url)
+        self.read = 0  # upstream positions held or passed
+        self.ended = False  # the source has no more records
+        self.consumed = 0
+        self.old_starts: collections.deque = collections.deque()  # (base, end, start state) of compacted chunks
+        if state is not None and state.get("read") and state.get("anchor") is not None:
+            consumed, read, exhausted = int(state["consumed"]), int(state["read"]), bool(state["exhausted"])
+            anchor_pos, anchor_state = int(state["anchor"][0]), state["anchor"][1]
+            self.rng, self.draws, self.di, table = slot_positions(self.seed, epoch_key, self.size, consumed, read,
+                                                                  exhausted)
+            self.consumed = consumed
+            self.read = anchor_pos
+            self._open(anchor_state)
+            self.ended = False
+            self._read_to(read)
+            if exhausted or len(table) < self.size:
+                self.table: Any = list(table)
+                self.swap_mode = True
+            else:
+                self.table = np.asarray(table, dtype=np.int64)
+                self.swap_mode = False
+            self.filled = True
+            self.oldest = min(table) if table else read
+        else:
+            self.oldest = 0
+            self.rng = np.random.Generator(np.random.PCG64(derive_seed(self.seed, epoch_key)))
+            self.draws, self.di = np.empty(0), 0
+            self._open(self.parent_start)
+            self.table = np.empty(0, np.int64)
+            self.swap_mode = False
+            self.filled = False
+
+    # -- the source's chunks ----------------------------------------------------------------
+    def _open(self, source_state: Any) -> None:
+        self.span_chunks = _SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK)
+        self.it = iter(self.span_chunks)
+        self.last_state = source_state
+
+    def _read_to(self, target: int) -> None:
+        """Read chunks until ``read >= target`` or the source ends."""
+        while self.read < target and not self.ended:
+            try:
+                chunk, tag = next(self.it)
+            except StopIteration:
+                self.ended = True
+                self.span_chunks.finish_all()
+                break
+            if not chunk.count:
+                continue
+            end = int(chunk.positions[-1] + chunk.lengths[-1]) + FRAME_OVERHEAD
+            end_state = _state(tag, end, None)
+            self.chunks.append(_Chunk(self.read, chunk, tag.span.url, self.last_state, end_state))
+            self.last_state = end_state
+            self.read += chunk.count
+            self.span_chunks.delivered(tag.seq)
+
+    # -- the draws ----------------------------------------------------------------------------
+    def _fill_first(self) -> None:
+        self._read_to(self.size)
+        first = min(self.size, self.read)
+        self.table = np.arange(first, dtype=np.int64)
+        self.filled = True
+        if self.ended and self.read < self.size:
+            self.table = list(range(first))
+            self.swap_mode = True
+
+    def _draw(self, want: int) -> list[np.ndarray]:
+        """Upstream positions of the next ``want`` outputs (fewer at the end)."""
+        out: list[np.ndarray] = []
+        while want > 0:
+            if not self.swap_mode:
+                size = self.size
+                self._read_to(size + self.consumed + want)  # every draw's refill is at hand, or the source ended
+                full = min(want, max(0, self.read - size - self.consumed))
+                if full:
+                    draws, self.draws, self.di = next_draws(self.rng, self.draws, self.di, full)
+                    slots = (draws * size).astype(np.int64)
+                    t = np.arange(full, dtype=np.int64)
+                    order = np.lexsort((t, slots))  # by slot, then time
+                    ss, ts = slots[order], t[order]
+                    same = ss[1:] == ss[:-1]
+                    prev = np.full(full, -1, np.int64)
+                    prev[ts[1:][same]] = ts[:-1][same]
+                    base = size + self.consumed
+                    got = np.where(prev >= 0, base + prev, self.table[slots])
+                    last = np.ones(full, bool)
+                    last[:-1] = ~same
+                    self.table[ss[last]] = base + ts[last]
+                    if (got == self.oldest).any():  # the oldest buffered record went out
+                        self.oldest = int(self.table.min())
+                    self.consumed += full
+                    want -= full
+                    out.append(got)
+                if want and self.ended:
+                    self.table = self.table.tolist()
+                    self.swap_mode = True
+                continue
+            table = self.table
+            if not table:
+                break
+            n = min(want, len(table))
+            draws, self.draws, self.di = next_draws(self.rng, self.draws, self.di, n)
+            got_list = []
+            for d in draws.tolist():
+                i = int(d * len(table))
+                got_list.append(table[i])
+                table[i] = table[-1]
+                table.pop()
+            if self.oldest in got_list:
+                self.oldest = min(table) if table else self.read
+            self.consumed += n
+            want -= n
+            out.append(np.asarray(got_list, dtype=np.int64))
+        return out
+
+    def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
+        if not self.filled:
+            self._fill_first()
+        parts = self._draw(self.k)
+        positions = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        if not len(positions) or (self.drop and len(positions) < self.k):
+            raise StopIteration
+        batch, urls = self._gather(positions)
+        state = self.get_state()
+        self._compact()
+
+        def where(k: int) -> str:
+            return f"byte offset {int(batch.positions[k])} of {mask(urls[k])} (upstream record #{int(positions[k])})"
+
+        return batch, where, state, None
+
+    # -- records at positions --------------------------------------------------------------------
+    def _gather(self, positions: np.ndarray) -> tuple[FrameChunk, list[str]]:
+        bases = np.array([c.base for c in self.chunks], dtype=np.int64)
+        which = np.searchsorted(bases, positions, side="right") - 1
+        pieces, lengths, file_pos, urls = [], [], [], []
+        views = [memoryview(c.chunk.buffer) for c in self.chunks]
+        for p, w in zip(positions.tolist(), which.tolist()):
+            kept = self.survivors.pop(p, None)
+            if kept is not None:
+                rec, fpos, url = kept
+                pieces.append(rec)
+                lengths.append(len(rec))
+                file_pos.append(fpos)
+                urls.append(url)
+                continue
+            c = self.chunks[w]
+            j = p - c.base
+            o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
+            pieces.append(views[w][o: o + n])
+            lengths.append(n)
+            file_pos.append(int(c.chunk.positions[j]))
+            urls.append(c.url)
+        lens = np.asarray(lengths, dtype=np.int64)
+        offs = np.zeros(len(lens), dtype=np.int64)
+        if len(lens) > 1:
+            np.cumsum(lens[:-1], out=offs[1:])
+        return FrameChunk(b"".join(pieces), offs, lens, np.asarray(file_pos, dtype=np.int64)), urls
+
+    def _buffered(self) -> np.ndarray:
+        t = self.table
+        return t if isinstance(t, np.ndarray) else np.asarray(t, dtype=np.int64)
+
+    def _compact(self) -> None:
+        """Release chunks none of whose records is buffered; copy out the few buffered
+        records of old chunks, so that memory stays near the buffer's size. Records not
+        yet drawn into the buffer (read ahead) are never released."""
+        chunks = self.chunks
+        if len(chunks) < 2:
+            return
+        frontier = self.read if self.swap_mode else min(self.read, self.size + self.consumed)
+        horizon = frontier - 2 * max(self.size, 1024)
+        held = None
+        while len(chunks) > 1:
+            c = chunks[0]
+            end = c.base + c.chunk.count
+            if end > frontier:
+                break
+            if end <= self.oldest:  # nothing of it is buffered any more
+                chunks.popleft()
+                continue
+            if end > horizon:
+                break
+            if held is None:
+                held = self._buffered()
+            live = held[(held >= c.base) & (held < end)]
+            if len(live):
+                view = memoryview(c.chunk.buffer)
+                for p in live.tolist():
+                    j = p - c.base
+                    o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
+                    self.survivors[p] = (bytes(view[o: o + n]), int(c.chunk.positions[j]), c.url)
+                self.old_starts.append((c.base, end, c.start_state))
+            chunks.popleft()
+
+    # -- state --------------------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """The unfused shuffle node's state at the same point (either chain resumes from it)."""
+        size = self.size
+        n_ended = self.read if self.ended else None
+        read = size + self.consumed if n_ended is None else min(n_ended, size + self.consumed)
+        if not self.filled:
+            read = 0
+        exhausted = bool(n_ended is not None and (n_ended < size or self.consumed > n_ended - size))
+        state = {"seed": self.seed, "parent_start": self.parent_start, "consumed": self.consumed, "read": read,
+                 "exhausted": exhausted, "anchor": None}
+        oldest = self.oldest if len(self.table) else read
+        starts = self.old_starts
+        while starts and starts[0][1] <= oldest:  # the oldest buffered position only grows
+            starts.popleft()
+        anchor = [0, self.parent_start]
+        for base, _, st in starts:
+            if base <= oldest:
+                anchor = [base, st]
+        for c in self.chunks:
+            if c.base > oldest:
+                break
+            anchor = [c.base, c.start_state]
+        state["anchor"] = anchor
+        return state
+
+    def delivered(self, token: Any) -> None:
+        pass
+
+    def finish_all(self) -> None:
+        self.span_chunks.finish_all()
+
+    def close(self) -> None:
+        try:
+            self.span_chunks.close()
+        finally:
+            try:
+                self.it.close()  # type: ignore[attr-defined]
+            except ValueError:
+                pass
+            self.chunks.clear()
+            self.survivors.clear()
