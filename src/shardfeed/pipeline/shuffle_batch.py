@@ -191,31 +191,44 @@ class ShuffledBatches:
 
     # -- records at positions --------------------------------------------------------------------
     def _gather(self, positions: np.ndarray) -> tuple[FrameChunk, list[str]]:
-        bases = np.array([c.base for c in self.chunks], dtype=np.int64)
+        """The frames at ``positions``, copied in that order into one buffer (per-record
+        metadata by numpy, one slice per record), and each record's file."""
+        chunks = self.chunks
+        n = len(positions)
+        bases = np.fromiter((c.base for c in chunks), dtype=np.int64, count=len(chunks))
         which = np.searchsorted(bases, positions, side="right") - 1
-        pieces, lengths, file_pos, urls = [], [], [], []
-        views = [memoryview(c.chunk.buffer) for c in self.chunks]
-        for p, w in zip(positions.tolist(), which.tolist()):
-            kept = self.survivors.pop(p, None)
-            if kept is not None:
-                rec, fpos, url = kept
-                pieces.append(rec)
-                lengths.append(len(rec))
-                file_pos.append(fpos)
-                urls.append(url)
+        src_off = np.zeros(n, np.int64)
+        lens = np.zeros(n, np.int64)
+        file_pos = np.zeros(n, np.int64)
+        kept: dict[int, tuple[bytes, int, str]] = {}
+        if self.survivors:
+            keys = np.fromiter(self.survivors, dtype=np.int64, count=len(self.survivors))
+            for k in np.flatnonzero(np.isin(positions, keys)).tolist():
+                got = self.survivors.pop(int(positions[k]))
+                kept[k] = got
+                which[k] = -1
+                lens[k], file_pos[k] = len(got[0]), got[1]
+        for w in np.unique(which).tolist():
+            if w < 0:
                 continue
-            c = self.chunks[w]
-            j = p - c.base
-            o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
-            pieces.append(views[w][o: o + n])
-            lengths.append(n)
-            file_pos.append(int(c.chunk.positions[j]))
-            urls.append(c.url)
-        lens = np.asarray(lengths, dtype=np.int64)
-        offs = np.zeros(len(lens), dtype=np.int64)
-        if len(lens) > 1:
+            c = chunks[w]
+            sel = which == w
+            j = positions[sel] - c.base
+            src_off[sel] = c.chunk.offsets[j]
+            lens[sel] = c.chunk.lengths[j]
+            file_pos[sel] = c.chunk.positions[j]
+        views = [memoryview(c.chunk.buffer) for c in chunks]
+        ends = src_off + lens
+        if kept:
+            pieces = [kept[k][0] if w < 0 else views[w][o:e]
+                      for k, (w, o, e) in enumerate(zip(which.tolist(), src_off.tolist(), ends.tolist()))]
+        else:
+            pieces = [views[w][o:e] for w, o, e in zip(which.tolist(), src_off.tolist(), ends.tolist())]
+        offs = np.zeros(n, dtype=np.int64)
+        if n > 1:
             np.cumsum(lens[:-1], out=offs[1:])
-        return FrameChunk(b"".join(pieces), offs, lens, np.asarray(file_pos, dtype=np.int64)), urls
+        urls = [kept[k][2] if w < 0 else chunks[w].url for k, w in enumerate(which.tolist())]
+        return FrameChunk(b"".join(pieces), offs, lens, file_pos), urls
 
     def _buffered(self) -> np.ndarray:
         t = self.table
