@@ -13,34 +13,29 @@ order, so the output never depends on the parallelism.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import threading
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from ..errors import DecodeError, ParseError
-from ..formats.chunks import DEFAULT_CHUNK, FrameChunk, iter_frame_chunks, rebatch_tagged
+from ..formats.chunks import DEFAULT_CHUNK
 from ..formats.example import parse_single_example
-from ..formats.parse import parse_batch
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
-from ..storage.urls import mask, parse_url
+from ..storage.urls import mask
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
+from .source_batch import SourceBatchNode
 from .sources import SourceDataset, SourceNode
+from .span_reader import SpanChunks, _Tag, cursor_state
 from .spans import DEFAULT_BLOCK_SIZE, SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
-from .workers import ChunkQueue, Closed, WorkerPool
 
 logger = logging.getLogger(__name__)
 
 RECORD_CHUNK = 1 << 20
 """Bytes of frames found at once when records are handed out one by one: small enough that
 several spans read ahead hold little, large enough that the scan's cost vanishes."""
-
-READ_AHEAD_BYTES = 64 << 20
-"""Bytes that spans read ahead (remote or compressed shards) may hold together."""
-
 
 class ReadOptions(NamedTuple):
     """How frames are read: compression (``"auto"``: by file name), CRC checks, the corrupt
@@ -59,182 +54,6 @@ class ReadOptions(NamedTuple):
         return self
 
 
-class _Tag(NamedTuple):
-    """Where a chunk came from: the span's sequence number in the pass, the provider's
-    state at that span, and the span."""
-
-    seq: int
-    pstate: Any
-    span: Span
-
-
-def _needs_read_ahead(span: Span, o: ReadOptions) -> bool:
-    # local uncompressed shards are mapped: nothing to wait for, nothing to read ahead
-    return normalize_compression(o.compression, span.url) is not None or not parse_url(span.url).is_local
-
-
-class _SpanChunks:
-    """The chunks of one pass over a provider's spans, each tagged with a :class:`_Tag`.
-
-    Spans are opened in order. A span read to its end is finished (acknowledged, for a
-    queue) once a record of a later span reached the consumer (``delivered``) or at the
-    end of the pass; only when the provider has nothing to hand out at once (a queue whose
-    other items are leased, perhaps to this very reader) are the spans read to their end
-    finished before waiting, so a reader never waits on work it holds itself. With
-    ``read_ahead`` > 1, remote or compressed spans are read in that many background
-    threads, a bounded number of bytes ahead, and their chunks still come out in span
-    order.
-    """
-
-    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int) -> None:
-        self.src = src
-        self.o = src.options
-        self.chunk_size = chunk_size
-        self.stream = src.provider.open(state["spans"] if state else None, epoch)
-        self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
-        self.seq = 0
-        self.read_ahead = src.read_ahead
-        # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
-        self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead))
-        self.pool: WorkerPool | None = None
-        self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
-        self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
-        self.closed = False
-
-    def delivered(self, seq: int) -> None:
-        """A record of span ``seq`` reached the consumer: every span before it is done."""
-        done = self.read_done
-        while done and done[0][0] < seq:
-            self.stream.finish(done.popleft()[1])
-
-    def finish_all(self) -> None:
-        """The pass reached its end: every span read to its end is done."""
-        while self.read_done:
-            self.stream.finish(self.read_done.popleft()[1])
-
-    def _open_next(self, block: bool) -> bool:
-        """Take the next span and start reading it ahead when that helps; false when the
-        provider has none (now, when not ``block``ing)."""
-        pstate = self.stream.get_state()
-        span = self.stream.next_span(False)
-        if span is None and block:
-            self.finish_all()  # nothing at once: never wait on work this reader holds
-            pstate = self.stream.get_state()
-            span = self.stream.next_span(True)
-        if span is None:
-            return False
-        start = span.offset
-        if self.resume is not None:
-            key, offset = self.resume
-            self.resume = None
-            if list(key) == span.key():
-                start = max(start, offset)
-        tag = _Tag(self.seq, pstate, span)
-        self.seq += 1
-        q = None
-        if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
-            if self.pool is None:
-                self.pool = WorkerPool(self.read_ahead, "read-ahead")
-            q = ChunkQueue(self.per_span)
-            self.pool.submit(self._fill, span, start, q)
-        self.ahead.append((tag, start, q))
-        return True
-
-    def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
-        o = self.o
-        return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
-                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end)
-
-    def __iter__(self) -> Iterator[tuple[FrameChunk, _Tag]]:
-        ahead = self.ahead
-        while True:
-            if not ahead and not self._open_next(block=True):
-                return
-            # keep spans read ahead while the newest one is read in the background
-            while len(ahead) < self.read_ahead and ahead[-1][2] is not None and self._open_next(block=False):
-                pass
-            tag, start, q = ahead[0]
-            kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))
-            ahead.popleft()
-            if kept:
-                self.read_done.append((tag.seq, tag.span))
-
-    def _local(self, tag: _Tag, start: int) -> Iterator[tuple[FrameChunk, _Tag]]:
-        stats = ReadStats()
-        try:
-            for chunk in self._read(tag.span, start, stats):
-                if not self._keep(tag):  # checked before the records go out, not after
-                    return False
-                yield chunk, tag
-        finally:
-            self.src._merge_stats(stats)
-        return True
-
-    def _queued(self, tag: _Tag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, _Tag]]:
-        while True:
-            kind, x = q.get()
-            if kind == "end":
-                return True
-            if kind == "error":
-                raise x
-            if not self._keep(tag):
-                q.close()
-                return False
-            yield x, tag
-
-    def _keep(self, tag: _Tag) -> bool:
-        if self.stream.keep(tag.span):
-            return True
-        logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
-        return False
-
-    def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
-        """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
-        stats = ReadStats()
-        try:
-            for chunk in self._read(span, start, stats):
-                q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
-            q.put(("end", None), 1)
-        except Closed:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there
-            try:
-                q.put(("error", exc), 1)
-            except Closed:
-                pass
-        finally:
-            self.src._merge_stats(stats)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for _, _, q in self.ahead:
-            if q is not None:
-                q.close()
-        self.ahead.clear()
-        if self.pool is not None:
-            self.pool.close()
-        self.stream.close()
-
-
-def _chunk_bytes(chunk: FrameChunk) -> int:
-    n = chunk.count
-    return int(chunk.offsets[-1] + chunk.lengths[-1] - chunk.offsets[0]) if n else 0
-
-
-def _state(tag: _Tag | None, offset: int, initial: Any, replayable: bool = True) -> Any:
-    if tag is None:
-        state = initial
-    else:
-        state = {"spans": tag.pstate, "key": tag.span.key(), "offset": offset}
-    if not replayable:
-        # a provider that is its own checkpoint (a queue): stages above must not count on
-        # reopening this state to read the same records again
-        state = dict(state or {}, replayable=False)
-    return state
-
-
 # -- records one by one ---------------------------------------------------------------------
 class _RecordReader:
     """Hands out the records of the chunks one at a time (parsed with the spec unless the
@@ -243,7 +62,7 @@ class _RecordReader:
     def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool) -> None:
         self.src = src
         self.parse = src.spec is not None and not raw
-        self.chunks = _SpanChunks(src, epoch, state, RECORD_CHUNK)
+        self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK)
         self.it = iter(self.chunks)
         self.initial = dict(state) if state else None
         self.tag: _Tag | None = None
@@ -281,7 +100,7 @@ class _RecordReader:
             raise
 
     def get_state(self) -> Any:
-        return _state(self.tag, self.offset, self.initial, getattr(self.src.provider, "replayable", True))
+        return cursor_state(self.tag, self.offset, self.initial, getattr(self.src.provider, "replayable", True))
 
     def close(self) -> None:
         try:
@@ -292,139 +111,6 @@ class _RecordReader:
             except ValueError:  # running in another thread (a closing pass): it ends with it
                 pass
             self.records, self.starts, self.ends = [], [], []
-
-
-# -- whole batches ------------------------------------------------------------------------
-class _Pending(NamedTuple):
-    result: Any  # a Future; None: parse in the consumer's thread; the exception when reading failed
-    batch: FrameChunk | None
-    where: Any  # record index -> where it came from, for error notes
-    state: Any  # the node's state once this batch is delivered
-    token: Any  # handed back to the producer once delivered
-
-
-class _PlainBatches:
-    """Batches of frames of the source, in order, each with the cursor after it."""
-
-    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, ds: Any) -> None:
-        self.src = src
-        self.chunks = _SpanChunks(src, epoch, state, src.options.chunk_size)
-        self._chunk_iter = iter(self.chunks)
-        self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
-        self.replayable = getattr(src.provider, "replayable", True)
-
-    def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
-        batch, tag = next(self.batches)
-        offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
-
-        def where(k: int) -> str:
-            return (f"byte offset {int(batch.positions[k])} of {mask(tag.span.url)} "
-                    "(or the span before it, for a batch spanning two)")
-
-        return batch, where, _state(tag, offset, None, self.replayable), tag.seq
-
-    def delivered(self, seq: int) -> None:
-        self.chunks.delivered(seq)
-
-    def finish_all(self) -> None:
-        self.chunks.finish_all()
-
-    def close(self) -> None:
-        try:
-            self.chunks.close()  # first: stops read-ahead threads, gives back held spans
-        finally:
-            for gen in (self.batches, self._chunk_iter):
-                try:
-                    gen.close()  # type: ignore[attr-defined]
-                except ValueError:  # running in another thread (a closing pass): it ends with it
-                    pass
-
-
-class SourceBatchNode(Node):
-    """``source.batch(n)`` fused: batches of frames straight from the chunks to the batch
-    parser, ``threads`` batches parsed at once (the native parser releases the GIL),
-    delivered in order. Its state is the source's cursor (or, behind a fused shuffle, the
-    shuffle's state), so it resumes exactly like the unfused chain."""
-
-    def __init__(self, b: Build, ds: Any, src: "TFRecordSource", state: Mapping[str, Any] | None,
-                 producer: Any = None) -> None:
-        super().__init__(b, ds)
-        self.src = src
-        self.spec = src.spec
-        self.bytes_as = ds.bytes_as
-        self.state = dict(state) if state else None
-        self.producer = producer if producer is not None else _PlainBatches(src, b.epoch, state, ds)
-        if self.state is None and producer is not None:
-            self.state = producer.get_state()
-        elif self.state is None:
-            self.state = _state(None, 0, None, getattr(src.provider, "replayable", True))
-        self.threads = src.threads
-        self.pool: WorkerPool | None = None
-        self.pending: collections.deque[_Pending] = collections.deque()
-        self.exhausted = False
-        if self.threads > 1:
-            self.stats.threaded = True
-            self.stats.parallelism = self.threads
-        b.ctx.on_close(self.close)
-
-    def _parse(self, batch: FrameChunk) -> Any:
-        return parse_batch(batch, self.spec, bytes_as=self.bytes_as)
-
-    def _fill(self) -> None:
-        want = 1 if self.threads <= 1 else 2 * self.threads
-        while not self.exhausted and len(self.pending) < want:
-            try:
-                batch, where, state, token = next(self.producer)
-            except StopIteration:
-                self.exhausted = True
-                break
-            except Exception as exc:  # noqa: BLE001 - raised in order, after the batches before it
-                self.exhausted = True
-                self.pending.append(_Pending(exc, None, None, None, None))
-                break
-            if self.threads <= 1:
-                self.pending.append(_Pending(None, batch, where, state, token))
-                continue
-            if self.pool is None:
-                if self.ctx.closed:
-                    raise RuntimeError("the iterator was closed")
-                self.pool = WorkerPool(self.threads, "parse")
-            self.pending.append(_Pending(self.pool.submit(self._parse, batch), batch, where, state, token))
-
-    def _next(self) -> Any:
-        self._fill()
-        if not self.pending:
-            self.producer.finish_all()
-            raise StopIteration
-        fut, batch, where, state, token = self.pending.popleft()
-        if batch is None:  # reading failed after the batches before it
-            raise fut
-        try:
-            out = self._parse(batch) if fut is None else fut.result()
-        except (DecodeError, ParseError) as exc:
-            if exc.record_index is not None and 0 <= exc.record_index < batch.count:
-                exc.add_note(f"in record at {where(exc.record_index)}")
-            raise
-        self.producer.delivered(token)
-        self.state = state
-        # the serialized bytes parsed: exact, and free (measuring the columns costs more
-        # than a tenth of the parse when they hold many small bytes values)
-        self.stats.bytes += int(batch.lengths.sum())
-        return out
-
-    def get_state(self) -> Any:
-        return self.state
-
-    def close(self) -> None:
-        for p in self.pending:
-            if hasattr(p.result, "cancel"):
-                p.result.cancel()
-        self.pending.clear()
-        try:
-            if self.pool is not None:
-                self.pool.close()
-        finally:
-            self.producer.close()
 
 
 # -- the dataset ------------------------------------------------------------------------------

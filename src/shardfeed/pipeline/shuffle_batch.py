@@ -25,7 +25,8 @@ import numpy as np
 from ..formats.chunks import FrameChunk
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
-from .records import RECORD_CHUNK, TFRecordSource, _SpanChunks, _state
+from .records import RECORD_CHUNK, TFRecordSource
+from .span_reader import SpanChunks, cursor_state
 from .shuffle import derive_seed, next_draws, slot_positions
 
 
@@ -92,7 +93,7 @@ class ShuffledBatches:
 
     # -- the source's chunks ----------------------------------------------------------------
     def _open(self, source_state: Any) -> None:
-        self.span_chunks = _SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK)
+        self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK)
         self.it = iter(self.span_chunks)
         self.last_state = source_state
 
@@ -108,7 +109,7 @@ class ShuffledBatches:
             if not chunk.count:
                 continue
             end = int(chunk.positions[-1] + chunk.lengths[-1]) + FRAME_OVERHEAD
-            end_state = _state(tag, end, None)
+            end_state = cursor_state(tag, end, None)
             self.chunks.append(_Chunk(self.read, chunk, tag.span.url, self.last_state, end_state))
             self.last_state = end_state
             self.read += chunk.count

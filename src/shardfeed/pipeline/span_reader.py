@@ -1,0 +1,202 @@
+"""Reading the spans a provider yields as tagged chunks of frames: the part every read
+path of the TFRecord source shares (:mod:`shardfeed.pipeline.records`).
+
+Spans are opened in the provider's order and read through the native chunk path
+(:func:`~shardfeed.formats.chunks.iter_frame_chunks`); remote or compressed spans can be
+read ahead in background threads, a bounded number of bytes each, and still come out in
+order. Every chunk is tagged with its span, so a reader's state is a cursor:
+:func:`cursor_state`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any, Iterator, Mapping, NamedTuple
+
+from ..formats.chunks import FrameChunk, iter_frame_chunks
+from ..formats.tfrecord import ReadStats, normalize_compression
+from ..storage.urls import mask, parse_url
+from .spans import Span
+from .workers import ChunkQueue, Closed, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+READ_AHEAD_BYTES = 64 << 20
+"""Bytes that spans read ahead (remote or compressed shards) may hold together."""
+
+
+class _Tag(NamedTuple):
+    """Where a chunk came from: the span's sequence number in the pass, the provider's
+    state at that span, and the span."""
+
+    seq: int
+    pstate: Any
+    span: Span
+
+
+def _needs_read_ahead(span: Span, o: Any) -> bool:
+    # local uncompressed shards are mapped: nothing to wait for, nothing to read ahead
+    return normalize_compression(o.compression, span.url) is not None or not parse_url(span.url).is_local
+
+
+class SpanChunks:
+    """The chunks of one pass over a provider's spans, each tagged with a :class:`_Tag`.
+
+    Spans are opened in order. A span read to its end is finished (acknowledged, for a
+    queue) once a record of a later span reached the consumer (``delivered``) or at the
+    end of the pass; only when the provider has nothing to hand out at once (a queue whose
+    other items are leased, perhaps to this very reader) are the spans read to their end
+    finished before waiting, so a reader never waits on work it holds itself. With
+    ``read_ahead`` > 1, remote or compressed spans are read in that many background
+    threads, a bounded number of bytes ahead, and their chunks still come out in span
+    order.
+    """
+
+    def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int) -> None:
+        self.src = src
+        self.o = src.options
+        self.chunk_size = chunk_size
+        self.stream = src.provider.open(state["spans"] if state else None, epoch)
+        self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
+        self.seq = 0
+        self.read_ahead = src.read_ahead
+        # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
+        self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead))
+        self.pool: WorkerPool | None = None
+        self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
+        self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
+        self.closed = False
+
+    def delivered(self, seq: int) -> None:
+        """A record of span ``seq`` reached the consumer: every span before it is done."""
+        done = self.read_done
+        while done and done[0][0] < seq:
+            self.stream.finish(done.popleft()[1])
+
+    def finish_all(self) -> None:
+        """The pass reached its end: every span read to its end is done."""
+        while self.read_done:
+            self.stream.finish(self.read_done.popleft()[1])
+
+    def _open_next(self, block: bool) -> bool:
+        """Take the next span and start reading it ahead when that helps; false when the
+        provider has none (now, when not ``block``ing)."""
+        pstate = self.stream.get_state()
+        span = self.stream.next_span(False)
+        if span is None and block:
+            self.finish_all()  # nothing at once: never wait on work this reader holds
+            pstate = self.stream.get_state()
+            span = self.stream.next_span(True)
+        if span is None:
+            return False
+        start = span.offset
+        if self.resume is not None:
+            key, offset = self.resume
+            self.resume = None
+            if list(key) == span.key():
+                start = max(start, offset)
+        tag = _Tag(self.seq, pstate, span)
+        self.seq += 1
+        q = None
+        if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
+            if self.pool is None:
+                self.pool = WorkerPool(self.read_ahead, "read-ahead")
+            q = ChunkQueue(self.per_span)
+            self.pool.submit(self._fill, span, start, q)
+        self.ahead.append((tag, start, q))
+        return True
+
+    def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
+        o = self.o
+        return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
+                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end)
+
+    def __iter__(self) -> Iterator[tuple[FrameChunk, _Tag]]:
+        ahead = self.ahead
+        while True:
+            if not ahead and not self._open_next(block=True):
+                return
+            # keep spans read ahead while the newest one is read in the background
+            while len(ahead) < self.read_ahead and ahead[-1][2] is not None and self._open_next(block=False):
+                pass
+            tag, start, q = ahead[0]
+            kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))
+            ahead.popleft()
+            if kept:
+                self.read_done.append((tag.seq, tag.span))
+
+    def _local(self, tag: _Tag, start: int) -> Iterator[tuple[FrameChunk, _Tag]]:
+        stats = ReadStats()
+        try:
+            for chunk in self._read(tag.span, start, stats):
+                if not self._keep(tag):  # checked before the records go out, not after
+                    return False
+                yield chunk, tag
+        finally:
+            self.src._merge_stats(stats)
+        return True
+
+    def _queued(self, tag: _Tag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, _Tag]]:
+        while True:
+            kind, x = q.get()
+            if kind == "end":
+                return True
+            if kind == "error":
+                raise x
+            if not self._keep(tag):
+                q.close()
+                return False
+            yield x, tag
+
+    def _keep(self, tag: _Tag) -> bool:
+        if self.stream.keep(tag.span):
+            return True
+        logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
+        return False
+
+    def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
+        """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
+        stats = ReadStats()
+        try:
+            for chunk in self._read(span, start, stats):
+                q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
+            q.put(("end", None), 1)
+        except Closed:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there
+            try:
+                q.put(("error", exc), 1)
+            except Closed:
+                pass
+        finally:
+            self.src._merge_stats(stats)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for _, _, q in self.ahead:
+            if q is not None:
+                q.close()
+        self.ahead.clear()
+        if self.pool is not None:
+            self.pool.close()
+        self.stream.close()
+
+
+def _chunk_bytes(chunk: FrameChunk) -> int:
+    n = chunk.count
+    return int(chunk.offsets[-1] + chunk.lengths[-1] - chunk.offsets[0]) if n else 0
+
+
+def cursor_state(tag: _Tag | None, offset: int, initial: Any, replayable: bool = True) -> Any:
+    if tag is None:
+        state = initial
+    else:
+        state = {"spans": tag.pstate, "key": tag.span.key(), "offset": offset}
+    if not replayable:
+        # a provider that is its own checkpoint (a queue): stages above must not count on
+        # reopening this state to read the same records again
+        state = dict(state or {}, replayable=False)
+    return state
