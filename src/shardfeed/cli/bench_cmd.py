@@ -85,6 +85,17 @@ def _rows_shuffle(res: dict) -> list[Row]:
             for name, rate in med.items() if name != anchor_name]
 
 
+def _rows_parse_threads(res: dict) -> list[Row]:
+    med = res["median"]
+    rows = []
+    for name, rate in med.items():
+        one_name = name.split(",")[0] + ", 1 thread(s)"
+        if name != one_name:
+            rows.append((name, _rate(rate, "rec/s"), f"{one_name}: {_rate(med[one_name], 'rec/s')}",
+                         _ratio(rate / med[one_name])))
+    return rows
+
+
 def _rows_read_table(res: dict) -> list[Row]:
     rate = res["rows_per_s"]
     sf_rate = rate["shardfeed"]
@@ -180,6 +191,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("read_tfrecord", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_read_tfrecord, "--dir"),
     Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), _rows_read_paths,
               "--dir"),
+    Benchmark("parse_threads", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_parse_threads, "--dir"),
     Benchmark("resume", "--json", (), ("--records", "100000", "--buffer", "1000"), _rows_resume, "--dir"),
     Benchmark("shuffle", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_shuffle, "--dir"),
     Benchmark("read_table", "--json", (), ("--rows", "200000", "--repeats", "1"), _rows_read_table, "--data"),

@@ -1,0 +1,60 @@
+"""How parse threads scale on the default read path: ``num_parallel_reads`` 1, 2 and 3
+(one thread per core is the default), bytes features as numpy object arrays and as
+buffers, interleaved in one process so that the machine's drift hits every row alike.
+
+Same CTR-like files as ``benchmarks/read_tfrecord.py`` (page cache), batch 1024::
+
+    python benchmarks/parse_threads.py [--records 250000] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import shardfeed as sf  # noqa: E402
+from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
+
+
+def run(files, threads: int, bytes_as: str) -> float:
+    reads = None if threads == 1 else threads
+    t0 = time.perf_counter()
+    n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
+            .batch(BATCH, bytes_as=bytes_as))
+    return n / (time.perf_counter() - t0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=250_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default=os.path.join("bench-out", "ctr"))
+    ap.add_argument("--json", default=os.path.join("bench-out", "parse_threads.json"))
+    args = ap.parse_args(argv)
+    files = make_dataset(args.dir, args.records)
+    rates: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        for bytes_as in ("object", "buffer"):
+            for threads in (1, 2, 3):
+                rates.setdefault(f"{bytes_as}, {threads} thread(s)", []).append(run(files, threads, bytes_as))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\n{args.records} CTR-like records, batch {BATCH}, {os.cpu_count()} cores, median of {args.rounds}")
+    print(f"{'configuration':<28} {'records/s':>12} {'vs 1 thread':>12}")
+    for k, v in med.items():
+        one = med[k.split(",")[0] + ", 1 thread(s)"]
+        print(f"{k:<28} {v:>12,.0f} {v / one:>11.2f}x")
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"records": args.records, "rounds": args.rounds, "rates": rates, "median": med}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
