@@ -144,3 +144,19 @@ def test_rank_from_torch_distributed_when_initialized(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "(0, 1)"
+
+
+def test_table_rows_are_counted_without_row_counts(tmp_path):
+    import duckdb
+
+    from shardfeed.tables import count_rows
+
+    path = tmp_path / "w.db"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE a AS SELECT range AS x FROM range(10)")
+    con.execute("CREATE TABLE b AS SELECT range AS x FROM range(30)")
+    con.close()
+    tables = [f"duckdb://{path}/a", f"duckdb://{path}/b"]
+    assert [count_rows(t) for t in tables] == [10, 30]
+    plan = plan_shards(tables, 4, by="row")  # no row_counts: counted through shardfeed.tables
+    assert [sum(it.size for it in items) for items in plan] == [10, 10, 10, 10]

@@ -131,3 +131,29 @@ def test_killed_writer_leaves_table_unchanged(pg, tmp_path):
             time.sleep(0.1)
     else:
         pytest.fail("slice 0 stayed locked after its writer was killed")
+
+
+def test_tables_whose_long_names_share_a_prefix_keep_their_own_rows(pg_server):  # noqa: F811
+    # PostgreSQL cuts identifiers at 63 bytes: "_sf_slices_" + these names would be cut to the same one
+    stem = "t_" + uuid.uuid4().hex[:8] + "_" + "x" * 40  # names of 56-57 bytes: valid, but 67-68 with the prefix
+    a, b = stem + "_alpha", stem + "_beta"
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        for name in (a, b):
+            con.execute(f'CREATE TABLE "{name}" (id bigint)')
+    with TableWriter(f"{pg_server}/{a}", slice_id=0) as w:
+        w.write([(1,), (2,)], indices=[0])
+    with TableWriter(f"{pg_server}/{b}", slice_id=1) as w:
+        w.write([(10,)], indices=[0])
+    assert sorted(int(r[0]) for r in read_table(f"{pg_server}/{a}")) == [1, 2]
+    assert sorted(int(r[0]) for r in read_table(f"{pg_server}/{b}")) == [10]
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        shadows = [r[0] for r in con.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE '_sf_slices_%'")
+                   .fetchall() if stem[:10] in r[0]]
+    assert len(shadows) == 2 and all(len(s.encode()) <= 63 for s in shadows)
+
+
+def test_count_rows_of_a_table_url(pg):
+    from shardfeed.tables import count_rows
+
+    base, name = pg
+    assert count_rows(f"{base}/{name}") == 500

@@ -15,6 +15,7 @@ drops it when the writer's process dies.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -129,11 +130,28 @@ def _array(values: tuple, t: pa.DataType) -> pa.Array:
     return pa.array(values, type=t)
 
 
+PG_NAME_BYTES = 63
+"""PostgreSQL cuts identifiers at this many bytes (NAMEDATALEN - 1), silently."""
+
+
+def shadow_name(name: str) -> str:
+    """The bookkeeping table's name for table ``name``: ``_sf_slices_<name>`` while that
+    fits in an identifier (the name earlier versions used), else a prefix of the name and
+    a hash of all of it, so that two long names that share a prefix never share one
+    bookkeeping table (PostgreSQL would cut both to the same 63 bytes)."""
+    plain = f"_sf_slices_{name}"
+    if len(plain.encode()) <= PG_NAME_BYTES:
+        return plain
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    prefix = name.encode()[:24].decode("utf-8", errors="ignore")
+    return f"_sf_slices_{prefix}_{digest}"
+
+
 def _shadow(table: str) -> str:
     if "." in table:
         schema, name = table.rsplit(".", 1)
-        return quote_ident(f"{schema}._sf_slices_{name}")
-    return quote_ident(f"_sf_slices_{table}")
+        return quote_ident(f"{schema}.{shadow_name(name)}")
+    return quote_ident(shadow_name(table))
 
 
 class PostgresSliceWriter(SliceWriter):

@@ -59,6 +59,13 @@ def _cols(value: Any, name: str) -> list[str] | None:
     return out
 
 
+def count_rows(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """Rows of the table at ``url`` (any table URL ``read_table`` takes; partition
+    filters in the URL apply). A ``WorkQueue`` or ``plan_shards`` over tables counts
+    rows with it when no ``row_counts`` are given."""
+    return int(open_backend(parse_table_url(url), storage_options).num_rows())
+
+
 def slice_range(total: int, slice_id: int, slice_count: int) -> tuple[int, int]:
     """Rows ``[start, stop)`` of slice ``slice_id`` of ``slice_count`` over ``total`` rows."""
     base, extra = divmod(total, slice_count)
