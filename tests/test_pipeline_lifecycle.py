@@ -174,3 +174,26 @@ def test_parallel_map_reads_ahead_a_bounded_amount():
     wait_threads_back_to(0, timeout=0.3)
     assert len(produced) <= 2 * 2 * 1024 + 1  # 2 chunks per worker, each at most 1024 elements
     it.close()
+
+
+def test_close_from_another_thread_is_an_error_for_the_consumer_never_a_quiet_end(tmp_path):
+    import shardfeed as sf
+
+    from .test_pipeline_helpers import SPEC
+
+    files = write_shards(tmp_path, n_files=2, per_file=3000)
+    for make in (lambda: sf.read_tfrecord(files, spec=SPEC).batch(16),
+                 lambda: sf.read_tfrecord(files, spec=SPEC).shuffle(50, seed=1).batch(16).prefetch(2),
+                 lambda: sf.read_tfrecord(files).take(-1).prefetch(4)):
+        it = iter(make())
+        next(it)
+        closer = threading.Thread(target=it.close)
+        closer.start()
+        closer.join()
+        with pytest.raises(sf.IteratorClosedError, match="closed while it was being read"):
+            for _ in it:
+                pass
+    it = iter(sf.read_tfrecord(files, spec=SPEC).batch(16))
+    next(it)
+    it.close()  # closed by the consumer itself: the pass simply ends
+    assert list(it) == []

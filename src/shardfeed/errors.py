@@ -102,3 +102,14 @@ class ParseError(ShardfeedError, ValueError):
         super().__init__(prefix + message)
         self.feature = feature
         self.record_index = record_index
+
+
+class IteratorClosedError(ShardfeedError, RuntimeError):
+    """A pipeline iterator was closed (``close()`` from another thread) while its consumer
+    was reading it: raised to the consumer instead of a quiet end that would hide the
+    records not yet read."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or "the iterator was closed while it was being read (close() from another "
+                         "thread?); the records after the last one delivered were not read")
+

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..errors import IteratorClosedError
 from .node import Build, Context
 from .stats import PipelineStats
 
@@ -51,6 +53,7 @@ class PipelineIterator:
             self._pass = self._ds._next_pass()
             root_state = None
             self._done = False
+        self._closer: int | None = None  # the thread that called close(), if one did
         ctx = Context()
         self._holder[0] = ctx
         self._ctx = ctx
@@ -63,6 +66,9 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         if self._done or self._ctx.closed:
+            closer = self._closer
+            if not self._done and closer is not None and closer != threading.get_ident():
+                raise IteratorClosedError()  # closed by another thread: say so, never end quietly
             raise StopIteration
         stats = self._ctx.stats
         t = time.perf_counter()
@@ -71,10 +77,14 @@ class PipelineIterator:
         try:
             x = next(self._root)
         except StopIteration:
+            if self._ctx.closed:  # closed under us: an end here would hide the records not read
+                raise IteratorClosedError() from None
             self._done = True
             self._ctx.close()
             raise
-        except BaseException:
+        except BaseException as exc:
+            if self._ctx.closed and not isinstance(exc, KeyboardInterrupt):
+                raise IteratorClosedError() from exc
             # an error (or Ctrl-C) ends the pass: stop the workers before it propagates
             self._ctx.close()
             raise
@@ -99,7 +109,10 @@ class PipelineIterator:
         return self._ctx.stats
 
     def close(self) -> None:
-        """Stop and join this pass's threads (idempotent)."""
+        """Stop and join this pass's threads (idempotent). A consumer waiting on ``next``
+        in another thread gets :class:`IteratorClosedError`, not a quiet end."""
+        if not self._ctx.closed:
+            self._closer = threading.get_ident()
         self._ctx.close()
 
     def __enter__(self) -> "PipelineIterator":
