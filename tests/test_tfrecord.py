@@ -9,6 +9,7 @@ import tracemalloc
 
 import pytest
 
+import shardfeed as sf
 from shardfeed import storage
 from shardfeed.errors import CorruptRecordError
 from shardfeed.formats import tfrecord as tfr
@@ -278,3 +279,48 @@ def test_reading_through_http(http_dir):
     _write(directory / "h.tfrecord")
     assert list(tfr.read_records(f"{base}/h.tfrecord")) == RECORDS
     assert storage.size(f"{base}/h.tfrecord") == sum(len(r) + 16 for r in RECORDS)
+
+
+frame = tfr.frame
+
+
+def _frames(records):
+    return b"".join(frame(r) for r in records)
+
+
+@pytest.mark.parametrize("path", ["reference", "pipeline"])
+def test_skip_resyncs_after_a_length_that_passes_its_crc_but_is_absurd(tmp_path, path):
+    import struct as _struct
+
+    from shardfeed.formats.crc import masked_length_crc
+
+    good = [f"rec-{i}".encode() * 3 for i in range(25)]
+    bad_len = (1 << 63) + 5
+    bad = _struct.pack("<QI", bad_len, masked_length_crc(bad_len)) + b"junk-junk"
+    p = tmp_path / "absurd.tfrecord"
+    p.write_bytes(_frames(good[:1]) + bad + _frames(good[1:]))
+    if path == "reference":
+        reader = sf.TFRecordReader(str(p), on_corrupt="skip")
+        got, stats = list(reader), reader.stats
+    else:
+        ds = sf.read_tfrecord(str(p), on_corrupt="skip")
+        got, stats = list(ds), ds.read_stats
+    assert got == good  # every intact record, the 24 after the bad frame included
+    assert stats.skipped_records == 1 and stats.skipped_bytes == len(bad)
+
+
+@pytest.mark.parametrize("path", ["reference", "pipeline"])
+def test_skip_keeps_the_records_after_a_half_written_frame_of_concatenated_files(tmp_path, path):
+    a = [f"a{i}".encode() * 10 for i in range(5)]
+    b = [f"b{i}".encode() * 10 for i in range(7)]
+    half = frame(b"x" * 200)[:60]  # part-a ended in a half-written frame; part-b was appended
+    p = tmp_path / "cat.tfrecord"
+    p.write_bytes(_frames(a) + half + _frames(b))
+    if path == "reference":
+        reader = sf.TFRecordReader(str(p), on_corrupt="skip")
+        got, stats = list(reader), reader.stats
+    else:
+        ds = sf.read_tfrecord(str(p), on_corrupt="skip")
+        got, stats = list(ds), ds.read_stats
+    assert got == a + b
+    assert stats.skipped_records == 1 and stats.skipped_bytes == len(half)

@@ -246,11 +246,28 @@ class TFRecordReader:
                 return
             frame_off = buf_base + pos
             length, length_crc = _HEADER.unpack_from(buf, pos)
+            err = None
+            total = HEADER_SIZE + length + FOOTER_SIZE
             if verify and masked_length_crc(length) != length_crc:
                 err = self._corrupt("length crc", frame_off, index)
+            elif length > self.max_record_bytes:
+                err = self._corrupt("absurd length", frame_off, index,
+                                    f"length field says {length} bytes (limit {self.max_record_bytes})")
+            elif not fill(total):
+                left = len(buf) - pos
+                check = "truncated data" if left < HEADER_SIZE + length else "truncated data crc"
+                err = self._corrupt(check, frame_off, index,
+                                    f"frame needs {total} bytes, only {left} left at end of file")
+            elif verify:
+                (data_crc,) = _FOOTER.unpack_from(buf, pos + HEADER_SIZE + length)
+                if masked_crc32c(memoryview(buf)[pos + HEADER_SIZE: pos + HEADER_SIZE + length]) != data_crc:
+                    err = self._corrupt("data crc", frame_off, index)
+            if err is not None:
                 if self.on_corrupt == "raise":
                     raise err
-                # resynchronise: the next offset where a whole frame checks out
+                # resynchronise byte by byte: the next offset where a whole frame checks out
+                # (length CRC and data CRC), whatever the bad frame's length field claimed,
+                # so a wrong length that passes its CRC loses no intact record after it
                 skipped = 1
                 pos += 1
                 while True:
@@ -269,36 +286,8 @@ class TFRecordReader:
                 self._skip(err, skipped, frames=1)
                 index += 1
                 continue
-            if length > self.max_record_bytes:
-                err = self._corrupt("absurd length", frame_off, index,
-                                    f"length field says {length} bytes (limit {self.max_record_bytes})")
-                if self.on_corrupt == "raise":
-                    raise err
-                left = len(buf) - pos
-                self._skip(err, left, frames=1)
-                return
-            total = HEADER_SIZE + length + FOOTER_SIZE
-            if not fill(total):
-                left = len(buf) - pos
-                check = "truncated data" if left < HEADER_SIZE + length else "truncated data crc"
-                err = self._corrupt(check, frame_off, index,
-                                    f"frame needs {total} bytes, only {left} left at end of file")
-                if self.on_corrupt == "raise":
-                    raise err
-                self._skip(err, left, frames=1)
-                return
             start = pos + HEADER_SIZE
             end = start + length
-            if verify:
-                (data_crc,) = _FOOTER.unpack_from(buf, end)
-                if masked_crc32c(memoryview(buf)[start:end]) != data_crc:
-                    err = self._corrupt("data crc", frame_off, index)
-                    if self.on_corrupt == "raise":
-                        raise err
-                    pos += total
-                    self._skip(err, total, frames=1)
-                    index += 1
-                    continue
             record = buf[start:end]
             pos += total
             index += 1
