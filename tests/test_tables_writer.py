@@ -166,3 +166,18 @@ def test_writes_in_threads_on_different_slices_do_not_conflict(table):
     assert not errors
     assert len(rows_of(table)) == 200
     _ = time
+
+
+def test_a_killed_parquet_writers_staged_file_is_removed_by_the_next_writer_of_its_slice(tmp_path):
+    root = tmp_path / "out"
+    root.mkdir()
+    stale0 = root / ".part-00000.deadbeef.abc123.tmp"  # left by a writer of slice 0 that was killed
+    stale1 = root / ".part-00001.cafef00d.def456.tmp"
+    stale0.write_bytes(b"half a parquet file")
+    stale1.write_bytes(b"another")
+    with TableWriter(str(root), slice_id=0) as w:
+        w.write([(1, 2.0)], indices=[0, 1])
+    assert not stale0.exists()
+    assert stale1.exists()  # another slice's: its own next writer removes it
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("_")) == [".part-00001.cafef00d.def456.tmp",
+                                                                                   "part-00000.parquet"]

@@ -15,7 +15,9 @@ marker object on object stores (taken over when its process is gone from this ho
 from __future__ import annotations
 
 import fcntl
+import glob
 import json
+import logging
 import os
 import socket
 import tempfile
@@ -33,6 +35,8 @@ from ..errors import ShardfeedError
 from ..storage.urls import mask
 from .backend import SliceWriter, TableBackend, WriterConflictError, slice_batches
 from .urls import TableURL
+
+logger = logging.getLogger(__name__)
 
 _PARQUET = (".parquet", ".pq", ".parq")
 _CSV = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
@@ -307,6 +311,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _remove_stale_staging(directory: str, slice_id: int) -> None:
+    """Staged files of this slice left by a writer that was killed. Safe: this writer holds
+    the slice's lock, so no live writer of the slice owns one."""
+    for path in glob.glob(os.path.join(glob.escape(directory), f".part-{slice_id:05d}.*.tmp")):
+        try:
+            os.unlink(path)
+            logger.info("removed %s, staged by a writer of slice %d that did not finish", path, slice_id)
+        except FileNotFoundError:
+            pass
+
+
 class ParquetSliceWriter(SliceWriter):
     def __init__(self, backend: FilesBackend, slice_id: int, schema: pa.Schema | None) -> None:
         root = backend.turl.location.rstrip("/")
@@ -329,6 +344,7 @@ class ParquetSliceWriter(SliceWriter):
             directory = os.path.dirname(p.path) if p.is_local else None
             if directory:
                 os.makedirs(directory, exist_ok=True)
+                _remove_stale_staging(directory, slice_id)
             fd, self.tmp = tempfile.mkstemp(prefix=f".part-{slice_id:05d}.{uuid.uuid4().hex[:8]}.",
                                             suffix=".tmp", dir=directory)
             os.close(fd)
