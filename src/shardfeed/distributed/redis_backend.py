@@ -15,12 +15,16 @@ restore_id, counters), ``:pending`` (list), ``:lease`` (hash id -> JSON), ``:dea
 from __future__ import annotations
 
 import json
+import logging
+import time
 from typing import Any, Callable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ShardfeedError
 from ..storage.urls import mask, register_secret
 from .backend import COUNTERS, QueueBackend
+
+logger = logging.getLogger(__name__)
 
 NAMES_KEY = "shardfeed:wq:names"
 _SUFFIXES = ("meta", "state", "pending", "lease", "dead", "epochs", "workers")
@@ -159,10 +163,32 @@ return n
 """
 
 
+RECONNECT_S = 60.0
+"""How long a Redis backend keeps retrying a lost connection (``?reconnect_s=`` in the URL)."""
+
+
+def _take_reconnect(url: str, reconnect_s: float | None) -> tuple[str, float]:
+    """``reconnect_s`` from the argument, else from the URL's query (removed from the URL
+    given to redis-py), else :data:`RECONNECT_S`."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+    found = [v for k, v in query if k == "reconnect_s"]
+    if found:
+        url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "reconnect_s"])))
+    value = reconnect_s if reconnect_s is not None else (found[-1] if found else RECONNECT_S)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"reconnect_s must be a number of seconds, got {value!r}") from None
+    if value < 0:
+        raise ValueError(f"reconnect_s must be >= 0, got {value}")
+    return url, value
+
+
 class RedisBackend(QueueBackend):
     """Queues on the Redis server at ``url`` (``redis://[:password@]host:port/db``)."""
 
-    def __init__(self, url: str, **client_kwargs: Any) -> None:
+    def __init__(self, url: str, reconnect_s: float | None = None, **client_kwargs: Any) -> None:
         try:
             import redis  # noqa: PLC0415
         except ImportError:
@@ -171,8 +197,12 @@ class RedisBackend(QueueBackend):
         password = urlsplit(url).password
         if password:
             register_secret(password)
+        url, reconnect_s = _take_reconnect(url, reconnect_s)
         self.url = mask(url)
+        self.reconnect_s = reconnect_s
         self._errors = redis.exceptions.RedisError
+        self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                      redis.exceptions.BusyLoadingError)
         try:
             self._r = redis.Redis.from_url(url, decode_responses=True, **client_kwargs)
         except (ValueError, self._errors) as exc:
@@ -185,10 +215,27 @@ class RedisBackend(QueueBackend):
         return [f"shardfeed:wq:{{{name}}}:{s}" for s in _SUFFIXES]
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except self._errors as exc:
-            raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
+        """``fn()``; a lost connection (the server restarting, a network blip) is retried
+        with backoff for ``reconnect_s`` seconds before it becomes an error. Leases live on
+        the server, so a worker that reconnects in time keeps its items."""
+        deadline = None
+        wait = 0.05
+        while True:
+            try:
+                return fn()
+            except self._lost as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.reconnect_s
+                    logger.warning("work queue on %s: %s lost the connection (%s); retrying for up to %.0f s",
+                                   self.url, what, mask(exc), self.reconnect_s)
+                if now + wait > deadline:
+                    raise ShardfeedError(f"work queue on {self.url}: {what} failed: the server did not answer "
+                                         f"for {self.reconnect_s:.0f} s ({mask(exc)})") from None
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
+            except self._errors as exc:
+                raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
 
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return self._call(script, lambda: self._scripts[script](keys=keys, args=args))

@@ -1,0 +1,103 @@
+"""A Redis restart with its data (AOF on) does not kill WorkQueue workers: they reconnect
+with backoff and keep their leases; every item is still done exactly once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+
+import pytest
+
+import shardfeed as sf
+from shardfeed.distributed.redis_backend import RedisBackend, _take_reconnect
+
+from .test_workqueue_support import free_port
+
+
+def _start(exe: str, d: str, port: int) -> None:
+    subprocess.run([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "yes",
+                    "--appendfsync", "always", "--dir", d, "--daemonize", "yes", "--pidfile", f"{d}/redis.pid",
+                    "--logfile", f"{d}/redis.log"], check=True)
+
+
+def _stop(d: str) -> None:
+    with open(f"{d}/redis.pid") as f:
+        pid = int(f.read().strip())
+    os.kill(pid, 15)
+    for _ in range(200):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+def _wait_up(port: int) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(200):
+        try:
+            client.ping()
+            break
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.05)
+    client.close()
+
+
+def test_reconnect_seconds_come_from_the_url_or_the_argument():
+    assert _take_reconnect("redis://h:1/0?reconnect_s=5", None) == ("redis://h:1/0", 5.0)
+    assert _take_reconnect("redis://h:1/0", 2) == ("redis://h:1/0", 2.0)
+    assert _take_reconnect("redis://h:1/0", None)[1] == 60.0
+    with pytest.raises(ValueError, match="reconnect_s"):
+        _take_reconnect("redis://h:1/0?reconnect_s=soon", None)
+
+
+def test_workers_survive_a_redis_restart_with_its_data():
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (CI installs it)")
+    pytest.importorskip("redis")
+    d = tempfile.mkdtemp(prefix="sf-redis-restart-")
+    port = free_port()
+    _start(exe, d, port)
+    _wait_up(port)
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
+        works = [f"/data/part-{i:03d}" for i in range(40)]
+        q = sf.WorkQueue(works, backend=url, name="restart", seed=1, lease_timeout=60)
+        done, errors = [], []
+
+        def worker():
+            try:
+                wq = sf.WorkQueue(works, backend=url, name="restart", seed=1, lease_timeout=60)
+                for item in wq:
+                    time.sleep(0.02)  # the work
+                    done.append(str(item))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        _stop(d)
+        time.sleep(1.5)  # the workers hit a refused connection meanwhile
+        _start(exe, d, port)
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert sorted(done) == sorted(works)  # each exactly once: leases survived the restart
+        m = q.metrics()
+        assert m["drained"] and m["done"] == len(works)
+        assert isinstance(q.backend, RedisBackend) and q.backend.reconnect_s == 30.0
+    finally:
+        try:
+            _stop(d)
+        except OSError:
+            pass
+        shutil.rmtree(d, ignore_errors=True)
