@@ -203,6 +203,9 @@ class RedisBackend(QueueBackend):
         self._errors = redis.exceptions.RedisError
         self._lost = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                       redis.exceptions.BusyLoadingError)
+        # a wrong password is final, not a blip (redis-py makes it a ConnectionError)
+        self._final = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+        self._answered = False  # retry only a server that answered before: a restart, not a typo
         try:
             self._r = redis.Redis.from_url(url, decode_responses=True, **client_kwargs)
         except (ValueError, self._errors) as exc:
@@ -215,15 +218,22 @@ class RedisBackend(QueueBackend):
         return [f"shardfeed:wq:{{{name}}}:{s}" for s in _SUFFIXES]
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``; a lost connection (the server restarting, a network blip) is retried
-        with backoff for ``reconnect_s`` seconds before it becomes an error. Leases live on
-        the server, so a worker that reconnects in time keeps its items."""
+        """``fn()``; a lost connection to a server that answered before (it restarted, the
+        network blinked) is retried with backoff for ``reconnect_s`` seconds before it
+        becomes an error. Leases live on the server, so a worker that reconnects in time
+        keeps its items. A server never reached, or a refused password, fails at once."""
         deadline = None
         wait = 0.05
         while True:
             try:
-                return fn()
+                out = fn()
+                self._answered = True
+                return out
+            except self._final as exc:
+                raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
             except self._lost as exc:
+                if not self._answered:  # never reached: a wrong address fails at once
+                    raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.reconnect_s
