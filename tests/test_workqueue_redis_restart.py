@@ -101,3 +101,47 @@ def test_workers_survive_a_redis_restart_with_its_data():
         except OSError:
             pass
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_clear_error():
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (CI installs it)")
+    pytest.importorskip("redis")
+    d = tempfile.mkdtemp(prefix="sf-redis-lost-")
+    port = free_port()
+
+    def start_volatile():
+        subprocess.run([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                        "--dir", d, "--daemonize", "yes", "--pidfile", f"{d}/redis.pid", "--logfile",
+                        f"{d}/redis.log"], check=True)
+        _wait_up(port)
+
+    start_volatile()
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=20"
+        works = [f"/data/part-{i:03d}" for i in range(10)]
+        old = sf.WorkQueue(works, backend=url, name="volatile", seed=2)
+        item = old.take()
+        state = old.get_state()  # a checkpoint saved before the loss
+        _stop(d)
+        start_volatile()  # back, empty: the queue is gone
+        with pytest.raises(sf.WorkQueueLostError, match="gone since this worker joined"):
+            old.ack_and_take(item)
+        newcomer = sf.WorkQueue(works, backend=url, name="volatile", seed=2)  # fills it afresh
+        assert newcomer.take() is not None
+        with pytest.raises(sf.WorkQueueLostError, match="created again"):
+            old.take()  # the old worker never runs the epoch again
+        # the way back: restore the checkpoint; the queue hands out what was not acknowledged
+        assert old.set_state(state)
+        left = []
+        while (it := old.take(block=False)) is not None:
+            left.append(str(it))
+            old.ack(it)
+        assert sorted(left) == sorted(works)  # nothing was acknowledged before the checkpoint
+    finally:
+        try:
+            _stop(d)
+        except OSError:
+            pass
+        shutil.rmtree(d, ignore_errors=True)

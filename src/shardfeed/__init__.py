@@ -7,7 +7,15 @@ The public surface is what ``__all__`` lists; everything else is an implementati
 from __future__ import annotations
 
 from ._version import __version__
-from .errors import CorruptRecordError, DecodeError, IteratorClosedError, ParseError, ShardfeedError, StorageError
+from .errors import (
+    CorruptRecordError,
+    DecodeError,
+    IteratorClosedError,
+    ParseError,
+    ShardfeedError,
+    StorageError,
+    WorkQueueLostError,
+)
 from .formats.example import (
     decode_example,
     decode_sequence_example,
@@ -96,7 +104,7 @@ def native_info() -> str:
 
 __all__ = [
     "__version__", "CorruptRecordError", "DecodeError", "IteratorClosedError", "ParseError", "ShardfeedError",
-    "StorageError",
+    "StorageError", "WorkQueueLostError",
     "decode_example", "decode_sequence_example", "encode_example", "encode_sequence_example",
     "parse_example", "parse_single_example", "IndexedTFRecord", "build_index", "read_index",
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",

@@ -113,3 +113,11 @@ class IteratorClosedError(ShardfeedError, RuntimeError):
         super().__init__(message or "the iterator was closed while it was being read (close() from another "
                          "thread?); the records after the last one delivered were not read")
 
+
+class WorkQueueLostError(ShardfeedError, KeyError):
+    """A work queue's backend lost the queue this worker joined (a Redis restart without
+    persistence): the worker stops instead of running the epoch again."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..errors import ShardfeedError
+from ..errors import ShardfeedError, WorkQueueLostError
 from ..storage.urls import mask, register_secret
 from .backend import COUNTERS, QueueBackend
 
@@ -37,13 +37,19 @@ if m then return m end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 redis.call('HSET', KEYS[2], 'next_epoch', 0, 'num_epochs', ARGV[2], 'token', 0, 'restore_id', '',
-           'taken', 0, 'acked', 0, 'expired', 0, 'late_acks', 0, 'released', 0)
+           'taken', 0, 'acked', 0, 'expired', 0, 'late_acks', 0, 'released', 0, 'gen', ARGV[4])
 redis.call('SADD', KEYS[8], ARGV[3])
 return false
 """
 
+_GEN_CHECK = """
+local g = redis.call('HGET', KEYS[1], 'gen')
+if g and GEN ~= '' and g ~= GEN then return cjson.encode({status='recreated'}) end
+"""
+
 _TAKE_BODY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
+""" + _GEN_CHECK + """
 local worker, lease_s = ARGV[1], tonumber(ARGV[2])
 local exp = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for i = #exp, 1, -1 do
@@ -69,7 +75,7 @@ local soon = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if #soon > 0 then return cjson.encode({status='wait', retry_s=math.max(0, tonumber(soon[2]) - now)}) end
 return cjson.encode({status='drained'})
 """
-_TAKE = _NOW + _TAKE_BODY
+_TAKE = _NOW + "local GEN = ARGV[3]\n" + _TAKE_BODY
 
 
 _FILL = """
@@ -108,7 +114,9 @@ return ack(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3
 # Acknowledge an item and take the next in one round trip. KEYS: state, pending, lease,
 # dead, workers (the take script's layout), epochs. ARGV: worker, lease_s, item id, token, epoch.
 _ACK_TAKE = _NOW + _ACK_FN + """
+local GEN = ARGV[6]
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
+""" + _GEN_CHECK + """
 local acked = ack(KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[5], ARGV[3], ARGV[4], ARGV[1], ARGV[5])
 local function take()
 """ + _TAKE_BODY + """
@@ -145,7 +153,7 @@ redis.call('SET', KEYS[1], ARGV[1])
 local st = cjson.decode(ARGV[3])
 redis.call('HSET', KEYS[2], 'next_epoch', st.next_epoch, 'num_epochs', ARGV[4], 'token', token, 'restore_id', ARGV[2],
            'taken', st.counters.taken or 0, 'acked', st.counters.acked or 0, 'expired', st.counters.expired or 0,
-           'late_acks', st.counters.late_acks or 0, 'released', st.counters.released or 0)
+           'late_acks', st.counters.late_acks or 0, 'released', st.counters.released or 0, 'gen', ARGV[6])
 for i = 1, #st.pending, 1000 do
   redis.call('RPUSH', KEYS[3], unpack(st.pending, i, math.min(i + 999, #st.pending)))
 end
@@ -185,6 +193,12 @@ def _take_reconnect(url: str, reconnect_s: float | None) -> tuple[str, float]:
     return url, value
 
 
+def _gen(meta: dict) -> str:
+    """The generation of a queue: when its meta was made (a queue lost and made again has
+    another)."""
+    return repr(meta.get("created", ""))
+
+
 class RedisBackend(QueueBackend):
     """Queues on the Redis server at ``url`` (``redis://[:password@]host:port/db``)."""
 
@@ -206,6 +220,7 @@ class RedisBackend(QueueBackend):
         # a wrong password is final, not a blip (redis-py makes it a ConnectionError)
         self._final = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
         self._answered = False  # retry only a server that answered before: a restart, not a typo
+        self._gens: dict[str, str] = {}  # queue name -> the generation this worker joined
         try:
             self._r = redis.Redis.from_url(url, decode_responses=True, **client_kwargs)
         except (ValueError, self._errors) as exc:
@@ -250,25 +265,45 @@ class RedisBackend(QueueBackend):
     def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
         return self._call(script, lambda: self._scripts[script](keys=keys, args=args))
 
+    def _check_lost(self, name: str, out: dict) -> None:
+        status = out["status"]
+        if status == "missing" and name in self._gens:
+            raise WorkQueueLostError(
+                f"work queue {name!r} on {self.url} is gone since this worker joined it (a Redis restart without "
+                "persistence, or a reset?); nothing more is handed out, to keep the epoch from running again: "
+                "restore it with WorkQueue.set_state(checkpoint), or start afresh with `shardfeed queue reset`")
+        if status == "missing":
+            raise self._missing(name)
+        if status == "recreated":
+            raise WorkQueueLostError(
+                f"work queue {name!r} on {self.url} was lost and created again since this worker joined it (a "
+                "Redis restart without persistence?): this worker stops rather than run the epoch again. Run "
+                "Redis with persistence (appendonly yes), and restore from a checkpoint (WorkQueue.set_state)")
+
     def _missing(self, name: str) -> KeyError:
         return KeyError(f"no work queue named {name!r} on {self.url}")
 
     def open(self, name: str, meta: dict) -> tuple[dict, bool]:
         k = self._keys(name)
         ne = meta.get("num_epochs")
-        got = self._run("open", [*k, NAMES_KEY], [json.dumps(meta), "" if ne is None else ne, name])
-        return (meta, True) if got is None else (json.loads(got), False)
+        got = self._run("open", [*k, NAMES_KEY], [json.dumps(meta), "" if ne is None else ne, name, _gen(meta)])
+        out = (meta, True) if got is None else (json.loads(got), False)
+        self._gens[name] = _gen(out[0])
+        return out
 
     def get_meta(self, name: str) -> dict | None:
         k = self._keys(name)
         raw, rid = self._call("read", lambda: (self._r.get(k[0]), self._r.hget(k[1], "restore_id")))
-        return None if raw is None else dict(json.loads(raw), restore_id=rid or None)
+        if raw is None:
+            return None
+        meta = dict(json.loads(raw), restore_id=rid or None)
+        self._gens.setdefault(name, _gen(meta))  # the queue this worker joined
+        return meta
 
     def take(self, name: str, worker: str, lease_s: float) -> dict:
         k = self._keys(name)
-        out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6]], [worker, lease_s]))
-        if out["status"] == "missing":
-            raise self._missing(name)
+        out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6]], [worker, lease_s, self._gens.get(name, "")]))
+        self._check_lost(name, out)
         if out["status"] == "item":
             out["token"] = int(out["token"])
         return out
@@ -290,9 +325,8 @@ class RedisBackend(QueueBackend):
     def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
         k = self._keys(name)
         out = json.loads(self._run("ack_take", [k[1], k[2], k[3], k[4], k[6], k[5]],
-                                   [worker, lease_s, item_id, token, item_id.split(":")[0]]))
-        if out["status"] == "missing":
-            raise self._missing(name)
+                                   [worker, lease_s, item_id, token, item_id.split(":")[0], self._gens.get(name, "")]))
+        self._check_lost(name, out)
         if out["status"] == "item":
             out["token"] = int(out["token"])
         return bool(out.pop("acked")), out
@@ -338,7 +372,8 @@ class RedisBackend(QueueBackend):
               "epoch_done": {str(e): int(d) for e, d in state.get("epoch_done", {}).items()}}
         ne = meta.get("num_epochs")
         got = self._run("restore", [*k, NAMES_KEY],
-                        [json.dumps(meta), restore_id, json.dumps(st), "" if ne is None else ne, name])
+                        [json.dumps(meta), restore_id, json.dumps(st), "" if ne is None else ne, name, _gen(meta)])
+        self._gens[name] = _gen(meta)  # the restored queue is the one this worker now works on
         return got == 1
 
     def drain(self, name: str) -> int:
