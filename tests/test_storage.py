@@ -359,3 +359,36 @@ def test_mask_hides_a_password_holding_at_signs():
     for text in ("redis://:hunter@2pass@127.0.0.1:6391/0", "redis://user:pw@ss@host/0"):
         masked = storage.mask(text)
         assert "hunter" not in masked and "2pass" not in masked and "pw@ss" not in masked and "ss@" not in masked
+
+
+def test_http_403_is_access_denied_and_a_signed_urls_secret_is_nowhere_in_the_traceback():
+    import http.server
+    import threading
+    import traceback
+
+    import shardfeed as sf
+
+    class Forbidden(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_HEAD(self):
+            self.send_response(403)
+            self.end_headers()
+
+        def do_GET(self):
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x.tfrecord?X-Amz-Signature=SECRETSIG123"
+        with pytest.raises(PermissionError) as info:
+            list(sf.read_tfrecord(url))
+        assert "access denied (HTTP 403)" in str(info.value) and "x.tfrecord" in str(info.value)
+        assert "SECRETSIG123" not in "".join(traceback.format_exception(info.value))
+    finally:
+        server.shutdown()
+        server.server_close()

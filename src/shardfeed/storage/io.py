@@ -24,12 +24,28 @@ DEFAULT_BUFFER_SIZE = 8 << 20  # bytes per ranged read of a remote object
 _SPOOL_MAX = 64 << 20  # remote writes are staged in memory up to this, then on local disk
 
 
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of an HTTP client error anywhere in ``exc``'s cause chain."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 10:
+        status = getattr(e, "status", None)
+        if isinstance(status, int) and 100 <= status < 600:
+            return status
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
 def _translate(exc: BaseException, url: str, op: str) -> BaseException:
     """An exception that names ``url`` (masked) and the operation, keeping the original as cause."""
     if isinstance(exc, StorageError):
         return exc
     where = mask(url)
     detail = mask(exc) or type(exc).__name__
+    http = _http_status(exc)
+    if http in (401, 403):  # fsspec's HTTP backend turns any failed stat into FileNotFoundError
+        return PermissionError(f"{where}: access denied (HTTP {http}) ({op})")
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(f"{where}: no such file or object ({op})")
     if isinstance(exc, PermissionError):
@@ -53,7 +69,10 @@ def _run(op: str, url: str, fn):
     except (ValueError, TypeError, ImportError):
         raise
     except Exception as exc:  # noqa: BLE001 - translated with context
-        raise _translate(exc, url, op) from exc
+        # the library's own exception (and its chain) may print the URL with its secrets
+        # (a signed URL's signature, a password): the translated one says what it said,
+        # masked, and is raised without it
+        raise _translate(exc, url, op) from None
 
 
 def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
