@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import http.server
+import io
 import os
 import socket
 import threading
@@ -141,8 +142,10 @@ def fault_proxy(s3_endpoint):
 
 
 @contextmanager
-def serve_directory(directory: str):
-    """Serve ``directory`` over HTTP on 127.0.0.1 (supports Range requests); yields the base URL."""
+def serve_directory(directory: str, served: dict | None = None):
+    """Serve ``directory`` over HTTP on 127.0.0.1 (supports Range requests); yields the base
+    URL. With ``served``, body bytes sent for GETs are added up there per file name."""
+    lock = threading.Lock()
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a, **kw):
@@ -152,26 +155,30 @@ def serve_directory(directory: str):
             pass
 
         def send_head(self):
-            rng = self.headers.get("Range")
             path = self.translate_path(self.path)
-            if not rng or not os.path.isfile(path):
+            if not os.path.isfile(path):
                 return super().send_head()
             size = os.path.getsize(path)
-            start_s, _, end_s = rng.split("=", 1)[1].partition("-")
-            start = int(start_s) if start_s else max(0, size - int(end_s))
-            end = min(size - 1, int(end_s)) if (end_s and start_s) else size - 1
-            f = open(path, "rb")
-            f.seek(start)
-            self.send_response(206)
+            rng = self.headers.get("Range")
+            start, end = 0, size - 1
+            if rng:
+                start_s, _, end_s = rng.split("=", 1)[1].partition("-")
+                start = int(start_s) if start_s else max(0, size - int(end_s))
+                end = min(size - 1, int(end_s)) if (end_s and start_s) else size - 1
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(max(0, end - start + 1))
+            self.send_response(206 if rng else 200)
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Length", str(end - start + 1))
+            if rng:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(len(data)))
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
-            import io
-
-            data = f.read(end - start + 1)
-            f.close()
+            if served is not None and self.command == "GET":
+                with lock:
+                    name = os.path.basename(path)
+                    served[name] = served.get(name, 0) + len(data)
             return io.BytesIO(data)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

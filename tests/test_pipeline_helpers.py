@@ -18,11 +18,18 @@ def example(i: int) -> bytes:
 
 def write_shards(tmp_path, n_files: int = 3, per_file: int = 7, compression: str | None = None) -> list[str]:
     """``n_files`` TFRecord files; record ``i`` of file ``f`` has id ``f * 1000 + i``."""
+    return write_sized_shards(tmp_path, [per_file] * n_files, compression=compression, prefix="part")
+
+
+def write_sized_shards(tmp_path, sizes: list[int], index: bool = False, compression: str | None = None,
+                       prefix: str = "s") -> list[str]:
+    """One TFRecord file per entry of ``sizes`` (that many records; record ``i`` of file
+    ``f`` has id ``f * 1000 + i``), with index files when ``index``."""
     suffix = ".gz" if compression == "GZIP" else ""
     paths = []
-    for f in range(n_files):
-        p = str(tmp_path / f"part-{f:03d}.tfrecord{suffix}")
-        sf.write_records(p, [example(f * 1000 + i) for i in range(per_file)], compression=compression)
+    for f, n in enumerate(sizes):
+        p = str(tmp_path / f"{prefix}-{f:03d}.tfrecord{suffix}")
+        sf.write_records(p, [example(f * 1000 + i) for i in range(n)], compression=compression, index=index)
         paths.append(p)
     return paths
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import http.server
-import io
 import json
 import os
-import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -17,7 +13,8 @@ from shardfeed.adapters.torch import split_for_reader
 from shardfeed.pipeline import Span, StaticSpans, TFRecordSource, check_resume_everywhere, split_spans
 from shardfeed.storage import clear_cache
 
-from .test_pipeline_helpers import SPEC, example, write_shards
+from .conftest import serve_directory
+from .test_pipeline_helpers import SPEC, example, write_shards, write_sized_shards
 
 
 def _ids(ds) -> list[int]:
@@ -27,19 +24,12 @@ def _ids(ds) -> list[int]:
     return out
 
 
-def _write_sizes(tmp_path, sizes: list[int], index: bool = False) -> list[str]:
-    paths = []
-    for f, n in enumerate(sizes):
-        p = str(tmp_path / f"s-{f:03d}.tfrecord")
-        sf.write_records(p, [example(f * 1000 + i) for i in range(n)], index=index)
-        paths.append(p)
-    return paths
 
 
 @pytest.mark.parametrize("sizes", [[5], [3, 40], [0, 7, 1], [10, 10, 10, 10], [1, 2, 3, 4, 50, 6, 7]])
 @pytest.mark.parametrize("readers", [1, 2, 3, 4, 8])
 def test_every_record_once_across_readers_each_reading_only_its_bytes(tmp_path, sizes, readers):
-    files = _write_sizes(tmp_path, sizes)
+    files = write_sized_shards(tmp_path, sizes)
     everything = sorted(f * 1000 + i for f, n in enumerate(sizes) for i in range(n))
     got, fetched = [], 0
     for r in range(readers):
@@ -53,7 +43,7 @@ def test_every_record_once_across_readers_each_reading_only_its_bytes(tmp_path, 
 
 @pytest.mark.parametrize("workers,ranks", [(1, 1), (2, 1), (1, 3), (2, 2), (3, 2)])
 def test_workers_and_ranks_split_spans_without_duplicates(tmp_path, workers, ranks):
-    files = _write_sizes(tmp_path, [9, 1, 30])
+    files = write_sized_shards(tmp_path, [9, 1, 30])
     ds = sf.read_tfrecord(files, spec=SPEC).shuffle(5, seed=2).batch(3)
     got = []
     for rank in range(ranks):
@@ -63,7 +53,7 @@ def test_workers_and_ranks_split_spans_without_duplicates(tmp_path, workers, ran
 
 
 def test_split_uses_whole_files_when_they_divide_and_ranges_when_too_few(tmp_path):
-    files = _write_sizes(tmp_path, [4, 4, 4, 4])
+    files = write_sized_shards(tmp_path, [4, 4, 4, 4])
     spans = [Span(f) for f in files]
     assert split_spans(spans, 1, 2) == [spans[1], spans[3]]  # no index needed
     assert not any(os.path.exists(f + ".idx") for f in files)
@@ -87,7 +77,7 @@ def test_index_built_for_a_read_only_folder_goes_to_the_cache(tmp_path, monkeypa
         monkeypatch.setattr(index_mod.storage, "write_bytes", refuse)
     ro = tmp_path / "ro"
     ro.mkdir()
-    files = _write_sizes(ro, [6])
+    files = write_sized_shards(ro, [6])
     monkeypatch.setenv("SHARDFEED_CACHE_DIR", str(tmp_path / "cache"))
     if os.geteuid() != 0:
         os.chmod(ro, 0o555)
@@ -108,7 +98,7 @@ def test_a_compressed_file_cannot_be_split_into_ranges_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("reads", [None, 2])
 def test_record_ranges_resume_at_every_step(tmp_path, reads):
-    files = _write_sizes(tmp_path, [7, 5], index=True)
+    files = write_sized_shards(tmp_path, [7, 5], index=True)
     spans = [Span(files[0], 0, None)] + split_spans([Span(files[1])], 0, 2)
     src = TFRecordSource(StaticSpans(spans), SPEC, num_parallel_reads=reads)
     assert check_resume_everywhere(src.batch(2)) >= 5
@@ -116,14 +106,14 @@ def test_record_ranges_resume_at_every_step(tmp_path, reads):
 
 
 def test_read_shard_by_record_resumes_at_every_step(tmp_path):
-    files = _write_sizes(tmp_path, [6, 5], index=True)
+    files = write_sized_shards(tmp_path, [6, 5], index=True)
     ds = sf.read_shard(files, SPEC, slice_id=1, slice_count=2, by="record")
     assert _ids(ds) == [1000 + i for i in range(5)] or sorted(_ids(ds))  # its half, in order
     assert check_resume_everywhere(ds.batch(2)) >= 3
 
 
 def test_restoring_reads_nothing_twice_whatever_the_position(tmp_path):
-    files = _write_sizes(tmp_path, [400, 400])
+    files = write_sized_shards(tmp_path, [400, 400])
     for position in (10, 700):
         src = sf.read_tfrecord(files, spec=SPEC)
         ds = src.batch(10)
@@ -140,7 +130,7 @@ def test_restoring_reads_nothing_twice_whatever_the_position(tmp_path):
 
 
 def test_parallel_parse_gives_the_same_batches_and_errors_name_the_file(tmp_path):
-    files = _write_sizes(tmp_path, [300, 301, 3])
+    files = write_sized_shards(tmp_path, [300, 301, 3])
     one = list(sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=None).batch(16))
     four = list(sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=4).batch(16))
     assert [b["id"].tolist() for b in one] == [b["id"].tolist() for b in four]
@@ -152,65 +142,17 @@ def test_parallel_parse_gives_the_same_batches_and_errors_name_the_file(tmp_path
 
 
 # -- bytes served over HTTP -------------------------------------------------------------------
-@contextmanager
-def counting_server(directory: str):
-    """Serve ``directory`` on 127.0.0.1 with Range support; count body bytes sent per file."""
-    served: dict[str, int] = {}
-    lock = threading.Lock()
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, directory=directory, **kw)
-
-        def log_message(self, *args):
-            pass
-
-        def send_head(self):
-            path = self.translate_path(self.path)
-            if not os.path.isfile(path):
-                return super().send_head()
-            size = os.path.getsize(path)
-            rng = self.headers.get("Range")
-            start, end = 0, size - 1
-            if rng:
-                a, _, b = rng.split("=", 1)[1].partition("-")
-                start = int(a)
-                end = min(size - 1, int(b)) if b else size - 1
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(max(0, end - start + 1))
-            self.send_response(206 if rng else 200)
-            self.send_header("Content-Type", "application/octet-stream")
-            if rng:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Accept-Ranges", "bytes")
-            self.end_headers()
-            if self.command == "GET":
-                with lock:
-                    served[os.path.basename(path)] = served.get(os.path.basename(path), 0) + len(data)
-            return io.BytesIO(data)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", served
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.parametrize("n_files,index", [(4, False), (1, True), (3, True)])
 def test_dataloader_workers_fetch_only_their_own_bytes_over_http(tmp_path, n_files, index):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
     sizes = [150 + 37 * f for f in range(n_files)]
-    files = _write_sizes(tmp_path, sizes, index=index)
+    files = write_sized_shards(tmp_path, sizes, index=index)
     total = sum(os.path.getsize(f) for f in files)
     clear_cache()
-    with counting_server(str(tmp_path)) as (base, served):
+    served: dict[str, int] = {}
+    with serve_directory(str(tmp_path), served) as base:
         urls = [f"{base}/{os.path.basename(f)}" for f in files]
         ds = sf.read_tfrecord(urls, spec=SPEC).batch(8)
         loader = DataLoader(ds.to_torch(rank=0, world_size=1), batch_size=None, num_workers=2)
@@ -226,7 +168,7 @@ def test_to_torch_pickles_and_carries_rank_to_spawned_workers(tmp_path):
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
-    files = _write_sizes(tmp_path, [12, 12, 12, 12])
+    files = write_sized_shards(tmp_path, [12, 12, 12, 12])
     ds = sf.read_tfrecord(files, spec=SPEC).batch(4)
     seen = []
     for rank in range(2):
@@ -241,7 +183,7 @@ def test_to_torch_pickles_and_carries_rank_to_spawned_workers(tmp_path):
 def test_stateful_dataloader_resumes_mid_epoch(tmp_path, workers):
     pytest.importorskip("torch")
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
-    files = _write_sizes(tmp_path, [40, 40, 40, 40])
+    files = write_sized_shards(tmp_path, [40, 40, 40, 40])
     ds = sf.read_tfrecord(files, spec=SPEC).batch(5)
 
     def loader():
@@ -265,13 +207,13 @@ def test_stateful_dataloader_resumes_mid_epoch(tmp_path, workers):
 def test_a_pathlib_path_is_a_file_not_a_provider(tmp_path):
     from pathlib import Path
 
-    files = _write_sizes(tmp_path, [3])
+    files = write_sized_shards(tmp_path, [3])
     assert _ids(sf.read_tfrecord(Path(files[0]), spec=SPEC)) == [0, 1, 2]
     assert _ids(sf.read_tfrecord([Path(files[0])], spec=SPEC)) == [0, 1, 2]
 
 
 def test_files_of_very_different_sizes_split_evenly_when_indexed(tmp_path):
-    files = _write_sizes(tmp_path, [10, 10, 10, 100], index=True)
+    files = write_sized_shards(tmp_path, [10, 10, 10, 100], index=True)
     shares = [_ids(sf.read_tfrecord(files, spec=SPEC).shard(r, 2).batch(7)) for r in range(2)]
     assert [len(s) for s in shares] == [65, 65]  # record ranges, not 20 against 110
     assert sorted(shares[0] + shares[1]) == sorted(f * 1000 + i for f, n in enumerate([10, 10, 10, 100])
@@ -280,7 +222,7 @@ def test_files_of_very_different_sizes_split_evenly_when_indexed(tmp_path):
 
 
 def test_unindexed_files_of_different_sizes_split_by_file_with_a_warning(tmp_path, caplog):
-    files = _write_sizes(tmp_path, [10, 10, 10, 100])  # no index: planning reads no file
+    files = write_sized_shards(tmp_path, [10, 10, 10, 100])  # no index: planning reads no file
     with caplog.at_level("WARNING"):
         shares = [_ids(sf.read_tfrecord(files, spec=SPEC).shard(r, 2)) for r in range(2)]
     assert sorted(len(s) for s in shares) == [20, 110]
@@ -323,7 +265,7 @@ class _LosesSecondSpan:
 
 
 def test_a_span_lost_before_it_is_read_delivers_nothing_and_is_not_finished(tmp_path):
-    files = _write_sizes(tmp_path, [4, 4, 4])
+    files = write_sized_shards(tmp_path, [4, 4, 4])
     provider = _LosesSecondSpan([Span(f) for f in files])
     got = _ids(TFRecordSource(provider, SPEC).batch(3))
     assert got == [0, 1, 2, 3, 2000, 2001, 2002, 2003]
@@ -331,7 +273,7 @@ def test_a_span_lost_before_it_is_read_delivers_nothing_and_is_not_finished(tmp_
 
 
 def test_a_queue_item_is_acknowledged_only_after_its_records_were_delivered(tmp_path):
-    files = _write_sizes(tmp_path, [5, 5, 5, 5])
+    files = write_sized_shards(tmp_path, [5, 5, 5, 5])
     q = sf.WorkQueue(files, backend="memory", name="ack-after-delivery", shuffle=False)
     it = iter(sf.read_tfrecord(q, spec=SPEC, num_parallel_reads=None).batch(4))
     assert next(it)["id"].tolist() == [0, 1, 2, 3]
@@ -348,7 +290,7 @@ def test_a_queue_item_is_acknowledged_only_after_its_records_were_delivered(tmp_
 
 @pytest.mark.parametrize("reads", [None, 4])
 def test_a_read_error_comes_after_every_batch_before_it(tmp_path, reads):
-    files = _write_sizes(tmp_path, [100])
+    files = write_sized_shards(tmp_path, [100])
     bad = str(tmp_path / "bad.tfrecord")
     good = [example(7000 + i) for i in range(30)]
     sf.write_records(bad, good)
@@ -372,7 +314,7 @@ def test_splitting_gzip_files_named_without_gz_says_they_are_compressed(tmp_path
 
 
 def test_readers_of_one_queue_share_it_instead_of_dealing_records(tmp_path):
-    files = _write_sizes(tmp_path, [6, 6, 6], index=True)
+    files = write_sized_shards(tmp_path, [6, 6, 6], index=True)
     q = sf.WorkQueue(files, backend="memory", name="shared-by-readers", num_slices=6, seed=1)
     ds = sf.read_tfrecord(q, spec=SPEC).batch(4)
     got = []
@@ -382,7 +324,7 @@ def test_readers_of_one_queue_share_it_instead_of_dealing_records(tmp_path):
 
 
 def test_shuffle_over_a_queue_saves_a_fresh_buffer_state(tmp_path):
-    files = _write_sizes(tmp_path, [5, 5])
+    files = write_sized_shards(tmp_path, [5, 5])
     q = sf.WorkQueue(files, backend="memory", name="shuffled-queue", shuffle=False)
     it = iter(sf.read_tfrecord(q).shuffle(3, seed=1))
     next(it)
@@ -399,7 +341,7 @@ def test_ranks_started_by_torch_spawn_with_spawned_workers_read_every_record_onc
 
     from ._ddp_worker import run_rank
 
-    files = _write_sizes(tmp_path, [10, 11, 12, 13])
+    files = write_sized_shards(tmp_path, [10, 11, 12, 13])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -9,18 +9,13 @@ import shardfeed as sf
 from shardfeed.pipeline import check_resume_everywhere
 from shardfeed.pipeline.permute import Permutation
 
-from .test_pipeline_helpers import SPEC, example
+from .test_pipeline_helpers import SPEC, example, write_sized_shards
 
 SIZES = [40, 3, 25, 0, 17, 60]
 
 
 def _files(tmp_path, sizes=SIZES, index=False):
-    paths = []
-    for f, n in enumerate(sizes):
-        p = str(tmp_path / f"m-{f:02d}.tfrecord")
-        sf.write_records(p, [example(f * 1000 + i) for i in range(n)], index=index)
-        paths.append(p)
-    return paths
+    return write_sized_shards(tmp_path, sizes, index=index, prefix="m")
 
 
 def _all(sizes=SIZES):

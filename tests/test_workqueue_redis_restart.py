@@ -18,10 +18,12 @@ from shardfeed.distributed.redis_backend import RedisBackend, _take_reconnect
 from .test_workqueue_support import free_port
 
 
-def _start(exe: str, d: str, port: int) -> None:
-    subprocess.run([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "yes",
-                    "--appendfsync", "always", "--dir", d, "--daemonize", "yes", "--pidfile", f"{d}/redis.pid",
-                    "--logfile", f"{d}/redis.log"], check=True)
+def _start(exe: str, d: str, port: int, persist: bool = True) -> None:
+    """A redis-server on 127.0.0.1:``port`` in ``d``, with its data kept (AOF) or not; up on return."""
+    aof = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+    subprocess.run([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", *aof, "--dir", d,
+                    "--daemonize", "yes", "--pidfile", f"{d}/redis.pid", "--logfile", f"{d}/redis.log"], check=True)
+    _wait_up(port)
 
 
 def _stop(d: str) -> None:
@@ -65,7 +67,6 @@ def test_workers_survive_a_redis_restart_with_its_data():
     d = tempfile.mkdtemp(prefix="sf-redis-restart-")
     port = free_port()
     _start(exe, d, port)
-    _wait_up(port)
     try:
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
         works = [f"/data/part-{i:03d}" for i in range(40)]
@@ -111,13 +112,7 @@ def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_
     d = tempfile.mkdtemp(prefix="sf-redis-lost-")
     port = free_port()
 
-    def start_volatile():
-        subprocess.run([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                        "--dir", d, "--daemonize", "yes", "--pidfile", f"{d}/redis.pid", "--logfile",
-                        f"{d}/redis.log"], check=True)
-        _wait_up(port)
-
-    start_volatile()
+    _start(exe, d, port, persist=False)
     try:
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=20"
         works = [f"/data/part-{i:03d}" for i in range(10)]
@@ -125,7 +120,7 @@ def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_
         item = old.take()
         state = old.get_state()  # a checkpoint saved before the loss
         _stop(d)
-        start_volatile()  # back, empty: the queue is gone
+        _start(exe, d, port, persist=False)  # back, empty: the queue is gone
         with pytest.raises(sf.WorkQueueLostError, match="gone since this worker joined"):
             old.ack_and_take(item)
         newcomer = sf.WorkQueue(works, backend=url, name="volatile", seed=2)  # fills it afresh

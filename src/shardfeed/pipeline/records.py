@@ -28,7 +28,7 @@ from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
 from .source_batch import SourceBatchNode
 from .sources import SourceDataset, SourceNode
-from .span_reader import SpanChunks, _Tag, cursor_state
+from .span_reader import ChunkTag, SpanChunks, close_generator, cursor_state
 from .spans import DEFAULT_BLOCK_SIZE, SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 RECORD_CHUNK = 1 << 20
 """Bytes of frames found at once when records are handed out one by one: small enough that
 several spans read ahead hold little, large enough that the scan's cost vanishes."""
+
 
 class ReadOptions(NamedTuple):
     """How frames are read: compression (``"auto"``: by file name), CRC checks, the corrupt
@@ -65,7 +66,7 @@ class _RecordReader:
         self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK)
         self.it = iter(self.chunks)
         self.initial = dict(state) if state else None
-        self.tag: _Tag | None = None
+        self.tag: ChunkTag | None = None
         self.records: list[bytes] = []
         self.starts: list[int] = []
         self.ends: list[int] = []
@@ -100,16 +101,13 @@ class _RecordReader:
             raise
 
     def get_state(self) -> Any:
-        return cursor_state(self.tag, self.offset, self.initial, getattr(self.src.provider, "replayable", True))
+        return cursor_state(self.tag, self.offset, self.initial, self.src.replayable)
 
     def close(self) -> None:
         try:
             self.chunks.close()
         finally:
-            try:
-                self.it.close()  # type: ignore[attr-defined]
-            except ValueError:  # running in another thread (a closing pass): it ends with it
-                pass
+            close_generator(self.it)
             self.records, self.starts, self.ends = [], [], []
 
 
@@ -181,6 +179,11 @@ class TFRecordSource(SourceDataset):
         return max(1, os.cpu_count() or 1) if n == AUTOTUNE else n
 
     @property
+    def replayable(self) -> bool:
+        """Whether reopening a saved state reads the same records again (a queue's does not)."""
+        return getattr(self.provider, "replayable", True)
+
+    @property
     def read_ahead(self) -> int:
         """Remote or compressed spans read at once in background threads."""
         n = self.num_parallel_reads
@@ -213,7 +216,7 @@ class TFRecordSource(SourceDataset):
         """``source.shuffle(n).batch(k)``: the shuffle computed on record positions and
         whole batches gathered and parsed at once (:mod:`shardfeed.pipeline.shuffle_batch`);
         not for a provider that cannot re-read (a queue) or a state it cannot resume."""
-        if self.spec is None or not getattr(self.provider, "replayable", True):
+        if self.spec is None or not self.replayable:
             return None
         if state is not None and state.get("read") is None:
             return None

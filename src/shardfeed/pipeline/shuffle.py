@@ -138,20 +138,16 @@ class _ShuffleNode(Node):
         self.consumed = 0
         self.every = max(1, self.size // 4)
         self.anchors: collections.deque = collections.deque()  # (position, upstream state), trimmed
-        self.b, self.ds = b, ds
         anchor = state.get("anchor") if state is not None else None
         if state is not None and state.get("read") is not None and anchor is not None:
             self.parent = ds.parent._build(b, anchor[1])
             super().__init__(b, ds, [self.parent])
-            self._restore(int(state["consumed"]), int(state["read"]), bool(state["exhausted"]), int(anchor[0]),
-                          anchor[1])
+            self._restore(int(state["consumed"]), int(state["read"]), bool(state["exhausted"]), int(anchor[0]))
             return
         self.parent = ds.parent._build(b, self.parent_start)
         super().__init__(b, ds, [self.parent])
         self.rng = np.random.Generator(np.random.PCG64(derive_seed(seed, self.epoch)))
-        replay = int(state["consumed"]) if state else 0
-        self.replayed = replay
-        for _ in range(replay):
+        for _ in range(int(state["consumed"]) if state else 0):
             self._shuffled_next()
 
     # -- reading upstream, remembering cursors to resume from ----------------------------
@@ -203,8 +199,9 @@ class _ShuffleNode(Node):
     _next = _shuffled_next
 
     # -- resuming ------------------------------------------------------------------------------
-    def _restore(self, consumed: int, read: int, exhausted: bool, anchor_pos: int, anchor_state: Any) -> None:
-        """Rebuild the buffer after ``consumed`` draws without replaying them through upstream."""
+    def _restore(self, consumed: int, read: int, exhausted: bool, anchor_pos: int) -> None:
+        """Rebuild the buffer after ``consumed`` draws without replaying them through
+        upstream, which is open at the anchor (upstream position ``anchor_pos``)."""
         self.rng, self.draws, self.di, positions = slot_positions(self.seed, self.epoch, self.size, consumed, read,
                                                                   exhausted)
         # re-read upstream from the anchor, keeping the elements still in the buffer
@@ -225,7 +222,6 @@ class _ShuffleNode(Node):
         # upstream is now at position `read`: skip the rest of the already-read range
         while self.read < read:
             self._read_one()
-        self.replayed = read - anchor_pos
         self.buf, self.pos = buf, positions
         self.exhausted = exhausted
         self.consumed = consumed

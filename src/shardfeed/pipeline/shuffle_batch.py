@@ -26,7 +26,7 @@ from ..formats.chunks import FrameChunk
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
 from .records import RECORD_CHUNK, TFRecordSource
-from .span_reader import SpanChunks, cursor_state
+from .span_reader import SpanChunks, close_generator, cursor_state
 from .shuffle import derive_seed, next_draws, slot_positions
 
 
@@ -72,7 +72,6 @@ class ShuffledBatches:
             self.consumed = consumed
             self.read = anchor_pos
             self._open(anchor_state)
-            self.ended = False
             self._read_to(read)
             if exhausted or len(table) < self.size:
                 self.table: Any = list(table)
@@ -303,9 +302,6 @@ class ShuffledBatches:
         try:
             self.span_chunks.close()
         finally:
-            try:
-                self.it.close()  # type: ignore[attr-defined]
-            except ValueError:
-                pass
+            close_generator(self.it)
             self.chunks.clear()
             self.survivors.clear()

@@ -15,7 +15,7 @@ from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
 from .node import Build, Node
-from .span_reader import SpanChunks, cursor_state
+from .span_reader import SpanChunks, close_generator, cursor_state
 from .workers import WorkerPool
 
 
@@ -35,7 +35,7 @@ class _PlainBatches:
         self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size)
         self._chunk_iter = iter(self.chunks)
         self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
-        self.replayable = getattr(src.provider, "replayable", True)
+        self.replayable = src.replayable
 
     def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
         batch, tag = next(self.batches)
@@ -57,11 +57,8 @@ class _PlainBatches:
         try:
             self.chunks.close()  # first: stops read-ahead threads, gives back held spans
         finally:
-            for gen in (self.batches, self._chunk_iter):
-                try:
-                    gen.close()  # type: ignore[attr-defined]
-                except ValueError:  # running in another thread (a closing pass): it ends with it
-                    pass
+            close_generator(self.batches)
+            close_generator(self._chunk_iter)
 
 
 class SourceBatchNode(Node):
@@ -81,7 +78,7 @@ class SourceBatchNode(Node):
         if self.state is None and producer is not None:
             self.state = producer.get_state()
         elif self.state is None:
-            self.state = cursor_state(None, 0, None, getattr(src.provider, "replayable", True))
+            self.state = cursor_state(None, 0, None, src.replayable)
         self.threads = src.threads
         self.pool: WorkerPool | None = None
         self.pending: collections.deque[_Pending] = collections.deque()

@@ -26,7 +26,7 @@ READ_AHEAD_BYTES = 64 << 20
 """Bytes that spans read ahead (remote or compressed shards) may hold together."""
 
 
-class _Tag(NamedTuple):
+class ChunkTag(NamedTuple):
     """Where a chunk came from: the span's sequence number in the pass, the provider's
     state at that span, and the span."""
 
@@ -41,7 +41,7 @@ def _needs_read_ahead(span: Span, o: Any) -> bool:
 
 
 class SpanChunks:
-    """The chunks of one pass over a provider's spans, each tagged with a :class:`_Tag`.
+    """The chunks of one pass over a provider's spans, each tagged with a :class:`ChunkTag`.
 
     Spans are opened in order. A span read to its end is finished (acknowledged, for a
     queue) once a record of a later span reached the consumer (``delivered``) or at the
@@ -96,7 +96,7 @@ class SpanChunks:
             self.resume = None
             if list(key) == span.key():
                 start = max(start, offset)
-        tag = _Tag(self.seq, pstate, span)
+        tag = ChunkTag(self.seq, pstate, span)
         self.seq += 1
         q = None
         if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
@@ -112,7 +112,7 @@ class SpanChunks:
         return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                  chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end)
 
-    def __iter__(self) -> Iterator[tuple[FrameChunk, _Tag]]:
+    def __iter__(self) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         ahead = self.ahead
         while True:
             if not ahead and not self._open_next(block=True):
@@ -126,7 +126,7 @@ class SpanChunks:
             if kept:
                 self.read_done.append((tag.seq, tag.span))
 
-    def _local(self, tag: _Tag, start: int) -> Iterator[tuple[FrameChunk, _Tag]]:
+    def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         stats = ReadStats()
         try:
             for chunk in self._read(tag.span, start, stats):
@@ -137,7 +137,7 @@ class SpanChunks:
             self.src._merge_stats(stats)
         return True
 
-    def _queued(self, tag: _Tag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, _Tag]]:
+    def _queued(self, tag: ChunkTag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         while True:
             kind, x = q.get()
             if kind == "end":
@@ -149,7 +149,7 @@ class SpanChunks:
                 return False
             yield x, tag
 
-    def _keep(self, tag: _Tag) -> bool:
+    def _keep(self, tag: ChunkTag) -> bool:
         if self.stream.keep(tag.span):
             return True
         logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
@@ -190,7 +190,9 @@ def _chunk_bytes(chunk: FrameChunk) -> int:
     return int(chunk.offsets[-1] + chunk.lengths[-1] - chunk.offsets[0]) if n else 0
 
 
-def cursor_state(tag: _Tag | None, offset: int, initial: Any, replayable: bool = True) -> Any:
+def cursor_state(tag: ChunkTag | None, offset: int, initial: Any, replayable: bool = True) -> Any:
+    """A source's state: the provider's state at the span of ``tag``, the span, and the
+    byte ``offset`` after the last record delivered (``initial`` before any record)."""
     if tag is None:
         state = initial
     else:
@@ -200,3 +202,13 @@ def cursor_state(tag: _Tag | None, offset: int, initial: Any, replayable: bool =
         # reopening this state to read the same records again
         state = dict(state or {}, replayable=False)
     return state
+
+
+def close_generator(gen: Any) -> None:
+    """Close a generator, unless it is running in another thread right now (a pass closed
+    from outside its consumer's thread): it then ends with the pass it belongs to."""
+    try:
+        gen.close()
+    except ValueError:
+        pass
+

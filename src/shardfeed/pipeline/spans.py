@@ -18,9 +18,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from ..formats.index import index_url_of, load_index
+from ..formats.index import load_index
 from ..formats.tfrecord import normalize_compression
-from ..storage import exists, size
+from ..storage import size
 from ..storage.urls import mask
 
 logger = logging.getLogger(__name__)
@@ -180,7 +180,14 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
         return spans[index::count]
     compressed = [s.url for s in spans if normalize_compression(compression, s.url) is not None]
     whole = [s for s in spans if _whole(s)]
-    have_index = not compressed and all(exists(index_url_of(s.url), storage_options) for s in whole)
+    indexes: dict[str, Any] = {}  # loaded once, for the decision and for the ranges
+    have_index = not compressed
+    for s in whole if have_index else ():
+        idx = indexes[s.url] if s.url in indexes else load_index(s.url, storage_options)
+        if idx is None:
+            have_index = False
+            break
+        indexes[s.url] = idx
     if n >= count and not have_index:
         if n % count or n <= BALANCE_CHECK_MAX_FILES:
             logger.warning("%d files split among %d readers by whole files: shares differ in size (build index "
@@ -194,7 +201,7 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if whole and not have_index:
         logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
                        "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
-    return _split_records(spans, index, count, storage_options)
+    return _split_records(spans, index, count, storage_options, indexes)
 
 
 def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None) -> int:
@@ -211,12 +218,13 @@ def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] 
     return mean == 0 or max(shares) <= 1.1 * mean
 
 
-def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None) -> list[Span]:
+def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None,
+                   indexes: dict[str, Any]) -> list[Span]:
     sized: list[tuple[Span, Any, int, int]] = []  # span, index, first record, stop
     for s in spans:
-        idx = load_index(s.url, storage_options, build=True)
-        if idx is None:  # pragma: no cover - build=True always gives one or raises
-            raise ValueError(f"{mask(s.url)}: no index")
+        idx = indexes.get(s.url)
+        if idx is None:
+            idx = indexes[s.url] = load_index(s.url, storage_options, build=True)
         if s.start is not None and s.stop is not None:
             a, b = s.start, s.stop
         else:
