@@ -9,6 +9,7 @@ import io
 import os
 import socket
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 
@@ -50,7 +51,8 @@ class FaultProxy:
 
     ``fail_every = n`` answers every n-th request with ``status`` (503 SlowDown by default)
     instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
-    ``max_faults`` caps how many faults are injected in all.
+    ``stall_every = n`` holds every n-th request ``stall_s`` seconds (a stalled connection)
+    before forwarding it; ``max_faults`` caps how many faults are injected in all.
     ``failed`` counts injected faults, ``forwarded`` the requests that reached the target.
     """
 
@@ -61,6 +63,8 @@ class FaultProxy:
         self.target_host, self.target_port = target.split("://", 1)[1].split(":")
         self.fail_every = 0
         self.reset_every = 0
+        self.stall_every = 0
+        self.stall_s = 30.0
         self.status = 503
         self.max_faults: int | None = None
         self.count = 0
@@ -85,11 +89,17 @@ class FaultProxy:
                     budget = proxy.max_faults is None or proxy.failed < proxy.max_faults
                     fail = budget and proxy.fail_every and n % proxy.fail_every == 0
                     reset = budget and proxy.reset_every and n % proxy.reset_every == 0
-                    proxy.log.append((self.command, self.path, "fail" if fail else "reset" if reset else "ok"))
-                    if fail or reset:
+                    stall = budget and proxy.stall_every and n % proxy.stall_every == 0
+                    proxy.log.append((self.command, self.path,
+                                      "fail" if fail else "reset" if reset else "stall" if stall else "ok"))
+                    if fail or reset or stall:
                         proxy.failed += 1
                     else:
                         proxy.forwarded += 1
+                if stall:
+                    time.sleep(proxy.stall_s)
+                    self.close_connection = True
+                    return
                 if reset:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -120,8 +130,11 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        class Server(http.server.ThreadingHTTPServer):
+            request_queue_size = 128  # parallel ranged reads open many connections at once
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()

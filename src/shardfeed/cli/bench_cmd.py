@@ -277,7 +277,30 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
+def cmd_bench_storage(urls: list[str], as_json: str | None) -> int:
+    """``shardfeed bench storage URL...``: the link to each object, and what shardfeed picks."""
+    from ..storage.fetch import probe
+
+    if not urls:
+        raise ValueError("shardfeed bench storage needs the URL of an object to probe (a shard of a few MB or more)")
+    results = []
+    for url in urls:
+        r = probe(url)
+        results.append(r)
+        print(f"{r['url']}: {r['object_bytes'] / 1e6:.1f} MB object")
+        print(f"  latency per request   {r['latency_ms']:.1f} ms (median of 8 small GETs)")
+        print(f"  one connection        {r['one_connection_mb_per_s']:.1f} MB/s")
+        print(f"  shardfeed would use   {r['concurrency']} requests in flight of {r['part_bytes'] >> 20} MiB")
+        print(f"  and reads at          {r['parallel_mb_per_s']:.1f} MB/s "
+              f"({r['parallel_bytes'] / 1e6:.0f} MB, {r['requests']} GETs, {r['retries']} retries)")
+    if as_json:
+        Path(as_json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.names and args.names[0] == "storage":
+        return cmd_bench_storage(args.names[1:], args.json if args.json != _DEFAULT_JSON else None)
     bdir = benchmarks_dir(args.benchmarks_dir)
     available = {n: b for n, b in BENCHMARKS.items() if (bdir / f"{n}.py").is_file()}
     names = args.names or list(available)
@@ -320,16 +343,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+_DEFAULT_JSON = os.path.join("bench-out", "bench.json")
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the ``shardfeed`` parser's subparsers."""
     sp = subparsers.add_parser(
         "bench", help="run the benchmark suite (or the named benchmarks) and print one table",
         description="Run the scripts in the source tree's benchmarks/ folder, each in its own process, and "
                     "print one table (benchmark, configuration, shardfeed, anchor, ratio); the combined JSON "
-                    f"goes to --json. Benchmarks: {', '.join(BENCHMARKS)}.")
+                    f"goes to --json. Benchmarks: {', '.join(BENCHMARKS)}. `shardfeed bench storage URL` measures "
+                    "the link to one object instead: latency, one connection's rate, and the concurrency "
+                    "shardfeed picks (storage options from the environment).")
     sp.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all there are)")
     sp.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not numbers to quote")
-    sp.add_argument("--json", default=os.path.join("bench-out", "bench.json"),
+    sp.add_argument("--json", default=_DEFAULT_JSON,
                     help="combined JSON output; each benchmark's own JSON goes beside it (default bench-out/bench.json)")
     sp.add_argument("--timeout", type=float, default=None, help="seconds allowed per benchmark (default: no limit)")
     sp.add_argument("--benchmarks-dir", default=None,

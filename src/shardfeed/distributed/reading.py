@@ -300,7 +300,7 @@ class QueueSpans:
         return _QueueStream(self)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto") -> "QueueSpans":
+              compression: str | None = "auto", cache: Any = None) -> "QueueSpans":
         return self
 
     def __repr__(self) -> str:

@@ -19,8 +19,9 @@ from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
+from ..errors import CorruptRecordError
 from ..storage.io import _translate
-from ..storage.urls import parse_url
+from ..storage.urls import mask, parse_url
 from .native import scan_frames
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
@@ -71,36 +72,45 @@ def iter_frame_chunks(
     max_record_bytes: int = MAX_RECORD_BYTES,
     start_offset: int = 0,
     end_offset: int | None = None,
+    counters: Any = None,
+    cache: Any = None,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
     and ending before byte ``end_offset`` (``None``: the end of the file). Bytes past
     ``end_offset`` are never read, so readers of neighbouring record ranges of one file
-    fetch disjoint bytes."""
+    fetch disjoint bytes. Remote objects are fetched in parallel ranged GETs counted in
+    ``counters`` (an :class:`~shardfeed.storage.IOCounters`); with a ``cache`` (an
+    :class:`~shardfeed.storage.cache.ObjectCache`) a remote object is read from its
+    local copy, downloaded whole on first use, unless the cache is full."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
     chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
     if end_offset is not None and end_offset <= start_offset:
         return
+    if cache is not None and not parse_url(url).is_local:
+        local = cache.fetch(url, storage_options, counters)
+        if local is not None:
+            try:
+                yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
+                                             max_record_bytes, start_offset, end_offset)
+            except CorruptRecordError as exc:
+                exc.add_note(f"(the local copy of {mask(url)} in the cache at {cache.root})")
+                raise
+            return
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
                                   end_offset)
         return
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
-    stream = open_stream(url, comp, storage_options, buffer_size=buffer)
+    stream = open_stream(url, comp, storage_options, buffer_size=buffer, counters=counters,
+                         start_offset=start_offset, end_offset=end_offset)
     base = start_offset  # stream offset of buf[0]
     limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
     index = 0
     tail = b""
     try:
-        if start_offset:
-            if comp is None:
-                stream.seek(start_offset)
-            else:
-                left = start_offset
-                while left > 0 and (piece := stream.read(min(left, 16 << 20))):
-                    left -= len(piece)
         while True:
             need = chunk_size
             if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it

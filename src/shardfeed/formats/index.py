@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import storage
 from ..errors import CorruptRecordError, ShardfeedError
-from ..storage.urls import mask
+from ..storage.urls import mask, parse_url
 from .crc import masked_crc32c, masked_length_crc
 
 logger = logging.getLogger(__name__)
@@ -181,18 +181,22 @@ def _cached_index_path(url: str, storage_options: Mapping[str, Any] | None) -> s
     return os.path.join(cache_dir(), key + ".idx")
 
 
-def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False) -> np.ndarray | None:
+def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
+               cache: Any = None) -> np.ndarray | None:
     """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
     or the index cache; ``None`` when there is none and ``build`` is false.
 
     With ``build=True`` a missing index is made by scanning the shard once (the native
     frame scan) and saved beside it, or in :func:`cache_dir` when the storage is
-    read-only, so later readers and later passes find it. Compressed shards have no
+    read-only, so later readers and later passes find it. With a ``cache`` (an
+    :class:`~shardfeed.storage.cache.ObjectCache`) a remote index file is read through it.
+    Compressed shards have no
     index (records cannot be reached without inflating what precedes them): ``ValueError``.
     """
     idx = index_url_of(url)
     if storage.exists(idx, storage_options):
-        return read_index(idx, storage_options)
+        local = cache.fetch(idx, storage_options) if cache is not None and not parse_url(idx).is_local else None
+        return read_index(local, None) if local is not None else read_index(idx, storage_options)
     from .tfrecord import normalize_compression  # noqa: PLC0415
 
     if normalize_compression("auto", url) is not None:

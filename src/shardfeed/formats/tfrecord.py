@@ -117,15 +117,30 @@ class _ZlibReader(io.RawIOBase):
 
 
 def open_stream(url: str, compression: str | None = "auto", storage_options: Mapping[str, Any] | None = None,
-                buffer_size: int = 8 << 20) -> BinaryIO:
-    """Open ``url`` for reading, decompressed."""
+                buffer_size: int = 8 << 20, counters: Any = None, start_offset: int = 0,
+                end_offset: int | None = None) -> BinaryIO:
+    """Open ``url`` for one sequential read of its (decompressed) stream, positioned at
+    ``start_offset``; an uncompressed stream ends at ``end_offset`` (``None``: the end of
+    the file). Remote objects are fetched ahead in parallel ranged GETs, counted in
+    ``counters``; a compressed one is inflated from its start."""
     comp = normalize_compression(compression, url)
-    raw = storage.open_input(url, storage_options, buffer_size=buffer_size)
+    local = storage.parse_url(url).is_local
+    if comp is None:
+        if local:
+            return storage.open_range(url, start_offset, end_offset, storage_options)  # type: ignore[return-value]
+        return storage.open_range(url, start_offset, end_offset, storage_options, counters)  # type: ignore[return-value]
+    if local:
+        raw = storage.open_input(url, storage_options, buffer_size=buffer_size)
+    else:
+        raw = storage.open_range(url, 0, None, storage_options, counters)
     if comp == "GZIP":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if comp == "ZLIB":
-        return io.BufferedReader(_ZlibReader(raw), buffer_size=1 << 20)  # type: ignore[return-value]
-    return raw
+        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+    else:
+        stream = io.BufferedReader(_ZlibReader(raw), buffer_size=1 << 20)
+    left = start_offset
+    while left > 0 and (piece := stream.read(min(left, 16 << 20))):
+        left -= len(piece)
+    return stream
 
 
 class TFRecordReader:
@@ -158,20 +173,9 @@ class TFRecordReader:
         self.max_record_bytes = max_record_bytes
         self.stats = ReadStats()
         self.offset = start_offset
-        self._stream = open_stream(self.url, self.compression, storage_options, buffer_size)
-        if start_offset:
-            if self.compression is not None:
-                self._skip_stream(start_offset)
-            else:
-                self._stream.seek(start_offset)
+        self._stream = open_stream(self.url, self.compression, storage_options, buffer_size,
+                                   start_offset=start_offset)
         self._iter = self._records(start_offset, start_index)
-
-    def _skip_stream(self, n: int) -> None:
-        while n > 0:
-            got = self._stream.read(min(n, _CHUNK))
-            if not got:
-                break
-            n -= len(got)
 
     def __iter__(self) -> Iterator[bytes]:
         return self

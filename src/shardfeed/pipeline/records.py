@@ -23,6 +23,8 @@ from ..formats.chunks import DEFAULT_CHUNK
 from ..formats.example import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
+from ..storage.counters import IOCounters
+from ..storage.cache import ObjectCache, get_cache, parse_size
 from ..storage.urls import mask
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
@@ -40,19 +42,29 @@ several spans read ahead hold little, large enough that the scan's cost vanishes
 
 class ReadOptions(NamedTuple):
     """How frames are read: compression (``"auto"``: by file name), CRC checks, the corrupt
-    policy (``"raise"`` or ``"skip"``), storage options, and the chunk size in bytes."""
+    policy (``"raise"`` or ``"skip"``), storage options, the chunk size in bytes, and the
+    local cache of remote objects (``cache_dir``, ``cache_limit`` in bytes; ``None``: the
+    one ``SHARDFEED_CACHE_DIR`` names, or none)."""
 
     compression: str | None = "auto"
     verify_crc: bool = True
     on_corrupt: str = "raise"
     storage_options: Mapping[str, Any] | None = None
     chunk_size: int = DEFAULT_CHUNK
+    cache_dir: str | None = None
+    cache_limit: int | str | None = None
 
     def check(self) -> "ReadOptions":
         if self.on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {self.on_corrupt!r}")
         normalize_compression(self.compression)
+        parse_size(self.cache_limit)
         return self
+
+    @property
+    def cache(self) -> ObjectCache | None:
+        """This process's cache for these options (``None``: no cache)."""
+        return get_cache(self.cache_dir, self.cache_limit)
 
 
 # -- records one by one ---------------------------------------------------------------------
@@ -60,10 +72,11 @@ class _RecordReader:
     """Hands out the records of the chunks one at a time (parsed with the spec unless the
     consumer takes serialized records)."""
 
-    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool) -> None:
+    def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool,
+                 counters: IOCounters | None = None) -> None:
         self.src = src
         self.parse = src.spec is not None and not raw
-        self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK)
+        self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK, counters)
         self.it = iter(self.chunks)
         self.initial = dict(state) if state else None
         self.tag: ChunkTag | None = None
@@ -135,8 +148,12 @@ class TFRecordSource(SourceDataset):
         on_corrupt: str = "raise",
         storage_options: Mapping[str, Any] | None = None,
         num_parallel_reads: int | None = AUTOTUNE,
+        cache_dir: str | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
-        options = ReadOptions(compression, verify_crc, on_corrupt, storage_options).check()
+        options = ReadOptions(compression, verify_crc, on_corrupt, storage_options,
+                              cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+                              cache_limit=cache_limit).check()
         self.provider = _provider_of(files, storage_options)
         self.spec = normalize_spec(spec) if spec is not None else None
         self.options = options
@@ -160,7 +177,9 @@ class TFRecordSource(SourceDataset):
            options: ReadOptions = ReadOptions(), num_parallel_reads: int | None = AUTOTUNE) -> "TFRecordSource":
         """The source over ``provider`` with ``options``."""
         o = options
-        return cls(provider, spec, o.compression, o.verify_crc, o.on_corrupt, o.storage_options, num_parallel_reads)
+        out = cls(provider, spec, o.compression, o.verify_crc, o.on_corrupt, o.storage_options, num_parallel_reads)
+        out.options = o
+        return out
 
     # the files of a static provider, as a user who gave a list expects to see them
     @property
@@ -199,7 +218,7 @@ class TFRecordSource(SourceDataset):
         return self.spec
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
-        return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw))
+        return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw, b.ctx.stats.storage))
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _RecordReader:
         return _RecordReader(self, (), state, raw)
@@ -222,7 +241,8 @@ class TFRecordSource(SourceDataset):
             return None
         from .shuffle_batch import ShuffledBatches  # noqa: PLC0415 - it imports this module
 
-        return SourceBatchNode(b, batch, self, state, ShuffledBatches(self, shuffle, batch, b.epoch, state))
+        return SourceBatchNode(b, batch, self, state, ShuffledBatches(self, shuffle, batch, b.epoch, state,
+                                                                            b.ctx.stats.storage))
 
     def with_provider(self, provider: SpanProvider, num_parallel_reads: int | None | str = "same") -> "TFRecordSource":
         """The same source (spec, options) over another provider; ``read_stats`` shared."""
@@ -243,7 +263,8 @@ class TFRecordSource(SourceDataset):
         n = self.num_parallel_reads
         if threads is not None and n == AUTOTUNE:
             n = threads if threads > 1 else None
-        return self.with_provider(split(index, count, self.options.storage_options, self.options.compression), n)
+        o = self.options
+        return self.with_provider(split(index, count, o.storage_options, o.compression, o.cache), n)
 
     def __repr__(self) -> str:
         return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"
@@ -289,6 +310,8 @@ def read_tfrecord(
     block_size: int = DEFAULT_BLOCK_SIZE,
     slice_id: int | None = None,
     slice_count: int | None = None,
+    cache_dir: str | None = None,
+    cache_limit: int | str | None = None,
 ) -> TFRecordSource:
     """Read TFRecord files given as a URL, a glob or a list of them (any storage).
 
@@ -316,6 +339,14 @@ def read_tfrecord(
     ``slice_id``/``slice_count`` this reader takes its share below the source: every
     ``slice_count``-th unit of the epoch's order, or, unshuffled, its files or record
     ranges (see :meth:`Dataset.shard`).
+
+    Remote objects (``s3://``, ``oss://``, ``gs://``, ``http(s)://``) are fetched as
+    parallel ranged GETs, as many in flight as the measured latency and per-connection
+    rate call for (``storage_options={"max_concurrency": n}`` caps them). ``cache_dir``
+    keeps whole objects on local disk as they are read, shared by every process on the
+    host, at most ``cache_limit`` bytes (an int or ``"200G"``); ``None`` takes
+    ``SHARDFEED_CACHE_DIR`` / ``SHARDFEED_CACHE_LIMIT`` when set. A pass's bytes fetched,
+    requests, retries and cache hits are in ``iterator.stats().storage``.
     """
     _check_shuffle(shuffle, seed, block_size)
     if (slice_id is None) != (slice_count is None):
@@ -326,8 +357,9 @@ def read_tfrecord(
             raise ValueError(f"shuffle={shuffle!r} applies to files; {provider!r} hands out its own order "
                              "(a WorkQueue shuffles with WorkQueue(..., shuffle=True, seed=...))")
         files = ShuffledSpans(provider.spans, seed, shuffle, block_size, storage_options,  # type: ignore[arg-type]
-                              compression)
-    src = TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads)
+                              compression, cache=get_cache(cache_dir, cache_limit))
+    src = TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads,
+                         cache_dir, cache_limit)
     if slice_id is not None:
         split = src._split(slice_id, slice_count)  # type: ignore[arg-type]
         if split is None:

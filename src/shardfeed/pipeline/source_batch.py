@@ -30,9 +30,10 @@ class _Pending(NamedTuple):
 class _PlainBatches:
     """Batches of frames of the source, in order, each with the cursor after it."""
 
-    def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any) -> None:
+    def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
+                 counters: Any = None) -> None:
         self.src = src
-        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size)
+        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters)
         self._chunk_iter = iter(self.chunks)
         self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.replayable = src.replayable
@@ -74,7 +75,8 @@ class SourceBatchNode(Node):
         self.spec = src.spec
         self.bytes_as = ds.bytes_as
         self.state = dict(state) if state else None
-        self.producer = producer if producer is not None else _PlainBatches(src, b.epoch, state, ds)
+        self.producer = producer if producer is not None else _PlainBatches(
+            src, b.epoch, state, ds, b.ctx.stats.storage)
         if self.state is None and producer is not None:
             self.state = producer.get_state()
         elif self.state is None:

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping, NamedTuple
 
 from ..formats.chunks import FrameChunk, iter_frame_chunks
 from ..formats.tfrecord import ReadStats, normalize_compression
+from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
 from .spans import Span
 from .workers import ChunkQueue, Closed, WorkerPool
@@ -53,9 +54,12 @@ class SpanChunks:
     order.
     """
 
-    def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int) -> None:
+    def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int,
+                 counters: IOCounters | None = None) -> None:
         self.src = src
         self.o = src.options
+        self.cache = self.o.cache
+        self.counters = counters if counters is not None else IOCounters()
         self.chunk_size = chunk_size
         self.stream = src.provider.open(state["spans"] if state else None, epoch)
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
@@ -110,7 +114,8 @@ class SpanChunks:
     def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
         o = self.o
         return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
-                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end)
+                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end,
+                                 counters=self.counters, cache=self.cache)
 
     def __iter__(self) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         ahead = self.ahead

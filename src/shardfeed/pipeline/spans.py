@@ -118,9 +118,9 @@ class StaticSpans:
         return _ListStream(self.spans, state)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto") -> "StaticSpans":
+              compression: str | None = "auto", cache: Any = None) -> "StaticSpans":
         """This reader's share (see :func:`split_spans`)."""
-        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression))
+        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache))
 
     @property
     def urls(self) -> list[str]:
@@ -151,7 +151,8 @@ BALANCE_CHECK_MAX_FILES = 4096
 
 
 def split_spans(spans: Sequence[Span], index: int, count: int,
-                storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto") -> list[Span]:
+                storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
+                cache: Any = None) -> list[Span]:
     """Reader ``index`` of ``count``'s share of ``spans``: every record in exactly one
     share, and each reader's share is only its own bytes. Deterministic: every reader
     computes the same plan without talking to the others.
@@ -163,7 +164,8 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     - Otherwise contiguous record ranges of the sequence of all records, sizes differing by
       at most one, cut through the files' index files; a missing index is built by
       scanning the file once and saved beside it (or in the index cache when the storage
-      is read-only), so later readers and passes find it.
+      is read-only), so later readers and passes find it. With a ``cache`` (an
+      :class:`~shardfeed.storage.cache.ObjectCache`) remote index files are read through it.
 
     Compressed files cannot be cut into record ranges: ``ValueError`` when that is needed.
     """
@@ -183,7 +185,7 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     indexes: dict[str, Any] = {}  # loaded once, for the decision and for the ranges
     have_index = not compressed
     for s in whole if have_index else ():
-        idx = indexes[s.url] if s.url in indexes else load_index(s.url, storage_options)
+        idx = indexes[s.url] if s.url in indexes else load_index(s.url, storage_options, cache=cache)
         if idx is None:
             have_index = False
             break
@@ -201,7 +203,7 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if whole and not have_index:
         logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
                        "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
-    return _split_records(spans, index, count, storage_options, indexes)
+    return _split_records(spans, index, count, storage_options, indexes, cache)
 
 
 def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None) -> int:
@@ -219,12 +221,12 @@ def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] 
 
 
 def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None,
-                   indexes: dict[str, Any]) -> list[Span]:
+                   indexes: dict[str, Any], cache: Any = None) -> list[Span]:
     sized: list[tuple[Span, Any, int, int]] = []  # span, index, first record, stop
     for s in spans:
         idx = indexes.get(s.url)
         if idx is None:
-            idx = indexes[s.url] = load_index(s.url, storage_options, build=True)
+            idx = indexes[s.url] = load_index(s.url, storage_options, build=True, cache=cache)
         if s.start is not None and s.stop is not None:
             a, b = s.start, s.stop
         else:
@@ -259,7 +261,7 @@ DEFAULT_BLOCK_SIZE = 2048
 
 
 def block_spans(spans: Sequence[Span], block_size: int, storage_options: Mapping[str, Any] | None = None,
-                compression: str | None = "auto") -> list[Span]:
+                compression: str | None = "auto", cache: Any = None) -> list[Span]:
     """``spans`` cut into record ranges of ``block_size`` records (the last of a file may be
     shorter), through the files' index files (built when missing)."""
     out: list[Span] = []
@@ -267,7 +269,7 @@ def block_spans(spans: Sequence[Span], block_size: int, storage_options: Mapping
         if normalize_compression(compression, s.url) is not None:
             raise ValueError(f"shuffle='blocks' needs record ranges, but {mask(s.url)} is compressed (there is "
                              "no index into a compressed stream): use shuffle='files', or decompress the files")
-        idx = load_index(s.url, storage_options, build=True)
+        idx = load_index(s.url, storage_options, build=True, cache=cache)
         a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
         b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
         for lo in range(a, b, block_size):
@@ -286,7 +288,7 @@ class ShuffledSpans:
 
     def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int = DEFAULT_BLOCK_SIZE,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
-                 index: int = 0, count: int = 1, _units: list | None = None) -> None:
+                 index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None) -> None:
         if mode not in ("files", "blocks"):
             raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
         self.spans = list(spans)
@@ -295,13 +297,15 @@ class ShuffledSpans:
         self.block_size = block_size
         self.storage_options = storage_options
         self.compression = compression
+        self.cache = cache
         self.index, self.count = index, count
         self._units_cache = _units if _units is not None else []  # shared with splits: made once
 
     def units(self) -> list[Span]:
         if not self._units_cache:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
-                                                                        self.storage_options, self.compression)
+                                                                        self.storage_options, self.compression,
+                                                                        self.cache)
             self._units_cache.append(units)
         return self._units_cache[0]
 
@@ -317,12 +321,12 @@ class ShuffledSpans:
         return _ListStream(self.order(epoch), state)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto") -> "ShuffledSpans":
+              compression: str | None = "auto", cache: Any = None) -> "ShuffledSpans":
         if isinstance(count, bool) or not isinstance(count, int) or count < 1 or not 0 <= index < count:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
         return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
                              self.compression, self.index + index * self.count, self.count * count,
-                             self._units_cache)
+                             self._units_cache, self.cache)
 
     @property
     def urls(self) -> list[str]:

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..storage.counters import IOCounters
+
 logger = logging.getLogger(__name__)
 
 INPUT_BOUND_WAIT_FRACTION = 0.10
@@ -81,6 +83,7 @@ class PipelineStats:
         self._by_key: dict[Any, StageStats] = {}
         self.consumer_wait_s = 0.0
         self.consumer_elements = 0
+        self.storage = IOCounters()  # what reading remote objects cost this pass
         self.started: float | None = None
         self.last: float | None = None
 
@@ -125,6 +128,7 @@ class PipelineStats:
             "consumer_wait_fraction": round(self.wait_fraction, 6), "elements": self.consumer_elements,
             "input_bound": self.wait_fraction >= INPUT_BOUND_WAIT_FRACTION and self.started is not None,
             "verdict": self.verdict(), "stages": [s.to_dict() for s in self.stages],
+            "storage": self.storage.to_dict(),
         }
 
     def to_json(self, path: str | None = None) -> str:
@@ -161,6 +165,11 @@ class PipelineStats:
         lines = [f"{'stage':<28}{'elements':>12}{'MB':>10}{'busy s':>10}{'workers':>9}"]
         for s in self.stages:
             lines.append(f"{s.name:<28}{s.elements:>12}{s.bytes / 1e6:>10.1f}{s.busy_s:>10.3f}{s.parallelism:>9}")
+        st = self.storage
+        if st.requests or st.cache_hits or st.cache_bypassed:
+            lines.append(f"storage: {st.bytes_fetched / 1e6:.1f} MB in {st.requests} GETs ({st.retries} retries, "
+                         f"{st.mb_per_s:.1f} MB/s); cache {st.cache_hits} hits, {st.cache_misses} misses, "
+                         f"{st.cache_bypassed} read around it")
         lines.append(self.verdict())
         return "\n".join(lines)
 

@@ -9,6 +9,11 @@ Its keys come from ``storage_options`` (``key``/``secret``) or ``OSS_ACCESS_KEY_
 
 Retrying is done once, by shardfeed (:mod:`shardfeed.storage.retry`), so the S3 client's
 own retry loops are switched off and every retry is counted.
+
+Timeouts: ``storage_options={"connect_timeout": s, "read_timeout": s}`` for ``s3``,
+``oss`` and ``http(s)`` (defaults :data:`CONNECT_TIMEOUT_S` and :data:`READ_TIMEOUT_S`);
+with the retry deadline of 20 s a dead or stalled endpoint fails within about 30 s.
+``max_concurrency`` caps the ranged requests in flight (:mod:`.fetch`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ def _endpoint(url: ParsedURL, options: dict) -> str | None:
 
 def _s3_options(url: ParsedURL, storage_options: Mapping[str, Any]) -> dict:
     options = dict(storage_options)
+    timeouts = _pop_timeouts(options)
+    max_pool = options.pop("max_concurrency", None) or _MAX_POOL
     endpoint = _endpoint(url, options)
     if url.protocol == "oss":
         if endpoint is None:
@@ -89,11 +96,80 @@ def _s3_options(url: ParsedURL, storage_options: Mapping[str, Any]) -> dict:
         options["client_kwargs"] = client
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    config.setdefault("connect_timeout", timeouts[0])
+    config.setdefault("read_timeout", timeouts[1])
+    # enough pooled connections for the requests the fetcher keeps in flight
+    config.setdefault("max_pool_connections", max_pool)
+    session_cls = _counted_session_class()
+    if session_cls is not None:
+        config.setdefault("http_session_cls", session_cls)
     options["config_kwargs"] = config
     for secret_key in ("secret", "token", "password"):
         if isinstance(options.get(secret_key), str):
             register_secret(options[secret_key])
     return options
+
+
+CONNECT_TIMEOUT_S = 5.0
+"""Seconds to open a connection before the attempt fails (and is retried)."""
+READ_TIMEOUT_S = 10.0
+"""Seconds without a byte from an open connection before the attempt fails (and is retried)."""
+_MAX_POOL = 64
+_OWN_OPTIONS = ("max_concurrency", "connect_timeout", "read_timeout")
+
+
+def _pop_timeouts(options: dict) -> tuple[float, float]:
+    """``connect_timeout`` and ``read_timeout`` (seconds) taken out of ``options``."""
+    out = []
+    for name, default in (("connect_timeout", CONNECT_TIMEOUT_S), ("read_timeout", READ_TIMEOUT_S)):
+        value = options.pop(name, None)
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"storage_options[{name!r}] must be a number of seconds > 0, got {value!r}")
+        out.append(float(value))
+    return out[0], out[1]
+
+
+def _http_options(storage_options: dict) -> dict:
+    options = dict(storage_options)
+    connect, read = _pop_timeouts(options)
+    options.pop("max_concurrency", None)
+    client = dict(options.get("client_kwargs") or {})
+    if "timeout" not in client:
+        import aiohttp  # noqa: PLC0415 - fsspec's HTTP backend needs it anyway
+
+        client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+    options["client_kwargs"] = client
+    return options
+
+
+_session_class: Any = None
+
+
+def _counted_session_class() -> Any:
+    """aiobotocore's HTTP session with aiohttp's own silent retry switched off.
+
+    aiohttp re-sends an idempotent request once, without a word, when a pooled
+    connection was closed under it; shardfeed retries that itself instead, so that every
+    retry is counted once (:func:`~.retry.retry_stats`, ``stats().storage``).
+    """
+    global _session_class
+    if _session_class is None:
+        try:
+            from aiobotocore.httpsession import AIOHTTPSession  # noqa: PLC0415 - optional
+        except ImportError:
+            return None
+
+        class CountedRetriesSession(AIOHTTPSession):
+            async def _get_session(self, proxy_url):
+                session = await super()._get_session(proxy_url)
+                if getattr(session, "_retry_connection", None) is True:
+                    session._retry_connection = False
+                return session
+
+        _session_class = CountedRetriesSession
+    return _session_class
 
 
 def _freeze(value: Any) -> Any:
@@ -126,6 +202,8 @@ def _make_filesystem(parsed: ParsedURL, storage_options: dict):
     protocol = parsed.protocol
     if protocol in ("s3", "oss"):
         return _s3_class(protocol)(**_s3_options(parsed, storage_options))
+    if protocol not in ("http", "https"):
+        storage_options = {k: v for k, v in storage_options.items() if k not in _OWN_OPTIONS}
     if protocol == "file":
         from fsspec.implementations.local import LocalFileSystem  # noqa: PLC0415
 
@@ -140,6 +218,8 @@ def _make_filesystem(parsed: ParsedURL, storage_options: dict):
     for secret_key in ("secret", "token", "password"):
         if isinstance(storage_options.get(secret_key), str):
             register_secret(storage_options[secret_key])
+    if protocol in ("http", "https"):
+        storage_options = _http_options(storage_options)
     return cls(**storage_options)
 
 

@@ -63,9 +63,9 @@ def _translate(exc: BaseException, url: str, op: str) -> BaseException:
     return StorageError(f"{where}: {op} failed{extra}: {type(exc).__name__}: {detail}", url=where)
 
 
-def _run(op: str, url: str, fn):
+def _run(op: str, url: str, fn, counters: Any = None):
     try:
-        return call_with_retry(fn, op=op, url=url)
+        return call_with_retry(fn, op=op, url=url, counters=counters)
     except (ValueError, TypeError, ImportError):
         raise
     except Exception as exc:  # noqa: BLE001 - translated with context
@@ -91,6 +91,19 @@ def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
     return int(info["size"])
+
+
+def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: Any = None) -> tuple[int, str | None]:
+    """``(size, etag)`` of a remote object (one HEAD request, counted in ``counters``)."""
+    parsed = parse_url(url)
+    fs, path = get_filesystem(parsed, storage_options)
+    info = _run("stat", url, lambda: fs.info(path), counters)
+    if counters is not None:
+        counters.add(stat_requests=1)
+    if info.get("type") == "directory":
+        raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
+    etag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
+    return int(info["size"]), (str(etag).strip('"') if etag else None)
 
 
 def exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -205,6 +218,57 @@ def open_input(
         except OSError as exc:
             raise _translate(exc, url, "open") from exc
     return io.BufferedReader(RangedReader(url, storage_options, buffer_size), buffer_size=buffer_size)
+
+
+def open_range(
+    url: str,
+    start: int = 0,
+    end: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    counters: Any = None,
+) -> io.RawIOBase:
+    """Bytes ``[start, end)`` of ``url`` for one sequential read (``end=None``: to the end).
+
+    Remote objects are fetched as parallel ranged GETs ahead of the reader
+    (:class:`~.fetch.RangeStream`), each request and retry counted in ``counters`` (an
+    :class:`~.counters.IOCounters`); local files are opened and positioned.
+    """
+    parsed = parse_url(url)
+    if parsed.is_local:
+        f = open_input(url, storage_options)
+        if start:
+            f.seek(start)
+        return f if end is None else _Bounded(f, end - start)
+    from .fetch import RangeStream  # noqa: PLC0415
+
+    return RangeStream(url, start, end, storage_options, counters)
+
+
+class _Bounded(io.RawIOBase):
+    """At most ``n`` bytes of a file, then end of file."""
+
+    def __init__(self, f, n: int) -> None:
+        super().__init__()
+        self._f = f
+        self._left = max(0, n)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        want = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._f.read(want) if want else b""
+        self._left -= len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
 
 
 class AtomicWriter(io.RawIOBase):

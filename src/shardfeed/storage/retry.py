@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from .urls import mask
 
@@ -49,6 +49,9 @@ class RetryPolicy:
     max_attempts: int = 8
     base_delay: float = 0.05
     max_delay: float = 5.0
+    deadline_s: float = 20.0
+    """No attempt starts later than this many seconds after the first: with the default
+    connect (5 s) and read (10 s) timeouts a dead or stalled endpoint fails within 30 s."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2 ** (attempt - 1))))
@@ -160,10 +163,14 @@ def call_with_retry(
     op: str,
     url: str,
     policy: RetryPolicy = DEFAULT_POLICY,
+    counters: Any = None,
 ) -> T:
     """Run ``fn()``; on a transient error sleep with backoff and try again, up to
-    ``policy.max_attempts`` attempts. Non-transient errors propagate at once."""
+    ``policy.max_attempts`` attempts and no later than ``policy.deadline_s`` after the
+    first. Non-transient errors propagate at once. Each retry is counted once, in
+    :func:`retry_stats` and in ``counters`` (an :class:`~.counters.IOCounters`) if given."""
     attempt = 1
+    started = time.monotonic()
     while True:
         try:
             return fn()
@@ -171,11 +178,13 @@ def call_with_retry(
             reason = transient_reason(exc)
             if reason is None:
                 raise
-            if attempt >= policy.max_attempts:
+            delay = policy.delay(attempt, _rng)
+            if attempt >= policy.max_attempts or time.monotonic() - started + delay > policy.deadline_s:
                 _STATS.record_give_up()
                 raise
             _STATS.record(op, reason)
-            delay = policy.delay(attempt, _rng)
+            if counters is not None:
+                counters.add(retries=1)
             logger.debug("%s %s: transient error (%s), retry %d in %.3fs", op, mask(url), reason, attempt, delay)
             time.sleep(delay)
             attempt += 1

@@ -1,0 +1,349 @@
+"""A host-wide local cache of whole remote objects (shards and their index files).
+
+``cache_dir=`` on a source (or ``SHARDFEED_CACHE_DIR``) keeps every remote object it
+reads as a local file under ``<cache_dir>/objects``, so later passes (and every other
+process on the host) read it from local disk:
+
+- **Checked.** Each entry records the object's size and ETag, the local file's size and
+  modification time and a CRC-32C of its bytes. The first use in a process checks all of
+  them (one HEAD request for the ETag; one read for the CRC); later uses the local size and
+  time. A truncated or altered file is fetched again.
+- **Shared safely.** A download holds a lock file (``flock``) for its entry and writes a
+  temporary file renamed into place, so two processes never download one object twice at
+  once, and nobody ever sees a partial file.
+- **Epoch-aware eviction.** With ``cache_limit`` bytes, objects are admitted while they
+  fit. When the cache is full, room is made only from entries this process has not used
+  and that nobody used for ``min_age_s`` (another dataset's, yesterday's); the objects of
+  the dataset being read are never evicted to make room for each other. A dataset twice
+  the cache's size so keeps one fixed half resident and fetches the other half each epoch,
+  where LRU would evict every object before its next use and fetch everything again.
+- **Only its own files.** Eviction deletes only entries it wrote (a 32-hex-digit name
+  with its metadata beside it) in its own folder, never anything else there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Iterator, Mapping
+
+from .counters import IOCounters
+from .urls import mask, parse_url
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".shardfeed-cache"
+_META = ".json"
+_LOCK = ".lock"
+MIN_AGE_S = 3600.0
+"""An entry this process has not used can be evicted once nobody used it for this long."""
+
+
+def default_cache_dir() -> str | None:
+    """``$SHARDFEED_CACHE_DIR``, or ``None`` (no cache) when it is not set."""
+    return os.environ.get("SHARDFEED_CACHE_DIR") or None
+
+
+def default_cache_limit() -> int | None:
+    """``$SHARDFEED_CACHE_LIMIT`` in bytes (``K``, ``M``, ``G``, ``T`` suffixes allowed)."""
+    text = os.environ.get("SHARDFEED_CACHE_LIMIT")
+    return parse_size(text) if text else None
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """Bytes from an int or a string such as ``"200G"`` or ``"1.5T"``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"cache_limit must be a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"cache_limit must be >= 0 bytes, got {value}")
+        return value
+    text = str(value).strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:] if text else "", 1)
+    try:
+        n = float(text[:-1] if scale > 1 else text)
+    except ValueError:
+        raise ValueError(f"cache_limit must be a number of bytes such as 200000000 or '200G', got {value!r}") from None
+    if n < 0:
+        raise ValueError(f"cache_limit must be >= 0 bytes, got {value!r}")
+    return int(n * scale)
+
+
+@contextlib.contextmanager
+def _flock(path: str, blocking: bool = True) -> Iterator[bool]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class ObjectCache:
+    """Whole remote objects as local files under ``<directory>/objects``, at most
+    ``limit`` bytes of them (``None``: as many as the disk holds, less 1 GiB)."""
+
+    def __init__(self, directory: str, limit: int | None = None, min_age_s: float = MIN_AGE_S) -> None:
+        self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+        self.root = os.path.join(self.directory, "objects")
+        self.limit = parse_size(limit)
+        self.min_age_s = min_age_s
+        os.makedirs(self.root, exist_ok=True)
+        marker = os.path.join(self.root, MARKER)
+        if not os.path.exists(marker):
+            with open(marker, "w", encoding="utf-8") as f:
+                f.write("shardfeed object cache: files here are managed by shardfeed\n")
+        self._lock = threading.Lock()
+        self._used: set[str] = set()  # keys this process read: never evicted by it
+        self._checked: dict[str, tuple] = {}  # key -> (size, mtime_ns, ino) checked in full
+
+    def __reduce__(self):
+        # a copy in another process is that process's cache of the same folder
+        return get_cache, (self.directory, self.limit)
+
+    def __repr__(self) -> str:
+        return f"ObjectCache({self.directory!r}, limit={self.limit})"
+
+    # -- names -----------------------------------------------------------------------------
+    @staticmethod
+    def key_of(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+        """The entry name of ``url``: a hash of the URL and the endpoint serving it."""
+        so = storage_options or {}
+        endpoint = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url") or ""
+        return hashlib.sha256(f"{url}\0{endpoint}".encode()).hexdigest()[:32]
+
+    def _paths(self, key: str) -> tuple[str, str, str]:
+        base = os.path.join(self.root, key)
+        return base, base + _META, base + _LOCK
+
+    # -- use -------------------------------------------------------------------------------
+    def fetch(self, url: str, storage_options: Mapping[str, Any] | None = None,
+              counters: IOCounters | None = None) -> str | None:
+        """The local path of ``url``'s bytes, downloading the object when it is not cached
+        (or its cached copy is damaged or stale); ``None`` when the cache cannot hold it
+        (read it from storage then)."""
+        counters = counters if counters is not None else IOCounters()
+        key = self.key_of(url, storage_options)
+        data, meta_path, lock = self._paths(key)
+        with self._lock:
+            self._used.add(key)
+        path = self._valid(key, url, storage_options, counters)
+        if path is not None:
+            return path
+        with _flock(lock):
+            path = self._valid(key, url, storage_options, counters)  # another process got it meanwhile
+            if path is not None:
+                return path
+            return self._download(key, url, storage_options, counters)
+
+    def _read_meta(self, key: str) -> dict | None:
+        _, meta_path, _ = self._paths(key)
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+            return meta if isinstance(meta, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _valid(self, key: str, url: str, storage_options, counters: IOCounters) -> str | None:
+        data, _, lock = self._paths(key)
+        meta = self._read_meta(key)
+        if meta is None:
+            return None
+        try:
+            st = os.stat(data)
+        except OSError:
+            return None
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if st.st_size != meta.get("size") or st.st_mtime_ns != meta.get("mtime_ns"):
+            logger.warning("cached copy of %s was changed on disk (%s); fetching it again", mask(url), data)
+            return None
+        with self._lock:
+            checked = self._checked.get(key) == stamp
+        if not checked:
+            if not self._check_remote(url, storage_options, meta, counters) or not self._check_crc(data, meta, url):
+                return None
+            with self._lock:
+                self._checked[key] = stamp
+        with contextlib.suppress(OSError):
+            os.utime(lock)  # last use, for eviction
+        counters.add(cache_hits=1, bytes_from_cache=st.st_size)
+        return data
+
+    def _check_remote(self, url: str, storage_options, meta: dict, counters: IOCounters) -> bool:
+        from .io import _remote_info  # noqa: PLC0415 - io imports this module's users
+
+        size, etag = _remote_info(url, storage_options, counters)
+        if size != meta.get("size") or (etag and meta.get("etag") and etag != meta.get("etag")):
+            logger.info("%s changed in storage since it was cached; fetching it again", mask(url))
+            return False
+        return True
+
+    @staticmethod
+    def _check_crc(data: str, meta: dict, url: str) -> bool:
+        from ..formats.crc import crc32c  # noqa: PLC0415
+
+        crc = 0
+        with open(data, "rb") as f:
+            while block := f.read(16 << 20):
+                crc = crc32c(block, crc)
+        if crc != meta.get("crc32c"):
+            logger.warning("cached copy of %s is damaged (CRC-32C mismatch in %s); fetching it again", mask(url), data)
+            return False
+        return True
+
+    def _download(self, key: str, url: str, storage_options, counters: IOCounters) -> str | None:
+        from ..formats.crc import crc32c  # noqa: PLC0415
+        from .io import _remote_info, open_range  # noqa: PLC0415
+
+        data, meta_path, _ = self._paths(key)
+        size, etag = _remote_info(url, storage_options, counters)
+        if not self._admit(key, size):
+            counters.add(cache_bypassed=1)
+            return None
+        for stale in (data, meta_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
+        try:
+            crc = 0
+            got = 0
+            with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters) as stream:
+                while piece := stream.read(16 << 20):
+                    out.write(piece)
+                    crc = crc32c(piece, crc)
+                    got += len(piece)
+            if got != size:
+                raise OSError(f"{mask(url)}: downloaded {got} bytes of {size}")
+            os.replace(tmp, data)
+            st = os.stat(data)
+            meta = {"url": mask(url), "size": size, "etag": etag, "mtime_ns": st.st_mtime_ns, "crc32c": crc,
+                    "cached_at": time.time()}
+            fd2, tmp_meta = tempfile.mkstemp(prefix=f".{key}.", suffix=".meta", dir=self.root)
+            with os.fdopen(fd2, "w", encoding="utf-8") as f:
+                json.dump(meta, f)
+            os.replace(tmp_meta, meta_path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        with self._lock:
+            self._checked[key] = (st.st_size, st.st_mtime_ns, st.st_ino)
+        counters.add(cache_misses=1)
+        return data
+
+    # -- room ------------------------------------------------------------------------------
+    def entries(self) -> list[tuple[str, int, float]]:
+        """``(key, size, last_used)`` of every complete entry."""
+        out = []
+        for name in os.listdir(self.root):
+            if not name.endswith(_META) or len(name) != 32 + len(_META):
+                continue
+            key = name[:32]
+            if not all(c in "0123456789abcdef" for c in key):
+                continue
+            meta = self._read_meta(key)
+            if meta is None or not isinstance(meta.get("size"), int):
+                continue
+            data, _, lock = self._paths(key)
+            try:
+                used = os.stat(lock).st_mtime
+            except OSError:
+                used = meta.get("cached_at", 0.0)
+            if os.path.exists(data):
+                out.append((key, meta["size"], used))
+        return out
+
+    def usage(self) -> int:
+        """Bytes held by complete entries and downloads under way."""
+        total = sum(size for _, size, _ in self.entries())
+        for name in os.listdir(self.root):
+            if name.endswith(".part") and name.startswith("."):
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(self.root, name)).st_size
+        return total
+
+    def _admit(self, key: str, size: int) -> bool:
+        """Whether an object of ``size`` bytes may be cached, making room when allowed."""
+        with _flock(os.path.join(self.root, ".admit" + _LOCK)):
+            limit = self.limit
+            if limit is None:
+                free = shutil.disk_usage(self.root).free
+                if free - size < (1 << 30):
+                    logger.warning("the cache at %s has less than 1 GiB free after this object; reading around it",
+                                   self.root)
+                    return False
+                return True
+            if size > limit:
+                return False
+            used = self.usage()
+            if used + size <= limit:
+                return True
+            with self._lock:
+                mine = set(self._used)
+            now = time.time()
+            candidates = sorted((e for e in self.entries() if e[0] not in mine and e[0] != key
+                                 and now - e[2] >= self.min_age_s), key=lambda e: e[2])
+            for k, n, _ in candidates:
+                if self._evict(k):
+                    used -= n
+                    if used + size <= limit:
+                        return True
+            return False
+
+    def _evict(self, key: str) -> bool:
+        data, meta_path, lock = self._paths(key)
+        with _flock(lock, blocking=False) as got:
+            if not got:
+                return False  # being downloaded or checked right now
+            for path in (meta_path, data):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        logger.debug("evicted %s from the cache at %s", key, self.root)
+        return True
+
+    def clear(self) -> None:
+        """Delete every entry this cache wrote (and nothing else)."""
+        for key, _, _ in self.entries():
+            self._evict(key)
+
+
+_caches: dict[tuple, ObjectCache] = {}
+_caches_lock = threading.Lock()
+
+
+def get_cache(directory: str | None, limit: int | str | None = None) -> ObjectCache | None:
+    """The process's :class:`ObjectCache` for ``directory`` (``None``: the one named by
+    ``SHARDFEED_CACHE_DIR``, or no cache)."""
+    directory = directory if directory is not None else default_cache_dir()
+    if directory is None:
+        return None
+    limit = parse_size(limit) if limit is not None else default_cache_limit()
+    key = (os.path.abspath(os.path.expanduser(os.fspath(directory))), limit, os.getpid())
+    with _caches_lock:
+        cache = _caches.get(key)
+        if cache is None:
+            cache = _caches[key] = ObjectCache(directory, limit)
+        return cache
+
+
+def cacheable(url: str) -> bool:
+    """Remote objects are cached; local files are read where they are."""
+    return not parse_url(url).is_local

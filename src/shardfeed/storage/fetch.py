@@ -1,0 +1,375 @@
+"""Parallel ranged reads of remote objects, with the concurrency chosen from the link.
+
+One connection to an object store gives tens of MB/s with tens of milliseconds per
+request; a reader that fetches one range at a time leaves most of the link idle. A
+:class:`RangeStream` reads one object (or a byte range of it) in order, but keeps several
+ranged GETs of it in flight; several streams (several objects read ahead) share one
+process-wide pool, whose number of requests in flight is chosen from what the requests so
+far measured: the per-request latency ``L`` and the per-connection rate ``r``. A part of
+``P`` bytes takes ``L + P/r``; keeping ``n`` in flight gives ``n * P / (L + P/r)``, so
+``n`` is what reaches :data:`TARGET_BYTES_PER_S`, capped by ``max_concurrency`` (a
+storage option; default :data:`MAX_CONCURRENCY`) and by the bytes that may be fetched
+ahead of the reader (:data:`READ_AHEAD_BYTES`).
+
+Every request and every retry is counted in the :class:`~.counters.IOCounters` given.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Mapping
+
+from ..errors import StorageError
+from .counters import IOCounters
+from .urls import mask, parse_url
+
+FIRST_PART = 256 << 10
+"""The first range of a stream is small: its records arrive after one round trip."""
+MIN_PART = 1 << 20
+MAX_PART = 8 << 20
+MAX_CONCURRENCY = 64
+"""Requests in flight per process at most, unless ``storage_options['max_concurrency']``."""
+TARGET_BYTES_PER_S = 4e9
+"""The rate the chosen concurrency aims at (the pool stops there or at the cap)."""
+READ_AHEAD_BYTES = int(os.environ.get("SHARDFEED_FETCH_AHEAD_BYTES", 256 << 20))
+"""Bytes fetched ahead of the readers, all streams together (one part per stream is
+always allowed, so a reader never waits on the others)."""
+_DEFAULT_LATENCY = 0.02
+_DEFAULT_RATE = 50e6
+
+
+class Link:
+    """Measurements of one endpoint: ``(bytes, seconds)`` of recent requests, and the
+    part size and concurrency they call for."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._samples: collections.deque = collections.deque(maxlen=256)
+
+    def record(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._samples.append((nbytes, max(seconds, 1e-6)))
+
+    def estimate(self) -> tuple[float, float]:
+        """``(latency_s, bytes_per_s)`` per request and connection: latency from the
+        fastest small requests, the rate from the large ones less that latency."""
+        with self._lock:
+            samples = list(self._samples)
+        small = sorted(s for n, s in samples if n <= FIRST_PART)
+        latency = small[len(small) // 4] if small else _DEFAULT_LATENCY
+        rates = sorted(n / max(s - latency, s * 0.05) for n, s in samples if n >= MIN_PART)
+        rate = rates[len(rates) // 2] if rates else _DEFAULT_RATE
+        return latency, rate
+
+    def plan(self, cap: int = MAX_CONCURRENCY) -> tuple[int, int]:
+        """``(part_size, concurrency)`` for this link: parts that take several round trips
+        to transfer (so the latency is a small share), and enough of them in flight."""
+        latency, rate = self.estimate()
+        part = int(min(MAX_PART, max(MIN_PART, rate * latency * 8)))
+        part = 1 << (part.bit_length() - 1)  # a power of two: ranges line up
+        per_request = part / (latency + part / rate)
+        n = math.ceil(TARGET_BYTES_PER_S / per_request)
+        n = min(n, cap, max(2, READ_AHEAD_BYTES // part))
+        return part, max(2, n)
+
+    def summary(self) -> dict:
+        latency, rate = self.estimate()
+        part, n = self.plan()
+        return {"latency_ms": round(latency * 1e3, 2), "conn_mb_per_s": round(rate / 1e6, 2),
+                "part_bytes": part, "concurrency": n, "samples": len(self._samples)}
+
+
+_links: dict[tuple, Link] = {}
+_links_lock = threading.Lock()
+
+
+def link_for(url: str, storage_options: Mapping[str, Any] | None) -> Link:
+    """The measurements of the endpoint serving ``url``."""
+    parsed = parse_url(url)
+    so = storage_options or {}
+    endpoint = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url") or ""
+    if parsed.protocol in ("http", "https"):
+        host = parsed.path.split("://", 1)[-1].split("/", 1)[0]
+    else:
+        host = parsed.path.split("/", 1)[0]
+    key = (parsed.protocol, endpoint, dict(parsed.query).get("endpoint", ""), host)
+    with _links_lock:
+        link = _links.get(key)
+        if link is None:
+            link = _links[key] = Link()
+        return link
+
+
+class _Pool:
+    """The process's fetch threads and its gate on requests in flight."""
+
+    def __init__(self) -> None:
+        self.executor = ThreadPoolExecutor(MAX_CONCURRENCY, thread_name_prefix="shardfeed-fetch")
+        self.cond = threading.Condition()
+        self.in_flight = 0
+        self.limit = 2
+        self.ahead_bytes = 0  # fetched or in flight, not yet taken by a reader
+
+    def run(self, fn, nbytes: int) -> Future:
+        return self.executor.submit(self._gated, fn, nbytes)
+
+    def _gated(self, fn, nbytes: int):
+        with self.cond:
+            while self.in_flight >= self.limit:
+                self.cond.wait()
+            self.in_flight += 1
+        try:
+            return fn()
+        finally:
+            with self.cond:
+                self.in_flight -= 1
+                self.cond.notify()
+
+    def set_limit(self, n: int) -> None:
+        with self.cond:
+            if n != self.limit:
+                self.limit = n
+                self.cond.notify_all()
+
+    def reserve(self, nbytes: int, force: bool) -> bool:
+        with self.cond:
+            if not force and self.ahead_bytes + nbytes > READ_AHEAD_BYTES:
+                return False
+            self.ahead_bytes += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self.cond:
+            self.ahead_bytes -= nbytes
+
+
+_pool: _Pool | None = None
+_pool_pid = -1
+_pool_lock = threading.Lock()
+
+
+def _the_pool() -> _Pool:
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():  # a forked child starts its own
+            _pool, _pool_pid = _Pool(), os.getpid()
+        return _pool
+
+
+def _cap_of(storage_options: Mapping[str, Any] | None) -> int:
+    cap = (storage_options or {}).get("max_concurrency")
+    if cap is None:
+        return MAX_CONCURRENCY
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"storage_options['max_concurrency'] must be an int >= 1, got {cap!r}")
+    return min(cap, MAX_CONCURRENCY)
+
+
+class RangeStream(io.RawIOBase):
+    """Bytes ``[start, end)`` of a remote object, read in order, fetched ahead as parallel
+    ranged GETs (``end=None``: to the end of the object, whose size is asked for in the
+    same round trip as the first range). ``read(n)`` returns at most ``n`` bytes, fewer at
+    a part's end, and ``b""`` at the end."""
+
+    def __init__(self, url: str, start: int = 0, end: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
+                 size: int | None = None) -> None:
+        super().__init__()
+        from .fs import get_filesystem  # noqa: PLC0415 - fs imports the optional drivers
+
+        self.url = url
+        self.counters = counters if counters is not None else IOCounters()
+        self.cap = _cap_of(storage_options)
+        self.fs, self.path = get_filesystem(url, storage_options)
+        self.link = link_for(url, storage_options)
+        self.pool = _the_pool()
+        self.pos = start  # next byte to hand out
+        self.next = start  # next byte to ask for
+        self.end = end
+        self.size_future: Future | None = None
+        if end is None:
+            if size is not None:
+                self.end = size
+            else:
+                self.size_future = self.pool.executor.submit(self._stat)
+        self.pending: collections.deque = collections.deque()  # (start, end, future)
+        self.buf = b""
+        self.buf_pos = 0
+        self.first = True
+
+    # -- requests --------------------------------------------------------------------------
+    def _stat(self) -> int:
+        from .io import _run  # noqa: PLC0415 - io imports this module
+
+        info = _run("stat", self.url, lambda: self.fs.info(self.path), self.counters)
+        self.counters.add(stat_requests=1)
+        return int(info["size"])
+
+    def _get(self, a: int, b: int, speculative: bool = False) -> bytes:
+        """Bytes ``[a, b)``; a ``speculative`` range (asked before the size was known) may
+        come back short, or empty past the end."""
+        from .io import _http_status, _run  # noqa: PLC0415
+
+        def attempt() -> bytes:
+            self.counters.request_started()
+            t = time.perf_counter()
+            data = b""
+            try:
+                data = self.fs.cat_file(self.path, start=a, end=b)
+            except OSError as exc:
+                if speculative and (_http_status(exc) == 416 or "not satisfiable" in str(exc)):
+                    return b""  # the object ends before the range: it is empty
+                raise
+            finally:
+                self.counters.request_ended(len(data))
+            self.link.record(len(data), time.perf_counter() - t)
+            return data
+
+        data = _run("read", self.url, attempt, self.counters)
+        if len(data) != b - a and not (speculative and len(data) < b - a):
+            raise StorageError(f"{mask(self.url)}: short read at byte offset {a}: asked for {b - a} bytes, got "
+                               f"{len(data)} (the object changed while it was read?)", url=mask(self.url))
+        return data
+
+    def _known_end(self) -> int | None:
+        if self.end is None and self.size_future is not None and self.size_future.done():
+            self.end = self.size_future.result()
+        return self.end
+
+    def _top_up(self) -> None:
+        part, n = self.link.plan(self.cap)
+        self.pool.set_limit(n)
+        end = self._known_end()
+        while len(self.pending) < n:
+            if end is not None and self.next >= end:
+                return
+            if self.first:
+                size = FIRST_PART
+            elif end is None:
+                return  # the size is not known yet: only the first range goes out before it
+            else:
+                size = part
+            b = self.next + size if end is None else min(end, self.next + size)
+            if not self.pool.reserve(b - self.next, force=not self.pending):
+                return
+            spec = end is None
+            self.pending.append((self.next, b, self.pool.run(lambda a=self.next, b=b, s=spec: self._get(a, b, s),
+                                                             b - self.next)))
+            self.next = b
+            self.first = False
+
+    def _next_part(self) -> bool:
+        self._top_up()
+        if not self.pending:
+            if self.end is None and self.size_future is not None:
+                self.end = self.size_future.result()
+                self._top_up()
+            if not self.pending:
+                return False
+        a, b, fut = self.pending.popleft()
+        try:
+            data = fut.result()
+        except StorageError:
+            raise
+        finally:
+            self.pool.release(b - a)
+        if self.end is None and self.size_future is not None:
+            self.end = self.size_future.result()
+        if self.end is not None and b > self.end:
+            data = data[: max(0, self.end - a)]  # the first range may run past a small object
+        self.buf, self.buf_pos = data, 0
+        self._top_up()
+        return bool(data)
+
+    # -- io --------------------------------------------------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError("read from a closed RangeStream")
+        if self.buf_pos >= len(self.buf):
+            if self.end is not None and self.pos >= self.end:
+                return b""
+            if not self._next_part():
+                return b""
+        avail = len(self.buf) - self.buf_pos
+        take = avail if n is None or n < 0 else min(n, avail)
+        if self.buf_pos == 0 and take == len(self.buf):
+            out = self.buf
+        else:
+            out = self.buf[self.buf_pos:self.buf_pos + take]
+        self.buf_pos += take
+        self.pos += take
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        parts = []
+        while chunk := self.read():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if not self.closed:
+            for a, b, fut in self.pending:
+                if not fut.cancel():
+                    fut.add_done_callback(lambda _f, n=b - a: self.pool.release(n))
+                else:
+                    self.pool.release(b - a)
+            self.pending.clear()
+            self.buf = b""
+        super().close()
+
+
+def probe(url: str, storage_options: Mapping[str, Any] | None = None, small_requests: int = 8,
+          large_bytes: int = 32 << 20, parallel_bytes: int = 256 << 20) -> dict:
+    """Measure the link to the object at ``url``: per-request latency (the median of
+    ``small_requests`` 4 KiB GETs), one connection's rate (one GET of up to
+    ``large_bytes``), the part size and concurrency shardfeed would pick from those, and
+    the rate it reaches reading up to ``parallel_bytes`` of the object with them."""
+    from .io import _remote_info  # noqa: PLC0415
+
+    counters = IOCounters()
+    so = dict(storage_options or {})
+    size, _ = _remote_info(url, so, counters)
+    if size == 0:
+        raise ValueError(f"{mask(url)}: the object is empty; probe with an object of a few MB or more")
+    stream = RangeStream(url, 0, size, so, counters, size=size)
+    link = Link()  # measured afresh, not mixed with earlier reads
+    stream.link = link
+    lat = []
+    for i in range(small_requests):
+        a = (i * 4096) % max(1, size - 4096)
+        t = time.perf_counter()
+        stream._get(a, min(size, a + 4096))
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    latency = lat[len(lat) // 2]
+    n = min(size, large_bytes)
+    t = time.perf_counter()
+    stream._get(0, n)
+    one = time.perf_counter() - t
+    conn_rate = n / max(one - latency, one * 0.05)
+    part, concurrency = link.plan(_cap_of(so))
+    stream.close()
+    total = min(size, parallel_bytes)
+    t = time.perf_counter()
+    with RangeStream(url, 0, total, so, counters, size=size) as s:
+        while s.read():
+            pass
+    par = time.perf_counter() - t
+    return {"url": mask(url), "object_bytes": size, "latency_ms": round(latency * 1e3, 2),
+            "one_connection_mb_per_s": round(conn_rate / 1e6, 2), "part_bytes": part, "concurrency": concurrency,
+            "parallel_mb_per_s": round(total / par / 1e6, 2), "parallel_bytes": total,
+            "requests": counters.requests, "retries": counters.retries}

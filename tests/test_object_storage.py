@@ -1,0 +1,374 @@
+"""Object storage at full speed: parallel ranged reads, the local cache, accounting,
+timeouts; all through a real S3 API server (moto) on loopback, with faults injected by a
+proxy in front of it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import threading
+import time
+
+import boto3
+import pytest
+
+import shardfeed as sf
+from shardfeed import storage
+from shardfeed.errors import StorageError
+from shardfeed.formats.tfrecord import TFRecordWriter
+from shardfeed.storage import fetch
+from shardfeed.storage.cache import ObjectCache, parse_size
+from shardfeed.storage.fetch import RangeStream
+
+
+def _records(i: int, n: int, size: int = 700) -> list[bytes]:
+    return [f"{i}:{j}:".encode() + bytes([j % 251]) * (size + j % 300) for j in range(n)]
+
+
+@pytest.fixture
+def shards(s3_bucket, tmp_path):
+    """Four shards in a fresh bucket: ``(urls, records by url, storage_options, bucket)``."""
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    urls, expected = [], {}
+    for i, n in enumerate((1500, 40, 2500, 900)):
+        path = tmp_path / f"part-{i}.tfrecord"
+        recs = _records(i, n)
+        with TFRecordWriter(str(path)) as w:
+            for r in recs:
+                w.write(r)
+        client.upload_file(str(path), bucket, f"train/part-{i}.tfrecord")
+        url = f"s3://{bucket}/train/part-{i}.tfrecord"
+        urls.append(url)
+        expected[url] = recs
+    return urls, expected, opts, bucket
+
+
+def _all(expected, urls):
+    return [r for u in urls for r in expected[u]]
+
+
+def _object_bytes(urls, opts):
+    return sum(storage.size(u, opts) for u in urls)
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of 64 KiB and a first range of 4 KiB, so that small test objects take many
+    ranged requests in flight at once."""
+    monkeypatch.setattr(fetch, "FIRST_PART", 4 << 10)
+    monkeypatch.setattr(fetch, "MIN_PART", 64 << 10)
+    monkeypatch.setattr(fetch, "MAX_PART", 64 << 10)
+
+
+# -- parallel ranged reads --------------------------------------------------------------------
+def test_remote_read_is_parallel_ranges_in_order_with_every_byte_counted(shards, small_parts):
+    urls, expected, opts, _ = shards
+    it = iter(sf.read_tfrecord(urls, storage_options=opts))
+    got = list(it)
+    assert got == _all(expected, urls)
+    st = it.stats().storage
+    assert st.bytes_fetched == _object_bytes(urls, opts)  # every byte once, nothing twice
+    assert st.requests > len(urls) * 3  # many ranges per object, not one stream
+    assert st.retries == 0 and st.mb_per_s > 0
+    assert it.stats().to_dict()["storage"]["requests"] == st.requests
+
+
+@pytest.mark.parametrize("start,end", [(0, None), (1, 2), (5000, 70000), (4095, 4097), (0, 4096), (123457, None)])
+def test_range_stream_returns_exactly_the_bytes_asked_for(s3_bucket, small_parts, start, end):
+    bucket, opts = s3_bucket
+    data = os.urandom(200_003)
+    storage.write_bytes(f"s3://{bucket}/blob.bin", data, opts)
+    counters = storage.IOCounters()
+    with RangeStream(f"s3://{bucket}/blob.bin", start, end, opts, counters) as s:
+        got = s.readall()
+    assert got == data[start:end]
+    assert counters.bytes_fetched == len(got)
+
+
+def test_range_stream_of_an_empty_and_a_tiny_object(s3_bucket):
+    bucket, opts = s3_bucket
+    storage.write_bytes(f"s3://{bucket}/empty.bin", b"", opts)
+    storage.write_bytes(f"s3://{bucket}/tiny.bin", b"abc", opts)
+    with RangeStream(f"s3://{bucket}/empty.bin", storage_options=opts) as s:
+        assert s.read() == b""
+    with RangeStream(f"s3://{bucket}/tiny.bin", storage_options=opts) as s:
+        assert s.readall() == b"abc"
+    assert list(sf.read_tfrecord(f"s3://{bucket}/empty.bin", storage_options=opts)) == []
+
+
+def test_record_ranges_of_one_object_fetch_disjoint_bytes(shards, small_parts):
+    urls, expected, opts, _ = shards
+    big = urls[2]
+    sf.build_index(big, storage_options=opts)
+    total, fetched = [], 0
+    for k in range(3):
+        it = iter(sf.read_tfrecord(big, storage_options=opts, slice_id=k, slice_count=3))
+        total += list(it)
+        fetched += it.stats().storage.bytes_fetched
+    assert total == expected[big]
+    assert fetched == storage.size(big, opts)
+
+
+def test_reads_survive_503_resets_and_a_stalled_connection_and_count_each_retry(shards, fault_proxy, small_parts):
+    urls, expected, _, _ = shards
+    proxied = {"endpoint_url": fault_proxy.url, "read_timeout": 1, "connect_timeout": 1}
+    ds = sf.read_tfrecord(urls, storage_options=proxied)  # listed before the faults begin
+    fault_proxy.fail_every = 5
+    fault_proxy.reset_every = 7
+    fault_proxy.stall_every = 11
+    fault_proxy.stall_s = 4
+    fault_proxy.max_faults = 12
+    storage.reset_retry_stats()
+    it = iter(ds)
+    assert list(it) == _all(expected, urls)  # every record exactly once, in order
+    st = it.stats().storage
+    assert fault_proxy.failed > 0
+    assert st.retries == fault_proxy.failed  # each injected fault retried and counted once
+    assert storage.retry_stats()["retries"] == fault_proxy.failed
+
+
+def test_max_concurrency_caps_requests_in_flight(shards, small_parts, monkeypatch):
+    urls, expected, opts, _ = shards
+    peak = {"now": 0, "max": 0}
+    real = RangeStream._get
+
+    lock = threading.Lock()
+
+    def counting(self, *args):
+        with lock:
+            peak["now"] += 1
+            peak["max"] = max(peak["max"], peak["now"])
+        try:
+            time.sleep(0.005)
+            return real(self, *args)
+        finally:
+            with lock:
+                peak["now"] -= 1
+
+    monkeypatch.setattr(RangeStream, "_get", counting)
+    got = list(sf.read_tfrecord(urls, storage_options={**opts, "max_concurrency": 2}))
+    assert got == _all(expected, urls)
+    assert peak["max"] <= 2
+    with pytest.raises(ValueError, match="max_concurrency"):
+        list(sf.read_tfrecord(urls, storage_options={**opts, "max_concurrency": 0}))
+
+
+def test_link_plan_follows_latency_and_rate():
+    fast, slow = fetch.Link(), fetch.Link()
+    for _ in range(10):
+        fast.record(4096, 0.0005)
+        fast.record(8 << 20, 0.0005 + (8 << 20) / 2e9)  # 2 GB/s a connection, 0.5 ms
+        slow.record(4096, 0.020)
+        slow.record(4 << 20, 0.020 + (4 << 20) / 25e6)  # 25 MB/s a connection, 20 ms
+    lat, rate = slow.estimate()
+    assert 0.015 < lat < 0.025 and 20e6 < rate < 30e6
+    fast_part, fast_n = fast.plan()
+    slow_part, slow_n = slow.plan()
+    assert slow_n > fast_n  # a slow link needs more connections
+    assert slow.plan(cap=3)[1] == 3
+
+
+def test_dead_endpoint_fails_within_30_seconds_with_default_timeouts():
+    # a listening socket that never answers: connects, then nothing comes back
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    storage.clear_cache()
+    t = time.monotonic()
+    try:
+        with pytest.raises(StorageError, match="after retries"):
+            storage.read_bytes("s3://some-bucket/x.tfrecord", storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+    finally:
+        sock.close()
+        storage.clear_cache()
+    assert time.monotonic() - t < 30
+
+
+def test_bad_timeout_options_are_clear_errors(s3_bucket):
+    bucket, opts = s3_bucket
+    with pytest.raises(ValueError, match="read_timeout"):
+        storage.read_bytes(f"s3://{bucket}/x", storage_options={**opts, "read_timeout": -1})
+
+
+def test_http_objects_are_read_in_parallel_ranges(tmp_path, small_parts):
+    from tests.conftest import serve_directory
+
+    recs = _records(0, 2000)
+    with TFRecordWriter(str(tmp_path / "a.tfrecord")) as w:
+        for r in recs:
+            w.write(r)
+    served: dict = {}
+    with serve_directory(str(tmp_path), served) as base:
+        it = iter(sf.read_tfrecord(f"{base}/a.tfrecord"))
+        assert list(it) == recs
+    assert served["a.tfrecord"] == os.path.getsize(tmp_path / "a.tfrecord")
+    assert it.stats().storage.requests > 3
+
+
+# -- the cache --------------------------------------------------------------------------------
+def test_second_epoch_with_a_cache_makes_no_requests(shards, fault_proxy, tmp_path):
+    urls, expected, _, _ = shards
+    proxied = {"endpoint_url": fault_proxy.url}
+    cache = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=proxied, cache_dir=cache).repeat(2)
+    it = iter(ds)
+    assert list(it) == _all(expected, urls) * 2
+    st = it.stats().storage
+    assert st.cache_misses == len(urls) and st.cache_hits == len(urls)
+    assert st.bytes_fetched == _object_bytes(urls, proxied)  # the second epoch fetched nothing
+    gets_before = sum(1 for m, _, _ in fault_proxy.log if m == "GET")
+    it2 = iter(sf.read_tfrecord(urls, storage_options=proxied, cache_dir=cache))
+    assert list(it2) == _all(expected, urls)
+    assert sum(1 for m, _, _ in fault_proxy.log if m == "GET") == gets_before
+    assert it2.stats().storage.requests == 0 and it2.stats().storage.cache_hits == len(urls)
+
+
+def test_cache_from_the_environment(shards, tmp_path, monkeypatch):
+    urls, expected, opts, _ = shards
+    monkeypatch.setenv("SHARDFEED_CACHE_DIR", str(tmp_path / "envcache"))
+    it = iter(sf.read_tfrecord(urls, storage_options=opts))
+    assert list(it) == _all(expected, urls)
+    assert it.stats().storage.cache_misses == len(urls)
+    assert os.path.isdir(tmp_path / "envcache" / "objects")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "alter", "delete-meta"])
+def test_a_damaged_cached_file_is_detected_and_fetched_again(shards, tmp_path, damage):
+    urls, expected, opts, _ = shards
+    cache_dir = str(tmp_path / "cache")
+    assert list(sf.read_tfrecord(urls[:1], storage_options=opts, cache_dir=cache_dir)) == expected[urls[0]]
+    key = ObjectCache.key_of(urls[0], opts)
+    path = os.path.join(cache_dir, "objects", key)
+    if damage == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    elif damage == "alter":
+        st = os.stat(path)
+        with open(path, "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff\xfe")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # even with its time put back
+        from shardfeed.storage import cache as cache_mod
+        cache_mod._caches.clear()  # a new process: checks the CRC on first use
+    else:
+        os.unlink(path + ".json")
+    it = iter(sf.read_tfrecord(urls[:1], storage_options=opts, cache_dir=cache_dir))
+    assert list(it) == expected[urls[0]]
+    assert it.stats().storage.cache_misses == 1
+
+
+def test_an_object_changed_in_storage_is_fetched_again(shards, tmp_path):
+    urls, expected, opts, bucket = shards
+    cache_dir = str(tmp_path / "cache")
+    list(sf.read_tfrecord(urls[:1], storage_options=opts, cache_dir=cache_dir))
+    new = _records(9, 30)
+    with TFRecordWriter(urls[0], storage_options=opts) as w:
+        for r in new:
+            w.write(r)
+    from shardfeed.storage import cache as cache_mod
+    cache_mod._caches.clear()  # as a new process would
+    it = iter(sf.read_tfrecord(urls[:1], storage_options=opts, cache_dir=cache_dir))
+    assert list(it) == new
+    assert it.stats().storage.cache_misses == 1
+
+
+def _read_counting(args):
+    urls, opts, cache_dir = args
+    it = iter(sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir))
+    n = sum(1 for _ in it)
+    return n, it.stats().storage.to_dict()
+
+
+def test_three_processes_share_the_cache_and_download_each_object_once(shards, tmp_path):
+    urls, expected, opts, _ = shards
+    cache_dir = str(tmp_path / "cache")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        results = pool.map(_read_counting, [(urls, opts, cache_dir)] * 3)
+    assert all(n == len(_all(expected, urls)) for n, _ in results)
+    assert sum(r["cache_misses"] for _, r in results) == len(urls)
+    assert sum(r["bytes_fetched"] for _, r in results) == _object_bytes(urls, opts)
+
+
+def test_a_cache_half_the_dataset_keeps_a_fixed_half_and_touches_nothing_else(shards, tmp_path):
+    urls, expected, opts, _ = shards
+    cache_dir = tmp_path / "cache"
+    (cache_dir / "objects").mkdir(parents=True)
+    foreign = [cache_dir / "mine.txt", cache_dir / "objects" / "notes.json",
+               cache_dir / "objects" / ("0" * 32), cache_dir / "objects" / ("0" * 32 + ".json")]
+    for p in foreign:
+        p.write_bytes(b"not the cache's")
+    old = time.time() - 10 * 86400
+    for p in foreign:
+        os.utime(p, (old, old))
+    total = _object_bytes(urls, opts)
+    limit = total // 2
+    fetched = []
+    for _ in range(3):
+        it = iter(sf.read_tfrecord(urls, storage_options=opts, cache_dir=str(cache_dir), cache_limit=limit))
+        assert list(it) == _all(expected, urls)
+        fetched.append(it.stats().storage.bytes_fetched)
+        assert ObjectCache(str(cache_dir)).usage() <= limit
+    assert fetched[0] == total
+    assert fetched[1] == fetched[2] <= 0.55 * total + max(storage.size(u, opts) for u in urls) * 0
+    for p in foreign:
+        assert p.read_bytes() == b"not the cache's"
+
+
+def test_eviction_makes_room_from_entries_nobody_used_lately(shards, tmp_path):
+    urls, expected, opts, _ = shards
+    cache_dir = str(tmp_path / "cache")
+    sizes = [storage.size(u, opts) for u in urls]
+    list(sf.read_tfrecord(urls[0], storage_options=opts, cache_dir=cache_dir))
+    old_key = ObjectCache.key_of(urls[0], opts)
+    lock = os.path.join(cache_dir, "objects", old_key + ".lock")
+    past = time.time() - 2 * 3600
+    os.utime(lock, (past, past))  # unused for two hours
+    from shardfeed.storage import cache as cache_mod
+    cache_mod._caches.clear()  # another process, another dataset
+    it = iter(sf.read_tfrecord(urls[2], storage_options=opts, cache_dir=cache_dir, cache_limit=sizes[2] + 10))
+    assert list(it) == expected[urls[2]]
+    assert it.stats().storage.cache_misses == 1  # admitted by evicting the stale entry
+    assert not os.path.exists(os.path.join(cache_dir, "objects", old_key))
+
+
+def test_cache_limit_parsing():
+    assert parse_size("200G") == 200 << 30
+    assert parse_size("1.5k") == 1536
+    assert parse_size(12) == 12
+    with pytest.raises(ValueError, match="cache_limit"):
+        parse_size("lots")
+    with pytest.raises(ValueError, match="cache_limit"):
+        sf.read_tfrecord([], cache_limit=-3)
+
+
+def test_bench_storage_command_measures_the_link(shards, capsys):
+    from shardfeed.cli.main import main
+
+    urls, _, opts, _ = shards
+    os.environ["S3_ENDPOINT_URL"] = opts["endpoint_url"]
+    try:
+        assert main(["bench", "storage", urls[2]]) == 0
+    finally:
+        del os.environ["S3_ENDPOINT_URL"]
+    out = capsys.readouterr().out
+    assert "latency per request" in out and "requests in flight" in out
+
+
+def test_block_shuffle_reads_index_files_and_shards_through_the_cache(shards, tmp_path):
+    urls, expected, opts, _ = shards
+    for u in urls:
+        sf.build_index(u, storage_options=opts)
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=opts, shuffle="blocks", seed=3, block_size=100, cache_dir=cache_dir)
+    got = list(ds)
+    assert sorted(got) == sorted(_all(expected, urls)) and got != _all(expected, urls)
+    keys = {k for k, _, _ in ObjectCache(cache_dir).entries()}
+    assert {ObjectCache.key_of(u + ".idx", opts) for u in urls} <= keys  # the index files
+    assert {ObjectCache.key_of(u, opts) for u in urls} <= keys  # and the shards
+    it = iter(ds)
+    assert sorted(it) == sorted(got)
+    assert it.stats().storage.requests == 0
