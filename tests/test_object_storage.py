@@ -63,13 +63,15 @@ def small_parts(monkeypatch):
 
 
 # -- parallel ranged reads --------------------------------------------------------------------
-def test_remote_read_is_parallel_ranges_in_order_with_every_byte_counted(shards, small_parts):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-get", "s3fs-get"])
+def test_remote_read_is_parallel_ranges_in_order_with_every_byte_counted(shards, small_parts, direct):
     urls, expected, opts, _ = shards
-    it = iter(sf.read_tfrecord(urls, storage_options=opts))
+    it = iter(sf.read_tfrecord(urls, storage_options={**opts, "direct_get": direct}))
     got = list(it)
     assert got == _all(expected, urls)
     st = it.stats().storage
     assert st.bytes_fetched == _object_bytes(urls, opts)  # every byte once, nothing twice
+    assert (RangeStream(urls[0], storage_options={**opts, "direct_get": direct}).direct is not None) == direct
     assert st.requests > len(urls) * 3  # many ranges per object, not one stream
     assert st.retries == 0 and st.mb_per_s > 0
     assert it.stats().to_dict()["storage"]["requests"] == st.requests
@@ -127,6 +129,23 @@ def test_reads_survive_503_resets_and_a_stalled_connection_and_count_each_retry(
     assert fault_proxy.failed > 0
     assert st.retries == fault_proxy.failed  # each injected fault retried and counted once
     assert storage.retry_stats()["retries"] == fault_proxy.failed
+
+
+def test_a_refused_or_vanished_object_is_a_clear_error_not_retried(shards, fault_proxy):
+    urls, _, _, bucket = shards
+    proxied = {"endpoint_url": fault_proxy.url}
+    ds = sf.read_tfrecord(urls[:1], storage_options=proxied)
+    fault_proxy.fail_every = 1
+    fault_proxy.status = 403
+    storage.reset_retry_stats()
+    with pytest.raises(PermissionError, match="access denied"):
+        list(ds)
+    assert storage.retry_stats()["retries"] == 0
+    fault_proxy.fail_every = 0
+    ds = sf.read_tfrecord(urls[1:2], storage_options=proxied)
+    boto3.client("s3", endpoint_url=shards[2]["endpoint_url"]).delete_object(Bucket=bucket, Key="train/part-1.tfrecord")
+    with pytest.raises(FileNotFoundError, match="part-1.tfrecord"):
+        list(ds)
 
 
 def test_max_concurrency_caps_requests_in_flight(shards, small_parts, monkeypatch):

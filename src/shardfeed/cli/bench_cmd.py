@@ -113,6 +113,27 @@ def _rows_long_tail(res: dict) -> list[Row]:
             for k, t in med.items() if k != "static"]
 
 
+def _rows_object_storage(res: dict) -> list[Row]:
+    med, p = res["median"], res["proxy"]
+    ceil = (med.get("ceiling (parallel ranged GETs)") or {}).get("mb_per_s")
+    where = f"S3 (moto) via {p['latency_ms']:g} ms/request, {p['conn_mbps']:g} MB/s per connection"
+    anchor = f"ceiling (parallel ranged GETs): {_rate(ceil, 'MB/s')}" if ceil else "-"
+    rows: list[Row] = []
+    for name in ("naive fsspec loop (1 connection)", "shardfeed defaults", "shardfeed cache, epoch 1"):
+        r = med.get(name)
+        if r:
+            rows.append((f"{where}: {name}", _rate(r["mb_per_s"], "MB/s"), anchor,
+                         _ratio(r["mb_per_s"] / ceil if ceil else None)))
+    gets = res.get("epoch2_proxy_gets_full_cache")
+    if gets is not None:
+        rows.append(("full cache_dir, epoch 2: GETs", f"{gets:,}", "0 (target)", "-"))
+    refetch = res.get("refetch_fraction_half_cache")
+    if refetch is not None:
+        rows.append(("cache_limit = half the data, epoch 2: bytes fetched again", f"{refetch:.0%}",
+                     "<= 55% (target)", "-"))
+    return rows
+
+
 def _rows_pipeline_latency(res: dict) -> list[Row]:
     rates = list(res["records_per_s"].items())
     (base_name, base), (slow_name, slow) = rates[0], rates[1]
@@ -202,6 +223,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1"), _rows_long_tail),
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), _rows_pipeline_images, "--dir"),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), _rows_convert, "--data-dir"),
+    Benchmark("object_storage", "--json", (), ("--quick",), _rows_object_storage, "--dir"),
 )}
 
 

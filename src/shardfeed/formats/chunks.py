@@ -105,7 +105,7 @@ def iter_frame_chunks(
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
     stream = open_stream(url, comp, storage_options, buffer_size=buffer, counters=counters,
-                         start_offset=start_offset, end_offset=end_offset)
+                         start_offset=start_offset, end_offset=end_offset, raw=True)
     base = start_offset  # stream offset of buf[0]
     limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
     index = 0

@@ -118,17 +118,21 @@ class _ZlibReader(io.RawIOBase):
 
 def open_stream(url: str, compression: str | None = "auto", storage_options: Mapping[str, Any] | None = None,
                 buffer_size: int = 8 << 20, counters: Any = None, start_offset: int = 0,
-                end_offset: int | None = None) -> BinaryIO:
+                end_offset: int | None = None, raw: bool = False) -> BinaryIO:
     """Open ``url`` for one sequential read of its (decompressed) stream, positioned at
     ``start_offset``; an uncompressed stream ends at ``end_offset`` (``None``: the end of
     the file). Remote objects are fetched ahead in parallel ranged GETs, counted in
-    ``counters``; a compressed one is inflated from its start."""
+    ``counters``; a compressed one is inflated from its start. ``raw``: an uncompressed
+    stream may return short reads and buffer-protocol objects other than ``bytes``
+    (whole fetched ranges, without a copy); otherwise it is a buffered binary file."""
     comp = normalize_compression(compression, url)
     local = storage.parse_url(url).is_local
     if comp is None:
-        if local:
-            return storage.open_range(url, start_offset, end_offset, storage_options)  # type: ignore[return-value]
-        return storage.open_range(url, start_offset, end_offset, storage_options, counters)  # type: ignore[return-value]
+        raw = storage.open_range(url, start_offset, end_offset, storage_options, counters)
+        # buffered: line readers call readline(); large reads pass straight through
+        if raw or (local and end_offset is None):
+            return raw  # type: ignore[return-value]
+        return io.BufferedReader(raw, buffer_size)  # type: ignore[return-value]
     if local:
         raw = storage.open_input(url, storage_options, buffer_size=buffer_size)
     else:

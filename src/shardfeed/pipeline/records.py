@@ -30,7 +30,7 @@ from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
 from .source_batch import SourceBatchNode
 from .sources import SourceDataset, SourceNode
-from .span_reader import ChunkTag, SpanChunks, close_generator, cursor_state
+from .span_reader import DEFAULT_READ_AHEAD, ChunkTag, SpanChunks, close_generator, cursor_state
 from .spans import DEFAULT_BLOCK_SIZE, SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
 
 logger = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ class TFRecordSource(SourceDataset):
         n = self.num_parallel_reads
         if n is None or n == 1:
             return 1
-        return 16 if n == AUTOTUNE else n
+        return DEFAULT_READ_AHEAD if n == AUTOTUNE else n
 
     def _merge_stats(self, stats: ReadStats) -> None:
         with self._stats_lock:

@@ -24,7 +24,12 @@ from .workers import ChunkQueue, Closed, WorkerPool
 logger = logging.getLogger(__name__)
 
 READ_AHEAD_BYTES = 64 << 20
-"""Bytes that spans read ahead (remote or compressed shards) may hold together."""
+"""Bytes that spans read ahead (remote or compressed shards) may hold together, parsed
+into chunks (the fetcher holds its own budget of bytes in flight)."""
+DEFAULT_READ_AHEAD = 16
+"""Spans (compressed or remote) read at once by default (``num_parallel_reads=AUTOTUNE``)."""
+REMOTE_READ_AHEAD = 48
+"""Remote objects read at once by default."""
 
 
 class ChunkTag(NamedTuple):
@@ -65,12 +70,18 @@ class SpanChunks:
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
         self.read_ahead = src.read_ahead
+        # remote objects: enough read at once that small ones keep the link busy too (each
+        # keeps its own ranged GETs in flight, within the fetcher's byte budget)
+        self.remote_ahead = REMOTE_READ_AHEAD if self.read_ahead == DEFAULT_READ_AHEAD else self.read_ahead
         # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
         self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead))
         self.pool: WorkerPool | None = None
         self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
         self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
         self.closed = False
+
+    def _ahead_limit(self, span: Span) -> int:
+        return self.remote_ahead if not parse_url(span.url).is_local else self.read_ahead
 
     def delivered(self, seq: int) -> None:
         """A record of span ``seq`` reached the consumer: every span before it is done."""
@@ -105,7 +116,7 @@ class SpanChunks:
         q = None
         if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
             if self.pool is None:
-                self.pool = WorkerPool(self.read_ahead, "read-ahead")
+                self.pool = WorkerPool(max(self.read_ahead, self.remote_ahead), "read-ahead")
             q = ChunkQueue(self.per_span)
             self.pool.submit(self._fill, span, start, q)
         self.ahead.append((tag, start, q))
@@ -123,7 +134,8 @@ class SpanChunks:
             if not ahead and not self._open_next(block=True):
                 return
             # keep spans read ahead while the newest one is read in the background
-            while len(ahead) < self.read_ahead and ahead[-1][2] is not None and self._open_next(block=False):
+            while len(ahead) < self._ahead_limit(ahead[-1][0].span) and ahead[-1][2] is not None \
+                    and self._open_next(block=False):
                 pass
             tag, start, q = ahead[0]
             kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))

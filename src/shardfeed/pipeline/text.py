@@ -9,7 +9,6 @@ from .. import storage
 from ..formats.tfrecord import normalize_compression, open_stream
 from .sources import SourceDataset
 
-_SKIP_CHUNK = 4 << 20
 
 
 class LineReader:
@@ -36,18 +35,9 @@ class LineReader:
 
     def _open(self) -> None:
         url = self.files[self.fi]
-        self.stream = open_stream(url, self.compression, self.storage_options, buffer_size=1 << 20)
-        if self.offset:
-            if normalize_compression(self.compression, url) is None:
-                self.stream.seek(self.offset)
-            else:
-                left = self.offset
-                while left > 0:
-                    got = self.stream.read(min(left, _SKIP_CHUNK))
-                    if not got:
-                        break
-                    left -= len(got)
-        elif self.header:
+        self.stream = open_stream(url, self.compression, self.storage_options, buffer_size=1 << 20,
+                                  start_offset=self.offset)
+        if not self.offset and self.header:
             first = self.stream.readline()
             self.offset += len(first)
             self.line += 1

@@ -71,7 +71,11 @@ class Link:
         """``(part_size, concurrency)`` for this link: parts that take several round trips
         to transfer (so the latency is a small share), and enough of them in flight."""
         latency, rate = self.estimate()
-        part = int(min(MAX_PART, max(MIN_PART, rate * latency * 8)))
+        # parts that take several round trips to transfer (fewer, larger requests cost the
+        # store and this process less per byte), but small enough that the read-ahead
+        # budget holds as many in flight as the cap allows: parts fetched ahead of a slow
+        # reader hold budget too
+        part = int(min(MAX_PART, READ_AHEAD_BYTES // MAX_CONCURRENCY, max(MIN_PART, rate * latency * 8)))
         part = 1 << (part.bit_length() - 1)  # a power of two: ranges line up
         per_request = part / (latency + part / rate)
         n = math.ceil(TARGET_BYTES_PER_S / per_request)
@@ -115,6 +119,8 @@ class _Pool:
         self.in_flight = 0
         self.limit = 2
         self.ahead_bytes = 0  # fetched or in flight, not yet taken by a reader
+        self.streams: dict[int, None] = {}  # open streams, oldest first
+        self._next_id = 0
 
     def run(self, fn, nbytes: int) -> Future:
         return self.executor.submit(self._gated, fn, nbytes)
@@ -137,9 +143,24 @@ class _Pool:
                 self.limit = n
                 self.cond.notify_all()
 
-    def reserve(self, nbytes: int, force: bool) -> bool:
+    def register(self) -> int:
         with self.cond:
-            if not force and self.ahead_bytes + nbytes > READ_AHEAD_BYTES:
+            self._next_id += 1
+            self.streams[self._next_id] = None
+            return self._next_id
+
+    def unregister(self, sid: int) -> None:
+        with self.cond:
+            self.streams.pop(sid, None)
+
+    def reserve(self, nbytes: int, force: bool, sid: int = 0) -> bool:
+        """Count ``nbytes`` more fetched ahead; false when over the budget, unless
+        ``force``d or asked by the oldest open stream: readers consume streams in the order
+        they opened them, so the one read now always fetches at full width while streams
+        far ahead wait for room."""
+        with self.cond:
+            oldest = next(iter(self.streams), None) == sid
+            if not force and not oldest and self.ahead_bytes + nbytes > READ_AHEAD_BYTES:
                 return False
             self.ahead_bytes += nbytes
             return True
@@ -171,11 +192,159 @@ def _cap_of(storage_options: Mapping[str, Any] | None) -> int:
     return min(cap, MAX_CONCURRENCY)
 
 
+# -- direct ranged GETs ---------------------------------------------------------------------------
+PRESIGN_TTL_S = 3600
+_PRESIGN_REUSE_S = 600.0  # a presigned URL is reused this long, well inside its validity
+
+_tls = threading.local()
+
+
+class HTTPStatusError(OSError):
+    """A ranged GET answered with an error status (``status``: the HTTP status)."""
+
+    def __init__(self, status: int, reason: str, body: bytes = b"") -> None:
+        code = ""
+        if b"<Code>" in body:
+            code = body.split(b"<Code>", 1)[1].split(b"</Code>", 1)[0].decode("ascii", "replace")
+        super().__init__(f"HTTP {status} {reason}" + (f" ({code})" if code else ""))
+        self.status = status
+        self.code = code
+
+
+class DirectGet:
+    """Ranged GETs of one object with the standard library's HTTP client on a persistent
+    connection per thread, read straight into a buffer: a fraction of the CPU an async S3
+    client spends per request, which on a small machine is the difference between filling
+    the link and not. S3 and OSS objects are reached through a presigned URL made by the
+    filesystem's own client (its credentials, endpoint and addressing style); ``http(s)``
+    URLs as they are. :meth:`of` returns ``None`` where the filesystem's client must do
+    the request itself (custom TLS settings, proxies, requester-pays, other stores)."""
+
+    def __init__(self, fs: Any, path: str, url: str, connect_timeout: float, read_timeout: float) -> None:
+        self.fs, self.path, self.url = fs, path, url
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self._signed: tuple[str, float] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, fs: Any, path: str, url: str, storage_options: Mapping[str, Any] | None) -> "DirectGet | None":
+        so = dict(storage_options or {})
+        if so.pop("direct_get", True) is False:
+            return None
+        from .fs import CONNECT_TIMEOUT_S, READ_TIMEOUT_S  # noqa: PLC0415
+
+        connect = float(so.pop("connect_timeout", None) or CONNECT_TIMEOUT_S)
+        read = float(so.pop("read_timeout", None) or READ_TIMEOUT_S)
+        protocol = parse_url(url).protocol
+        if protocol in ("http", "https"):
+            so.pop("max_concurrency", None)
+            return cls(fs, path, url, connect, read) if not so else None
+        if protocol not in ("s3", "oss") or not hasattr(fs, "split_path"):
+            return None
+        client = dict(so.get("client_kwargs") or {})
+        config = dict(so.get("config_kwargs") or {})
+        if "verify" in client or "proxies" in config or so.get("requester_pays") or so.get("version_aware") \
+                or so.get("anon") or any(k.startswith("SSECustomer") for k in (so.get("s3_additional_kwargs") or {})):
+            return None
+        return cls(fs, path, url, connect, read)
+
+    def target(self) -> str:
+        if parse_url(self.url).protocol in ("http", "https"):
+            return self.url
+        with self._lock:
+            if self._signed is not None and time.monotonic() - self._signed[1] < _PRESIGN_REUSE_S:
+                return self._signed[0]
+        from fsspec.asyn import sync  # noqa: PLC0415
+
+        bucket, key, version = self.fs.split_path(self.path)
+        params = {"Bucket": bucket, "Key": key, **({"VersionId": version} if version else {})}
+
+        async def sign() -> str:
+            client = await self.fs.set_session()
+            return await client.generate_presigned_url("get_object", Params=params, ExpiresIn=PRESIGN_TTL_S)
+
+        signed = sync(self.fs.loop, sign)
+        with self._lock:
+            self._signed = (signed, time.monotonic())
+        return signed
+
+    def forget_signature(self) -> None:
+        with self._lock:
+            self._signed = None
+
+    def get(self, a: int, b: int, counters: IOCounters) -> bytearray:
+        """Bytes ``[a, b)``: fewer when the object ends first, none past its end."""
+        import http.client  # noqa: PLC0415
+        import urllib.parse  # noqa: PLC0415
+
+        u = urllib.parse.urlsplit(self.target())
+        conns = getattr(_tls, "conns", None)
+        if conns is None:
+            conns = _tls.conns = {}
+        key = (u.scheme, u.netloc, self.connect_timeout, self.read_timeout)
+        conn = conns.pop(key, None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+            conn = cls(u.netloc, timeout=self.connect_timeout)
+        buf = bytearray(b - a)
+        n = 0
+        counters.request_started()
+        try:
+            if conn.sock is None:
+                conn.connect()
+                conn.sock.settimeout(self.read_timeout)
+            conn.request("GET", u.path + (f"?{u.query}" if u.query else ""), headers={"Range": f"bytes={a}-{b - 1}"})
+            resp = conn.getresponse()
+            if resp.status not in (200, 206):
+                body = resp.read(4096)
+                conn.close()
+                if resp.status == 416:
+                    return bytearray()
+                if resp.status == 403 and parse_url(self.url).protocol != "http":
+                    self.forget_signature()  # an expired signature is signed afresh next time
+                raise _status_error(resp.status, resp.reason, body, self.url)
+            if resp.status == 200 and a > 0:
+                conn.close()
+                raise OSError(f"{mask(self.url)}: the server ignored the Range header (HTTP 200 for bytes {a}-{b - 1})")
+            with memoryview(buf) as view:
+                while n < len(buf):
+                    k = resp.readinto(view[n:])
+                    if not k:
+                        break
+                    n += k
+            if resp.status == 206 or n == len(buf):
+                resp.read()  # the rest of a 200 (an object shorter than asked): nothing
+            if not resp.will_close:
+                conns[key] = conn
+            else:
+                conn.close()
+        except BaseException:
+            conn.close()
+            raise
+        finally:
+            counters.request_ended(n)
+        if n < len(buf):
+            del buf[n:]
+        return buf
+
+
+def _status_error(status: int, reason: str, body: bytes, url: str) -> OSError:
+    err = HTTPStatusError(status, reason, body)
+    if status == 404:
+        return FileNotFoundError(f"{mask(url)}: no such object (HTTP 404)")
+    if status in (401, 403):
+        e = PermissionError(f"{mask(url)}: access denied (HTTP {status}{', ' + err.code if err.code else ''})")
+        e.status = status  # type: ignore[attr-defined]
+        return e
+    return err
+
+
 class RangeStream(io.RawIOBase):
     """Bytes ``[start, end)`` of a remote object, read in order, fetched ahead as parallel
     ranged GETs (``end=None``: to the end of the object, whose size is asked for in the
     same round trip as the first range). ``read(n)`` returns at most ``n`` bytes, fewer at
-    a part's end, and ``b""`` at the end."""
+    a part's end, and ``b""`` at the end: a fetched range (a ``bytearray``) or a
+    ``memoryview`` of one, never copied; wrap it in ``io.BufferedReader`` for ``bytes``."""
 
     def __init__(self, url: str, start: int = 0, end: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
@@ -187,13 +356,19 @@ class RangeStream(io.RawIOBase):
         self.counters = counters if counters is not None else IOCounters()
         self.cap = _cap_of(storage_options)
         self.fs, self.path = get_filesystem(url, storage_options)
+        self.direct = DirectGet.of(self.fs, self.path, url, storage_options)
         self.link = link_for(url, storage_options)
         self.pool = _the_pool()
+        self.sid = self.pool.register()
         self.pos = start  # next byte to hand out
         self.next = start  # next byte to ask for
         self.end = end
         self.size_future: Future | None = None
         if end is None:
+            if size is None:
+                from .io import size_hint  # noqa: PLC0415
+
+                size = size_hint(url)  # seen in the listing a moment ago: no HEAD of its own
             if size is not None:
                 self.end = size
             else:
@@ -211,23 +386,26 @@ class RangeStream(io.RawIOBase):
         self.counters.add(stat_requests=1)
         return int(info["size"])
 
-    def _get(self, a: int, b: int, speculative: bool = False) -> bytes:
+    def _get(self, a: int, b: int, speculative: bool = False) -> Any:
         """Bytes ``[a, b)``; a ``speculative`` range (asked before the size was known) may
         come back short, or empty past the end."""
         from .io import _http_status, _run  # noqa: PLC0415
 
-        def attempt() -> bytes:
-            self.counters.request_started()
+        def attempt() -> Any:
             t = time.perf_counter()
-            data = b""
-            try:
-                data = self.fs.cat_file(self.path, start=a, end=b)
-            except OSError as exc:
-                if speculative and (_http_status(exc) == 416 or "not satisfiable" in str(exc)):
-                    return b""  # the object ends before the range: it is empty
-                raise
-            finally:
-                self.counters.request_ended(len(data))
+            if self.direct is not None:
+                data = self.direct.get(a, b, self.counters)
+            else:
+                self.counters.request_started()
+                data = b""
+                try:
+                    data = self.fs.cat_file(self.path, start=a, end=b)
+                except OSError as exc:
+                    if speculative and (_http_status(exc) == 416 or "not satisfiable" in str(exc)):
+                        return b""  # the object ends before the range: it is empty
+                    raise
+                finally:
+                    self.counters.request_ended(len(data))
             self.link.record(len(data), time.perf_counter() - t)
             return data
 
@@ -256,7 +434,7 @@ class RangeStream(io.RawIOBase):
             else:
                 size = part
             b = self.next + size if end is None else min(end, self.next + size)
-            if not self.pool.reserve(b - self.next, force=not self.pending):
+            if not self.pool.reserve(b - self.next, force=not self.pending, sid=self.sid):
                 return
             spec = end is None
             self.pending.append((self.next, b, self.pool.run(lambda a=self.next, b=b, s=spec: self._get(a, b, s),
@@ -304,7 +482,7 @@ class RangeStream(io.RawIOBase):
         if self.buf_pos == 0 and take == len(self.buf):
             out = self.buf
         else:
-            out = self.buf[self.buf_pos:self.buf_pos + take]
+            out = memoryview(self.buf)[self.buf_pos:self.buf_pos + take]  # no copy
         self.buf_pos += take
         self.pos += take
         return out
@@ -322,6 +500,7 @@ class RangeStream(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
+            self.pool.unregister(self.sid)
             for a, b, fut in self.pending:
                 if not fut.cancel():
                     fut.add_done_callback(lambda _f, n=b - a: self.pool.release(n))

@@ -74,6 +74,7 @@ def _s3_options(url: ParsedURL, storage_options: Mapping[str, Any]) -> dict:
     options = dict(storage_options)
     timeouts = _pop_timeouts(options)
     max_pool = options.pop("max_concurrency", None) or _MAX_POOL
+    options.pop("direct_get", None)
     endpoint = _endpoint(url, options)
     if url.protocol == "oss":
         if endpoint is None:
@@ -115,7 +116,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 10.0
 """Seconds without a byte from an open connection before the attempt fails (and is retried)."""
 _MAX_POOL = 64
-_OWN_OPTIONS = ("max_concurrency", "connect_timeout", "read_timeout")
+_OWN_OPTIONS = ("max_concurrency", "connect_timeout", "read_timeout", "direct_get")
 
 
 def _pop_timeouts(options: dict) -> tuple[float, float]:
@@ -135,6 +136,7 @@ def _http_options(storage_options: dict) -> dict:
     options = dict(storage_options)
     connect, read = _pop_timeouts(options)
     options.pop("max_concurrency", None)
+    options.pop("direct_get", None)
     client = dict(options.get("client_kwargs") or {})
     if "timeout" not in client:
         import aiohttp  # noqa: PLC0415 - fsspec's HTTP backend needs it anyway

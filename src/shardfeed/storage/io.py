@@ -11,6 +11,8 @@ import io
 import logging
 import os
 import tempfile
+import threading
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import StorageError
@@ -442,6 +444,9 @@ def glob(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list
     parsed = parse_url(pattern)
     fs, path = get_filesystem(parsed, storage_options)
     found = _run("glob", pattern, lambda: fs.glob(path, detail=True))
+    if not parsed.is_local:
+        for name, info in found.items():
+            note_size(parsed.with_path(_unstrip(fs, name, parsed)), info)
     # as a shell does: hidden names (writers' staging files among them) only when asked for
     hidden_ok = path.rstrip("/").rsplit("/", 1)[-1].startswith(".")
     return sorted(parsed.with_path(_unstrip(fs, name, parsed)) for name, info in found.items()
@@ -476,7 +481,8 @@ def expand(
         items: Sequence[str] = [os.fspath(urls)]
     else:
         items = [os.fspath(u) for u in urls]
-    out: list[str] = []
+    out: list[str | list[str]] = []
+    remote: list[tuple[int, str]] = []  # (position in out, url): stat'ed together below
     for item in items:
         if has_magic(item):
             matched = [u for u in glob(item, storage_options) if keep(u)]
@@ -498,12 +504,60 @@ def expand(
         if parsed.protocol in ("http", "https"):
             out.append(item)
             continue
-        fs, path = get_filesystem(parsed, storage_options)
-        info = _run("stat", item, lambda: fs.info(path))
-        if info.get("type") == "directory":
-            out.extend(u for u in list_dir(item, storage_options)
-                       if not u.rsplit("/", 1)[-1].startswith(".") and keep(u))
-        else:
-            out.append(item)
-    return out
+        remote.append((len(out), item))
+        out.append(item)
+    if remote:
+        # one HEAD per object, many at once: a list of a thousand objects is not a
+        # thousand round trips one after another
+        def stat(item: str) -> list[str]:
+            fs, path = get_filesystem(item, storage_options)
+            info = _run("stat", item, lambda: fs.info(path))
+            if info.get("type") == "directory":
+                return [u for u in list_dir(item, storage_options)
+                        if not u.rsplit("/", 1)[-1].startswith(".") and keep(u)]
+            note_size(item, info)
+            return [item]
 
+        if len(remote) == 1:
+            found = [stat(remote[0][1])]
+        else:
+            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+            with ThreadPoolExecutor(min(32, len(remote)), thread_name_prefix="shardfeed-stat") as pool:
+                found = list(pool.map(stat, [u for _, u in remote]))
+        for (k, _), urls_found in zip(remote, found):
+            out[k] = urls_found
+    flat: list[str] = []
+    for entry in out:
+        if isinstance(entry, list):
+            flat.extend(entry)
+        else:
+            flat.append(entry)
+    return flat
+
+
+# -- sizes seen in listings -------------------------------------------------------------------
+SIZE_HINT_S = 60.0
+"""How long a size seen in a listing or stat stands in for a HEAD request of its own."""
+_size_hints: dict[str, tuple[int, float]] = {}
+_size_hints_lock = threading.Lock()
+
+
+def note_size(url: str, info: Mapping[str, Any]) -> None:
+    """Remember the size a listing or stat of ``url`` reported (for :func:`size_hint`)."""
+    size = info.get("size")
+    if isinstance(size, int) and info.get("type") != "directory":
+        with _size_hints_lock:
+            if len(_size_hints) > 100_000:
+                _size_hints.clear()
+            _size_hints[url] = (size, time.monotonic())
+
+
+def size_hint(url: str) -> int | None:
+    """The size of ``url`` seen in a listing or stat in the last :data:`SIZE_HINT_S`
+    seconds, used once (a reader then skips its own HEAD request); ``None`` otherwise."""
+    with _size_hints_lock:
+        hint = _size_hints.pop(url, None)
+    if hint is None or time.monotonic() - hint[1] > SIZE_HINT_S:
+        return None
+    return hint[0]

@@ -37,7 +37,7 @@ _TRANSIENT_NAMES = {
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
     "ResponseStreamingError", "IncompleteReadError", "ServerDisconnectedError", "ClientPayloadError",
     "ClientConnectorError", "ClientOSError", "ServerTimeoutError", "FSTimeoutError", "IncompleteRead",
-    "RemoteDisconnected", "ProtocolError", "ChunkedEncodingError",
+    "RemoteDisconnected", "ProtocolError", "ChunkedEncodingError", "BadStatusLine",
 }
 
 
@@ -119,7 +119,7 @@ def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
         return (int(status) if status else None), err.get("Code")
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
     if isinstance(status, int):
-        return status, None
+        return status, getattr(exc, "code", None) or None
     return None, None
 
 
