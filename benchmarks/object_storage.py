@@ -11,7 +11,8 @@ proxy, in one run (``--rounds`` interleaved rounds, medians), these rows:
   persistent connection each) with ``http.client`` on presigned URLs (moto answers an
   unsigned GET of a private bucket with 403), bytes only;
 - shardfeed defaults: ``read_tfrecord(urls, storage_options={"endpoint_url": proxy})``,
-  every record iterated (the time includes building the dataset: "setup s");
+  every record iterated (the time includes building the dataset: "setup s"; "first s" is
+  the time from the start to the first record);
 - shardfeed with ``cache_dir`` (no limit): epoch 1, and epoch 2 (should make no GET);
 - shardfeed with ``cache_limit`` = half the dataset: epoch 2 after epoch 1, and the
   fraction of the dataset's bytes fetched again.
@@ -312,11 +313,14 @@ def _epoch(ctx: Ctx, ds, setup_s: float | None = None) -> dict:
     t0 = time.perf_counter()
     it = iter(ds)
     n = nbytes = 0
+    first = None
     for rec in it:
+        if first is None:
+            first = time.perf_counter() - t0 + (setup_s or 0.0)  # from the start, listing included
         n += 1
         nbytes += len(rec)
     dt = time.perf_counter() - t0 + (setup_s or 0.0)
-    return _result(ctx, dt, n, before, _storage_stats(it), setup_s, record_bytes=nbytes)
+    return _result(ctx, dt, n, before, _storage_stats(it), setup_s, record_bytes=nbytes, first_s=first)
 
 
 def _build(ctx: Ctx, **kw):
@@ -376,7 +380,7 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def print_table(med: dict[str, dict | None], ceiling: float | None, errors: dict[str, str]) -> None:
-    head = (f"{'row':<36}{'MB/s':>9}{'records/s':>11}{'s':>8}{'setup s':>8}{'vs ceiling':>11}"
+    head = (f"{'row':<36}{'MB/s':>9}{'records/s':>11}{'s':>8}{'setup s':>8}{'first s':>8}{'vs ceiling':>11}"
             f"{'GETs':>7}{'HEADs':>7}{'MB fetched':>11}{'sf req':>8}{'sf MB':>9}")
     print(head)
     print("-" * len(head))
@@ -390,7 +394,8 @@ def print_table(med: dict[str, dict | None], ceiling: float | None, errors: dict
         vs = r["mb_per_s"] / ceiling if ceiling else None
         sf_mb = st["bytes_fetched"] / MB if "bytes_fetched" in st else None
         print(f"{name:<36}{r['mb_per_s']:>9,.1f}{r['records_per_s']:>11,.0f}{r['seconds']:>8.2f}"
-              f"{_fmt(r.get('setup_s'), '.2f'):>8}{_fmt(vs, '.0%'):>11}{r['gets']:>7,.0f}{r['heads']:>7,.0f}"
+              f"{_fmt(r.get('setup_s'), '.2f'):>8}{_fmt(r.get('first_s'), '.2f'):>8}{_fmt(vs, '.0%'):>11}"
+              f"{r['gets']:>7,.0f}{r['heads']:>7,.0f}"
               f"{r['mb_fetched']:>11,.1f}{_fmt(st.get('requests'), ',.0f'):>8}{_fmt(sf_mb, ',.1f'):>9}")
 
 

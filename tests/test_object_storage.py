@@ -391,3 +391,41 @@ def test_block_shuffle_reads_index_files_and_shards_through_the_cache(shards, tm
     it = iter(ds)
     assert sorted(it) == sorted(got)
     assert it.stats().storage.requests == 0
+
+
+def test_text_and_csv_read_remote_files_in_ranges_and_through_the_cache(s3_bucket, tmp_path, fault_proxy):
+    bucket, opts = s3_bucket
+    lines = [f"{i},{i * 0.5},name{i}" for i in range(20000)]
+    storage.write_bytes(f"s3://{bucket}/t/a.csv", ("id,x,name\n" + "\n".join(lines) + "\n").encode(), opts)
+    proxied = {"endpoint_url": fault_proxy.url}
+    url = f"s3://{bucket}/t/a.csv"
+    assert list(sf.read_text(url, storage_options=proxied))[1:] == lines
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_csv(url, [0, 0.0, ""], header=True, storage_options=proxied, cache_dir=cache_dir)
+    rows = list(ds)
+    assert rows[0] == (0, 0.0, "name0") and len(rows) == 20000
+    assert ObjectCache.key_of(url, proxied) in {k for k, _, _ in ObjectCache(cache_dir).entries()}
+    gets = sum(1 for m, _, _ in fault_proxy.log if m == "GET")
+    it = iter(ds)
+    for _ in range(7000):
+        next(it)
+    state = it.get_state()
+    it2 = iter(ds)
+    it2.set_state(state)
+    assert list(it2) == rows[7000:]
+    assert sum(1 for m, _, _ in fault_proxy.log if m == "GET") == gets  # read from the local copy
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_compressed_remote_shards_with_and_without_the_cache(s3_bucket, tmp_path, compression, small_parts):
+    bucket, opts = s3_bucket
+    recs = _records(5, 3000)
+    ext = ".gz" if compression == "GZIP" else ".zz"
+    url = f"s3://{bucket}/c/part{ext}"
+    with TFRecordWriter(url, compression=compression, storage_options=opts) as w:
+        for r in recs:
+            w.write(r)
+    assert list(sf.read_tfrecord(url, storage_options=opts)) == recs
+    it = iter(sf.read_tfrecord(url, storage_options=opts, cache_dir=str(tmp_path / "c")).repeat(2))
+    assert list(it) == recs * 2
+    assert it.stats().storage.cache_hits == 1 and it.stats().storage.cache_misses == 1

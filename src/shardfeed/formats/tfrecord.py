@@ -128,19 +128,19 @@ def open_stream(url: str, compression: str | None = "auto", storage_options: Map
     comp = normalize_compression(compression, url)
     local = storage.parse_url(url).is_local
     if comp is None:
-        raw = storage.open_range(url, start_offset, end_offset, storage_options, counters)
+        plain = storage.open_range(url, start_offset, end_offset, storage_options, counters, zero_copy=raw)
         # buffered: line readers call readline(); large reads pass straight through
         if raw or (local and end_offset is None):
-            return raw  # type: ignore[return-value]
-        return io.BufferedReader(raw, buffer_size)  # type: ignore[return-value]
+            return plain  # type: ignore[return-value]
+        return io.BufferedReader(plain, buffer_size)  # type: ignore[return-value]
     if local:
-        raw = storage.open_input(url, storage_options, buffer_size=buffer_size)
+        packed = storage.open_input(url, storage_options, buffer_size=buffer_size)
     else:
-        raw = storage.open_range(url, 0, None, storage_options, counters)
+        packed = io.BufferedReader(storage.open_range(url, 0, None, storage_options, counters), 1 << 20)
     if comp == "GZIP":
-        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+        stream: Any = gzip.GzipFile(fileobj=packed, mode="rb")
     else:
-        stream = io.BufferedReader(_ZlibReader(raw), buffer_size=1 << 20)
+        stream = io.BufferedReader(_ZlibReader(packed), buffer_size=1 << 20)
     left = start_offset
     while left > 0 and (piece := stream.read(min(left, 16 << 20))):
         left -= len(piece)

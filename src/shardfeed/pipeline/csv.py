@@ -20,6 +20,7 @@ import numpy as np
 from .. import storage
 from ..errors import ShardfeedError
 from ..formats.tfrecord import normalize_compression
+from ..storage.cache import get_cache
 from .sources import SourceDataset
 from .text import LineReader
 
@@ -101,7 +102,7 @@ def _column(i: int, d: Any) -> Column:
 
 class _CsvReader(LineReader):
     def __init__(self, ds: "CsvDataset", state: Mapping[str, Any] | None) -> None:
-        super().__init__(ds.files, ds.compression, ds.storage_options, state, header=ds.header)
+        super().__init__(ds.files, ds.compression, ds.storage_options, state, header=ds.header, cache=ds.cache)
         self.ds = ds
 
     def __next__(self) -> tuple:
@@ -164,7 +165,8 @@ class CsvDataset(SourceDataset):
     def __init__(self, files: Any, record_defaults: Sequence[Any], field_delim: str = ",", header: bool = False,
                  select_cols: Sequence[int] | None = None, na_value: str = "", quote: str = '"',
                  compression: str | None = "auto", encoding: str = "utf-8",
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
+                 cache_limit: int | str | None = None) -> None:
         if isinstance(record_defaults, (str, bytes)) or not isinstance(record_defaults, Sequence) or not record_defaults:
             raise ValueError("record_defaults must be a non-empty list, one entry per column, e.g. [0, 0.0, '']")
         if not isinstance(field_delim, str) or len(field_delim) != 1:
@@ -192,6 +194,7 @@ class CsvDataset(SourceDataset):
         self.compression = compression
         self.encoding = encoding
         self.storage_options = storage_options
+        self.cache = get_cache(cache_dir, cache_limit)
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _CsvReader:
         return _CsvReader(self, state)
@@ -203,14 +206,17 @@ class CsvDataset(SourceDataset):
 def read_csv(files: str | os.PathLike | Iterable[str | os.PathLike], record_defaults: Sequence[Any],
              field_delim: str = ",", header: bool = False, select_cols: Sequence[int] | None = None,
              na_value: str = "", quote: str = '"', compression: str | None = "auto", encoding: str = "utf-8",
-             storage_options: Mapping[str, Any] | None = None) -> CsvDataset:
+             storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
+             cache_limit: int | str | None = None) -> CsvDataset:
     """Rows of CSV files as tuples typed by ``record_defaults`` (see the module docs).
 
     ``select_cols``: increasing 0-based indices of the columns to keep (``record_defaults``
     then describes those). ``header=True`` skips each file's first line. A field equal to
     ``na_value`` (default: empty) takes the column's default. ``batch(n)`` turns rows into
     a tuple of numpy arrays. Raises :class:`CsvError` naming file, line and column for a
-    row that does not fit; ``ValueError``/``TypeError`` for bad arguments.
+    row that does not fit; ``ValueError``/``TypeError`` for bad arguments. Remote files are
+    fetched in parallel ranged GETs; ``cache_dir``/``cache_limit`` keep them on local disk
+    as :func:`read_tfrecord` does.
     """
     return CsvDataset(files, record_defaults, field_delim, header, select_cols, na_value, quote, compression,
-                      encoding, storage_options)
+                      encoding, storage_options, cache_dir, cache_limit)

@@ -6,6 +6,7 @@ import os
 from typing import Any, Iterable, Mapping
 
 from .. import storage
+from ..storage.cache import cacheable, get_cache
 from ..formats.tfrecord import normalize_compression, open_stream
 from .sources import SourceDataset
 
@@ -18,8 +19,9 @@ class LineReader:
     """
 
     def __init__(self, files: list[str], compression: str | None, storage_options: Mapping[str, Any] | None,
-                 state: Mapping[str, Any] | None, header: bool = False) -> None:
+                 state: Mapping[str, Any] | None, header: bool = False, cache: Any = None) -> None:
         self.files = files
+        self.cache = cache
         self.compression = compression
         self.storage_options = storage_options
         self.header = header
@@ -35,8 +37,13 @@ class LineReader:
 
     def _open(self) -> None:
         url = self.files[self.fi]
-        self.stream = open_stream(url, self.compression, self.storage_options, buffer_size=1 << 20,
-                                  start_offset=self.offset)
+        compression = normalize_compression(self.compression, url)  # by the file's own name
+        so = self.storage_options
+        if self.cache is not None and cacheable(url):
+            local = self.cache.fetch(url, so)  # None: the cache is full, read it from storage
+            if local is not None:
+                url, so = local, None
+        self.stream = open_stream(url, compression, so, buffer_size=1 << 20, start_offset=self.offset)
         if not self.offset and self.header:
             first = self.stream.readline()
             self.offset += len(first)
@@ -73,7 +80,7 @@ class LineReader:
 
 class _TextReader(LineReader):
     def __init__(self, ds: "TextLineDataset", state: Mapping[str, Any] | None) -> None:
-        super().__init__(ds.files, ds.compression, ds.storage_options, state)
+        super().__init__(ds.files, ds.compression, ds.storage_options, state, cache=ds.cache)
         self.encoding = ds.encoding
 
     def __next__(self) -> Any:
@@ -93,12 +100,14 @@ class TextLineDataset(SourceDataset):
     kind = "text"
 
     def __init__(self, files: Any, compression: str | None = "auto", encoding: str | None = "utf-8",
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
+                 cache_limit: int | str | None = None) -> None:
         normalize_compression(compression)
         self.files = storage.expand(files, storage_options)
         self.compression = compression
         self.encoding = encoding
         self.storage_options = storage_options
+        self.cache = get_cache(cache_dir, cache_limit)
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _TextReader:
         return _TextReader(self, state)
@@ -108,11 +117,14 @@ class TextLineDataset(SourceDataset):
 
 
 def read_text(files: str | os.PathLike | Iterable[str | os.PathLike], compression: str | None = "auto",
-              encoding: str | None = "utf-8", storage_options: Mapping[str, Any] | None = None) -> TextLineDataset:
+              encoding: str | None = "utf-8", storage_options: Mapping[str, Any] | None = None,
+              cache_dir: str | None = None, cache_limit: int | str | None = None) -> TextLineDataset:
     """The lines of text files (a URL, a glob or a list; any storage), newline removed.
 
     Lines are ``str`` decoded with ``encoding`` (``None``: ``bytes``). ``compression`` as
     for :func:`read_tfrecord`. Resumes by byte offset. Raises ``FileNotFoundError`` when a
     path or glob matches nothing, ``UnicodeDecodeError`` naming file and line for bad text.
+    Remote files are fetched in parallel ranged GETs; ``cache_dir``/``cache_limit`` keep
+    them on local disk as :func:`read_tfrecord` does.
     """
-    return TextLineDataset(files, compression, encoding, storage_options)
+    return TextLineDataset(files, compression, encoding, storage_options, cache_dir, cache_limit)

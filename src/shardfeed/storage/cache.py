@@ -225,8 +225,9 @@ class ObjectCache:
         try:
             crc = 0
             got = 0
-            with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters) as stream:
-                while piece := stream.read(16 << 20):
+            with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters,
+                                                                      zero_copy=True) as stream:
+                while len(piece := stream.read(16 << 20)):
                     out.write(piece)
                     crc = crc32c(piece, crc)
                     got += len(piece)

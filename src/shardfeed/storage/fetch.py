@@ -343,13 +343,14 @@ class RangeStream(io.RawIOBase):
     """Bytes ``[start, end)`` of a remote object, read in order, fetched ahead as parallel
     ranged GETs (``end=None``: to the end of the object, whose size is asked for in the
     same round trip as the first range). ``read(n)`` returns at most ``n`` bytes, fewer at
-    a part's end, and ``b""`` at the end: a fetched range (a ``bytearray``) or a
-    ``memoryview`` of one, never copied; wrap it in ``io.BufferedReader`` for ``bytes``."""
+    a part's end, and ``b""`` at the end; with ``zero_copy`` a fetched range (a
+    ``bytearray``) or a ``memoryview`` of one instead of a copy as ``bytes``."""
 
     def __init__(self, url: str, start: int = 0, end: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
-                 size: int | None = None) -> None:
+                 size: int | None = None, zero_copy: bool = False) -> None:
         super().__init__()
+        self.zero_copy = zero_copy
         from .fs import get_filesystem  # noqa: PLC0415 - fs imports the optional drivers
 
         self.url = url
@@ -479,22 +480,28 @@ class RangeStream(io.RawIOBase):
                 return b""
         avail = len(self.buf) - self.buf_pos
         take = avail if n is None or n < 0 else min(n, avail)
-        if self.buf_pos == 0 and take == len(self.buf):
+        if not self.zero_copy:
+            out = bytes(memoryview(self.buf)[self.buf_pos:self.buf_pos + take])
+        elif self.buf_pos == 0 and take == len(self.buf):
             out = self.buf
         else:
-            out = memoryview(self.buf)[self.buf_pos:self.buf_pos + take]  # no copy
+            out = memoryview(self.buf)[self.buf_pos:self.buf_pos + take]
         self.buf_pos += take
         self.pos += take
         return out
 
     def readinto(self, b) -> int:
-        data = self.read(len(b))
+        zero_copy, self.zero_copy = self.zero_copy, True
+        try:
+            data = self.read(len(b))
+        finally:
+            self.zero_copy = zero_copy
         b[: len(data)] = data
         return len(data)
 
     def readall(self) -> bytes:
         parts = []
-        while chunk := self.read():
+        while len(chunk := self.read()):
             parts.append(chunk)
         return b"".join(parts)
 

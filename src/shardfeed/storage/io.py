@@ -228,12 +228,14 @@ def open_range(
     end: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     counters: Any = None,
+    zero_copy: bool = False,
 ) -> io.RawIOBase:
     """Bytes ``[start, end)`` of ``url`` for one sequential read (``end=None``: to the end).
 
     Remote objects are fetched as parallel ranged GETs ahead of the reader
     (:class:`~.fetch.RangeStream`), each request and retry counted in ``counters`` (an
-    :class:`~.counters.IOCounters`); local files are opened and positioned.
+    :class:`~.counters.IOCounters`); local files are opened and positioned. ``zero_copy``:
+    remote reads return the fetched buffers (``bytearray`` or ``memoryview``) as they are.
     """
     parsed = parse_url(url)
     if parsed.is_local:
@@ -243,7 +245,7 @@ def open_range(
         return f if end is None else _Bounded(f, end - start)
     from .fetch import RangeStream  # noqa: PLC0415
 
-    return RangeStream(url, start, end, storage_options, counters)
+    return RangeStream(url, start, end, storage_options, counters, zero_copy=zero_copy)
 
 
 class _Bounded(io.RawIOBase):
