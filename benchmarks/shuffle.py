@@ -6,6 +6,7 @@ numpy, interleaved rounds, medians:
 - sequential ``read_tfrecord(files, spec).batch(1024)``;
 - ``shuffle="files"`` and ``shuffle="blocks"`` (2,048-record blocks through index files);
 - ``shuffle="blocks"`` followed by a 4,096-record buffer shuffle;
+- ``shuffle="global"`` (one seeded permutation of all records, gathered through the index);
 - a 10,000-record buffer shuffle after the source (``.shuffle(10_000, seed=0)``);
 - tf.data ``TFRecordDataset(files).shuffle(10_000).batch(1024).map(parse_example)``.
 
@@ -48,6 +49,7 @@ def runners(files):
         "shuffle='blocks'": lambda: _rate(src(shuffle="blocks", seed=0).batch(BATCH)),
         "shuffle='blocks' + shuffle(4096)": lambda: _rate(src(shuffle="blocks", seed=0).shuffle(4096, seed=0)
                                                           .batch(BATCH)),
+        "shuffle='global'": lambda: _rate(src(shuffle="global", seed=0).batch(BATCH)),
         "buffer shuffle(10000)": lambda: _rate(src().shuffle(10_000, seed=0).batch(BATCH)),
     }
 
@@ -110,6 +112,7 @@ def main(argv=None) -> int:
         "shuffle='files'": lambda: sf.read_tfrecord(files, shuffle="files", seed=0),
         "shuffle='blocks'": lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0),
         "shuffle='blocks' + shuffle(4096)": lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0).shuffle(4096, seed=0),
+        "shuffle='global'": lambda: sf.read_tfrecord(files, shuffle="global", seed=0),
         "buffer shuffle(10000)": lambda: sf.read_tfrecord(files).shuffle(10_000, seed=0),
     }
     mixed = {k: mixing(files, make) for k, make in raw.items()}

@@ -717,3 +717,41 @@ def test_parse_releases_the_gil():
         stop.set()
         t.join()
     assert during > 0  # a pure-Python thread ran while the batch was parsed
+
+
+def test_gather_matches_a_python_copy_and_refuses_every_range_that_does_not_fit():
+    import random
+
+    from shardfeed.formats import native
+
+    rng = random.Random(11)
+    big = (1 << 63) - 1
+    for trial in range(3000):
+        src = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 64)))
+        dst = bytearray(rng.randrange(0, 64))
+        n = rng.randrange(0, 6)
+        pick = [0, 1, len(src), len(dst), -1, big, big - 3, -big - 1]
+
+        def val() -> int:
+            return rng.choice(pick) if rng.random() < 0.2 else rng.randrange(0, 40)
+
+        d = np.array([val() for _ in range(n)], dtype=np.int64)
+        s = np.array([val() for _ in range(n)], dtype=np.int64)
+        ln = np.array([val() for _ in range(n)], dtype=np.int64)
+        fits = all(0 <= a and 0 <= b and 0 <= k and a + k <= len(dst) and b + k <= len(src)
+                   for a, b, k in zip(d.tolist(), s.tolist(), ln.tolist()))
+        before = bytes(dst)
+        if fits:
+            want = bytearray(dst)
+            for a, b, k in zip(d.tolist(), s.tolist(), ln.tolist()):
+                want[a:a + k] = src[b:b + k]
+            native.gather(dst, d, src, s, ln)
+            assert dst == want, trial
+        else:
+            with pytest.raises(IndexError, match="does not fit"):
+                native.gather(dst, d, src, s, ln)
+            assert bytes(dst) == before  # nothing copied
+    with pytest.raises(ValueError, match="one length"):
+        native.gather(bytearray(4), np.zeros(2, np.int64), b"abcd", np.zeros(1, np.int64), np.zeros(2, np.int64))
+    with pytest.raises(TypeError):
+        native.gather(b"read-only", np.zeros(1, np.int64), b"abcd", np.zeros(1, np.int64), np.ones(1, np.int64))

@@ -429,3 +429,33 @@ def test_compressed_remote_shards_with_and_without_the_cache(s3_bucket, tmp_path
     it = iter(sf.read_tfrecord(url, storage_options=opts, cache_dir=str(tmp_path / "c")).repeat(2))
     assert list(it) == recs * 2
     assert it.stats().storage.cache_hits == 1 and it.stats().storage.cache_misses == 1
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cache", "no-cache"])
+def test_global_shuffle_over_object_storage(shards, tmp_path, cached):
+    urls, expected, opts, _ = shards
+    kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    ds = sf.read_tfrecord(urls, storage_options=opts, shuffle="global", seed=8, block_size=500, **kw)
+    it = iter(ds)
+    got = list(it)
+    assert sorted(got) == sorted(_all(expected, urls)) and got != _all(expected, urls)
+    st = it.stats().storage
+    if cached:
+        assert st.cache_misses == len(urls) and st.bytes_fetched == _object_bytes(urls, opts)
+    else:
+        assert st.requests == len(got)  # one range per record: correct, and counted
+
+
+def test_concurrent_downloads_reserve_their_room_and_leftovers_are_cleaned(shards, tmp_path):
+    urls, expected, opts, _ = shards
+    cache_dir = tmp_path / "cache"
+    (cache_dir / "objects").mkdir(parents=True)
+    # a download a dead process left behind: its room is given back
+    (cache_dir / "objects" / ("." + "a" * 32 + ".x1.part")).write_bytes(b"\0" * 100_000)
+    limit = _object_bytes(urls, opts) // 2
+    ds = sf.read_tfrecord(urls * 3, storage_options=opts, cache_dir=str(cache_dir), cache_limit=limit,
+                          num_parallel_reads=8)  # many downloads at once
+    assert len(list(ds)) == 3 * len(_all(expected, urls))
+    cache = ObjectCache(str(cache_dir))
+    assert cache.usage() <= limit
+    assert not (cache_dir / "objects" / ("." + "a" * 32 + ".x1.part")).exists()

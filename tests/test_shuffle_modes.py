@@ -40,7 +40,7 @@ def test_permutation_is_a_seeded_bijection(n):
         p[n]
 
 
-@pytest.mark.parametrize("mode", ["files", "blocks"])
+@pytest.mark.parametrize("mode", ["files", "blocks", "global"])
 @pytest.mark.parametrize("readers", [1, 2, 3, 7])
 def test_every_record_once_per_epoch_across_readers(tmp_path, mode, readers):
     files = _files(tmp_path)
@@ -51,7 +51,7 @@ def test_every_record_once_per_epoch_across_readers(tmp_path, mode, readers):
     assert sorted(got) == _all()
 
 
-@pytest.mark.parametrize("mode", ["files", "blocks"])
+@pytest.mark.parametrize("mode", ["files", "blocks", "global"])
 def test_same_seed_same_order_and_each_epoch_differs(tmp_path, mode):
     files = _files(tmp_path)
     one = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=8).batch(5))
@@ -67,7 +67,7 @@ def test_same_seed_same_order_and_each_epoch_differs(tmp_path, mode):
         assert runs >= 8  # far more breaks than the 5 file boundaries of the plain order
 
 
-@pytest.mark.parametrize("mode", ["files", "blocks"])
+@pytest.mark.parametrize("mode", ["files", "blocks", "global"])
 def test_shuffled_source_resumes_at_every_step(tmp_path, mode):
     files = _files(tmp_path, [9, 4, 7])
     ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=2, block_size=3, num_parallel_reads=2).batch(2)
@@ -90,6 +90,8 @@ def test_blocks_of_a_compressed_file_say_why_not(tmp_path):
     sf.write_records(p, [example(i) for i in range(5)], compression="GZIP")
     with pytest.raises(ValueError, match="compressed"):
         list(sf.read_tfrecord(p, shuffle="blocks", seed=1))
+    with pytest.raises(ValueError, match="compressed"):
+        list(sf.read_tfrecord(p, shuffle="global", seed=1))
     assert sorted(int(r) for r in (sf.decode_example(x)["id"][0] for x in sf.read_tfrecord(p, shuffle="files", seed=1))) \
         == list(range(5))
 
@@ -108,3 +110,79 @@ def test_to_torch_readers_take_their_share_of_each_epoch(tmp_path):
     got = [_ids(split_for_reader(ds, r, 3)) for r in range(3)]
     assert sorted(got[0] + got[1] + got[2]) == _all()
     assert all(got)
+
+
+# -- shuffle="global" -------------------------------------------------------------------------
+def test_global_shuffle_mixes_every_file_into_every_window(tmp_path):
+    files = _files(tmp_path, [200, 200, 200, 200])
+    ids = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=64).batch(100))
+    assert sorted(ids) == sorted(f * 1000 + i for f in range(4) for i in range(200))
+    for b in range(0, 800, 100):  # each batch of 100 draws from all four files, none dominating
+        share = np.bincount([i // 1000 for i in ids[b:b + 100]], minlength=4).max() / 100
+        assert share < 0.45
+    order = Permutation(800, (9, 0)).take(0, 800).tolist()
+    ranks = [f * 200 + i for f, i in ((x // 1000, x % 1000) for x in ids)]
+    assert ranks == order  # exactly the permutation of the epoch
+
+
+@pytest.mark.parametrize("before,after", [(4, 2), (4, 8), (3, 5), (2, 1)])
+def test_global_shuffle_resumes_on_another_number_of_readers(tmp_path, before, after):
+    files = _files(tmp_path, [300, 7, 250, 120])
+    every = sorted(f * 1000 + i for f, n in enumerate([300, 7, 250, 120]) for i in range(n))
+
+    def reader(k, count):
+        return sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=4, block_size=32, slice_id=k,
+                                slice_count=count).batch(10)
+
+    seen, states = [], []
+    for k in range(before):  # every reader delivers the same number of batches, then saves
+        it = iter(reader(k, before))
+        for _ in range(7):
+            seen += [int(v) for v in next(it)["id"]]
+        states.append(it.get_state())
+    rest = []
+    for k in range(after):
+        it = iter(reader(k, after))
+        it.set_state(states[k % before])  # any reader's state
+        rest += [int(v) for b in it for v in b["id"]]
+    assert sorted(seen + rest) == every  # every record exactly once, none missing
+
+
+def test_global_shuffle_state_is_small_and_resumes_fast(tmp_path):
+    import json
+    import time
+
+    files = _files(tmp_path, [5000, 5000])
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=1).batch(64)
+    it = iter(ds)
+    for _ in range(120):
+        next(it)
+    state = it.get_state()
+    assert len(json.dumps(state)) < 1024
+    t = time.perf_counter()
+    it2 = iter(ds)
+    it2.set_state(state)
+    first = next(it2)
+    assert time.perf_counter() - t < 1.0
+    assert [int(v) for v in first["id"]] == [int(v) for v in next(it)["id"]]
+
+
+def test_global_shuffle_names_a_corrupt_record_in_its_own_file(tmp_path):
+    files = _files(tmp_path, [50, 50], index=True)
+    with open(files[1], "r+b") as f:
+        f.seek(16 * 20 + 200)  # inside some record's data
+        f.write(b"\xff\xff\xff")
+    with pytest.raises(sf.CorruptRecordError, match=r"m.*1.*byte offset"):
+        list(sf.read_tfrecord(files, shuffle="global", seed=2, block_size=16))
+    ds = sf.read_tfrecord(files, shuffle="global", seed=2, block_size=16, on_corrupt="skip")
+    got = list(ds)
+    assert len(got) == 99 and ds.read_stats.skipped_records == 1
+
+
+def test_global_shuffle_builds_missing_indexes(tmp_path):
+    import os
+
+    files = _files(tmp_path, [30, 30])
+    assert not os.path.exists(files[0] + ".idx")
+    assert len(list(sf.read_tfrecord(files, shuffle="global", seed=1))) == 60
+    assert os.path.exists(files[0] + ".idx")  # built on the fly beside the shard

@@ -5,6 +5,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
 #include <numpy/arrayobject.h>
@@ -607,6 +608,57 @@ static PyObject *py_validate_example(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(err.msg);
 }
 
+/* ------------------------------------------------------------------ gather */
+
+/* gather(dst, dst_offsets, src, src_offsets, lengths) -> int: copy n byte ranges
+ * src[src_offsets[k] : + lengths[k]] to dst[dst_offsets[k] : + lengths[k]] (the offsets
+ * and lengths: int64 buffers of n items each). Every range is checked against both
+ * buffers before anything is copied; returns n, or the index of the first range that
+ * does not fit (nothing copied then). */
+static PyObject *py_gather(PyObject *self, PyObject *args) {
+    Py_buffer dst, doff, src, soff, lens;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*y*:gather", &dst, &doff, &src, &soff, &lens)) return NULL;
+    Py_ssize_t n = lens.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t bad = -1;
+    if (doff.len != lens.len || soff.len != lens.len || lens.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&doff);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&soff);
+        PyBuffer_Release(&lens);
+        PyErr_SetString(PyExc_ValueError, "gather: offsets and lengths must be int64 arrays of one length");
+        return NULL;
+    }
+    const int64_t *d = doff.buf, *s = soff.buf, *l = lens.buf;
+    uint64_t total = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (l[k] < 0 || d[k] < 0 || s[k] < 0 || (uint64_t)l[k] > (uint64_t)dst.len ||
+            (uint64_t)d[k] > (uint64_t)dst.len - (uint64_t)l[k] || (uint64_t)l[k] > (uint64_t)src.len ||
+            (uint64_t)s[k] > (uint64_t)src.len - (uint64_t)l[k]) {
+            bad = k;
+            break;
+        }
+        total += (uint64_t)l[k];
+    }
+    if (bad < 0) {
+        uint8_t *out = dst.buf;
+        const uint8_t *in = src.buf;
+        if (total >= GIL_FREE_BYTES) {
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t k = 0; k < n; k++) memcpy(out + d[k], in + s[k], (size_t)l[k]);
+            Py_END_ALLOW_THREADS
+        } else {
+            for (Py_ssize_t k = 0; k < n; k++) memcpy(out + d[k], in + s[k], (size_t)l[k]);
+        }
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&doff);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&soff);
+    PyBuffer_Release(&lens);
+    return PyLong_FromSsize_t(bad < 0 ? n : bad);
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
@@ -616,6 +668,8 @@ static PyMethodDef methods[] = {
     {"parse_batch", py_parse_batch, METH_VARARGS,
      "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
     {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
+    {"gather", py_gather, METH_VARARGS,
+     "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
     {NULL, NULL, 0, NULL},
 };
 

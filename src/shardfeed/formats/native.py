@@ -43,6 +43,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
         "Reinstall with a C compiler and the Python headers to build it.", _WHY_NOT)
 
 __all__ = [
+    "gather",
     "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
     "compile_spec", "CompiledSpec", "BytesBuffer", "validate_example", "FRAME_CHECKS",
 ]
@@ -116,6 +117,34 @@ def _scan_frames_py(buf: Any, verify_crc: bool, max_record_bytes: int):
         lengths.append(length)
         pos = start + length + 4
     return np.array(offsets, np.int64), np.array(lengths, np.int64), pos, error
+
+
+def gather(dst: Any, dst_offsets: np.ndarray, src: Any, src_offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Copy ``src[src_offsets[k]:][:lengths[k]]`` to ``dst[dst_offsets[k]:]`` for every
+    ``k`` (``dst`` a writable buffer, ``src`` any buffer: an ``mmap`` of a shard, say);
+    native ``memcpy`` with the GIL released. ``IndexError`` naming the first range that
+    does not fit in either buffer (nothing is copied then)."""
+    d = np.ascontiguousarray(dst_offsets, dtype=np.int64)
+    s = np.ascontiguousarray(src_offsets, dtype=np.int64)
+    n = np.ascontiguousarray(lengths, dtype=np.int64)
+    if not len(d) == len(s) == len(n):
+        raise ValueError("gather: offsets and lengths must have one length")
+    if _ext is not None:
+        done = _ext.gather(dst, d, src, s, n)
+    else:
+        dv, sv = memoryview(dst).cast("B"), memoryview(src).cast("B")
+        done = len(n)
+        for k, (a, b, ln) in enumerate(zip(d.tolist(), s.tolist(), n.tolist())):
+            if min(a, b, ln) < 0 or a + ln > len(dv) or b + ln > len(sv):
+                done = k
+                break
+        if done == len(n):
+            for a, b, ln in zip(d.tolist(), s.tolist(), n.tolist()):
+                dv[a:a + ln] = sv[b:b + ln]
+    if done != len(n):
+        raise IndexError(f"gather: range {done} (source offset {int(s[done])}, {int(n[done])} bytes, destination "
+                         f"offset {int(d[done])}) does not fit in a buffer of {len(memoryview(src).cast('B'))} "
+                         f"bytes (source) or {len(memoryview(dst).cast('B'))} (destination)")
 
 
 def scan_frames(

@@ -18,7 +18,8 @@ from ..formats.chunks import FrameChunk, iter_frame_chunks
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
-from .spans import Span
+from .gather import gather_chunks
+from .spans import GatherPlan, Span
 from .workers import ChunkQueue, Closed, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,9 @@ class SpanChunks:
         self.cache = self.o.cache
         self.counters = counters if counters is not None else IOCounters()
         self.chunk_size = chunk_size
+        rebase = getattr(src.provider, "rebase", None)
+        if rebase is not None:  # a state saved by another reader (of another world size)
+            state = rebase(state)
         self.stream = src.provider.open(state["spans"] if state else None, epoch)
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
@@ -124,6 +128,8 @@ class SpanChunks:
 
     def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
         o = self.o
+        if isinstance(span.handle, GatherPlan):
+            return gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache)
         return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                  chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end,
                                  counters=self.counters, cache=self.cache)

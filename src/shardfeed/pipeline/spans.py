@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 from ..formats.index import load_index
 from ..formats.tfrecord import normalize_compression
@@ -256,7 +258,7 @@ def _record_at(index: Any, offset: int) -> int:
 
 
 # -- shuffled orders -----------------------------------------------------------------------------
-SHUFFLES = (None, "files", "blocks")
+SHUFFLES = (None, "files", "blocks", "global")
 DEFAULT_BLOCK_SIZE = 2048
 
 
@@ -289,7 +291,7 @@ class ShuffledSpans:
     def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int = DEFAULT_BLOCK_SIZE,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                  index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None) -> None:
-        if mode not in ("files", "blocks"):
+        if mode not in ("files", "blocks", "global"):
             raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
         self.spans = list(spans)
         self.seed = seed
@@ -302,6 +304,8 @@ class ShuffledSpans:
         self._units_cache = _units if _units is not None else []  # shared with splits: made once
 
     def units(self) -> list[Span]:
+        if self.mode == "global":
+            raise ValueError("shuffle='global' has no units: its spans are computed per window")
         if not self._units_cache:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
                                                                         self.storage_options, self.compression,
@@ -317,8 +321,34 @@ class ShuffledSpans:
         perm = Permutation(len(units), (self.seed, *[int(e) for e in epoch]))
         return [units[i] for i in perm.take(self.index, len(units), self.count).tolist()]
 
-    def open(self, state: Any, epoch: tuple) -> _ListStream:
+    def open(self, state: Any, epoch: tuple) -> Any:
+        if self.mode == "global":
+            return _GlobalStream(self, epoch, state)
         return _ListStream(self.order(epoch), state)
+
+    # -- shuffle="global" ---------------------------------------------------------------------
+    def records(self) -> "GlobalIndex":
+        """Every record of every file, through the index files (loaded once, built when
+        missing); shared with the splits of this provider."""
+        if not self._units_cache:
+            self._units_cache.append(GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache))
+        return self._units_cache[0]
+
+    def rebase(self, state: Any) -> Any:
+        """A cursor saved by another reader of a global shuffle (any ``slice_count``) as
+        this reader's: every reader resumes after the records all readers delivered, so a
+        job can save with 4 readers and go on with 2 or 8."""
+        if self.mode != "global" or not state or not isinstance(state.get("spans"), dict):
+            return state
+        ps = state["spans"]
+        if (ps.get("index"), ps.get("count")) == (self.index, self.count) or "count" not in ps:
+            return state
+        t = int(ps["t"])
+        if state.get("key") is not None and list(state["key"]) == list(ps.get("key") or []):
+            t += int(np.searchsorted(self.records().window_ends(ps, self.seed), int(state["offset"]), "right"))
+        consumed = int(ps["base"]) + int(ps["count"]) * t
+        return {"spans": {"base": consumed, "t": 0, "index": self.index, "count": self.count}, "key": None,
+                "offset": 0}
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
               compression: str | None = "auto", cache: Any = None) -> "ShuffledSpans":
@@ -334,3 +364,124 @@ class ShuffledSpans:
 
     def __repr__(self) -> str:
         return f"ShuffledSpans({len(self.spans)} spans, {self.mode}, reader {self.index} of {self.count})"
+
+
+class GatherPlan(NamedTuple):
+    """The records of one window of a global shuffle, in order: for record ``k``, file
+    ``urls[files[k]]`` holds its frame at byte ``offsets[k]``, ``lengths[k]`` bytes long
+    (frame overhead included). Read as if the frames were one file: frame ``k`` starts
+    at the virtual byte ``virtual[k]``."""
+
+    urls: list
+    files: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    virtual: np.ndarray
+
+
+class GlobalIndex:
+    """Where every record of a list of files is: the files' index arrays and the number
+    of records before each file."""
+
+    def __init__(self, urls: list[str], indexes: list[np.ndarray]) -> None:
+        self.urls = urls
+        self.indexes = indexes
+        counts = np.array([len(i) for i in indexes], dtype=np.int64)
+        self.before = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.n = int(self.before[-1])
+        self.offsets = np.concatenate([i[:, 0] for i in indexes]) if indexes else np.zeros(0, np.int64)
+        self.lengths = np.concatenate([i[:, 1] for i in indexes]) if indexes else np.zeros(0, np.int64)
+        self.file_of = np.repeat(np.arange(len(indexes), dtype=np.int64), counts)
+
+    @classmethod
+    def of(cls, spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None,
+           cache: Any) -> "GlobalIndex":
+        urls, indexes = [], []
+        for s in spans:
+            if normalize_compression(compression, s.url) is not None:
+                raise ValueError(f"shuffle='global' reads records through index files, but {mask(s.url)} is "
+                                 "compressed (there is no index into a compressed stream): use shuffle='files', "
+                                 "or decompress the files")
+            try:
+                idx = load_index(s.url, storage_options, build=True, cache=cache)
+            except (PermissionError, OSError) as exc:
+                raise type(exc)(f"shuffle='global' needs the index file of {mask(s.url)} and cannot build it "
+                                f"({exc}); build index files once with `shardfeed index FILES`") from None
+            a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
+            b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
+            urls.append(s.url)
+            indexes.append(np.asarray(idx[a:b], dtype=np.int64))
+        return cls(urls, indexes)
+
+    def plan(self, ids: np.ndarray) -> GatherPlan:
+        lengths = self.lengths[ids]
+        virtual = np.zeros(len(ids), dtype=np.int64)
+        if len(ids) > 1:
+            np.cumsum(lengths[:-1], out=virtual[1:])
+        return GatherPlan(self.urls, self.file_of[ids], self.offsets[ids], lengths, virtual)
+
+    def window_ends(self, ps: Mapping[str, Any], seed: int) -> np.ndarray:
+        """The virtual end offsets of the records of the window that state ``ps`` starts."""
+        ids = _window_ids(self.n, seed, tuple(ps.get("epoch", ())), int(ps["base"]), int(ps["index"]),
+                          int(ps["count"]), int(ps["t"]), int(ps.get("window", DEFAULT_BLOCK_SIZE)))
+        p = self.plan(ids)
+        return p.virtual + p.lengths
+
+
+def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: int, t0: int,
+                window: int) -> np.ndarray:
+    """Record ids at this reader's positions ``t0 .. t0 + window`` of the epoch's
+    permutation: positions ``base + index + count * t``."""
+    from .permute import Permutation  # noqa: PLC0415
+
+    first = base + index + count * t0
+    stop = min(n, base + index + count * (t0 + window))
+    if first >= n:
+        return np.zeros(0, dtype=np.int64)
+    return Permutation(n, (seed, *[int(e) for e in epoch])).take(first, stop, count)
+
+
+class _GlobalStream:
+    """One pass of a global shuffle: windows of ``block_size`` of this reader's positions,
+    each one span gathering its records from wherever they are. The state is a few
+    integers: where this pass's positions start (``base``), which reader of how many,
+    and the window's first position."""
+
+    def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any) -> None:
+        self.p = provider
+        self.epoch = tuple(int(e) for e in epoch)
+        self.g = provider.records()
+        self.base = int(state["base"]) if state else 0
+        self.t = int(state["t"]) if state else 0
+
+    def get_state(self) -> dict:
+        p = self.p
+        return {"base": self.base, "t": self.t, "index": p.index, "count": p.count, "epoch": list(self.epoch),
+                "window": p.block_size, "key": self._key(self.t)}
+
+    def _key(self, t: int) -> list:
+        return [self._url(t), 0, None]
+
+    def _url(self, t: int) -> str:
+        p = self.p
+        return (f"shuffle://global/seed-{p.seed}/epoch-{'.'.join(map(str, self.epoch)) or '0'}/from-{self.base}/"
+                f"reader-{p.index}-of-{p.count}/position-{t}")
+
+    def next_span(self, block: bool = True) -> Span | None:
+        p = self.p
+        ids = _window_ids(self.g.n, p.seed, self.epoch, self.base, p.index, p.count, self.t, p.block_size)
+        if not len(ids):
+            return None
+        plan = self.g.plan(ids)
+        span = Span(self._url(self.t), 0, None, self.t, self.t + len(ids), handle=plan)
+        self.t += p.block_size
+        return span
+
+    def finish(self, span: Span) -> None:
+        pass
+
+    def keep(self, span: Span) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass

@@ -215,13 +215,14 @@ class ObjectCache:
 
         data, meta_path, _ = self._paths(key)
         size, etag = _remote_info(url, storage_options, counters)
-        if not self._admit(key, size):
-            counters.add(cache_bypassed=1)
-            return None
         for stale in (data, meta_path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
+        reserved = self._admit(key, size)
+        if reserved is None:
+            counters.add(cache_bypassed=1)
+            return None
+        fd, tmp = reserved
         try:
             crc = 0
             got = 0
@@ -276,38 +277,54 @@ class ObjectCache:
         """Bytes held by complete entries and downloads under way."""
         total = sum(size for _, size, _ in self.entries())
         for name in os.listdir(self.root):
-            if name.endswith(".part") and name.startswith("."):
-                with contextlib.suppress(OSError):
-                    total += os.stat(os.path.join(self.root, name)).st_size
+            if not (name.endswith(".part") and name.startswith(".") and len(name) > 34):
+                continue
+            path = os.path.join(self.root, name)
+            with _flock(os.path.join(self.root, name[1:33] + _LOCK), blocking=False) as free:
+                if free:  # nobody downloads it: left by a process that died
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                    continue
+            with contextlib.suppress(OSError):
+                total += os.stat(path).st_size
         return total
 
-    def _admit(self, key: str, size: int) -> bool:
-        """Whether an object of ``size`` bytes may be cached, making room when allowed."""
+    def _admit(self, key: str, size: int) -> tuple[int, str] | None:
+        """Room for an object of ``size`` bytes, made when allowed: ``(fd, path)`` of its
+        download file, already ``size`` bytes long (sparse) so that every other download
+        sees the room taken; ``None`` when the cache cannot hold it."""
         with _flock(os.path.join(self.root, ".admit" + _LOCK)):
-            limit = self.limit
-            if limit is None:
-                free = shutil.disk_usage(self.root).free
-                if free - size < (1 << 30):
-                    logger.warning("the cache at %s has less than 1 GiB free after this object; reading around it",
-                                   self.root)
-                    return False
-                return True
-            if size > limit:
+            if not self._room(key, size):
+                return None
+            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
+            os.ftruncate(fd, size)
+            return fd, tmp
+
+    def _room(self, key: str, size: int) -> bool:
+        limit = self.limit
+        if limit is None:
+            free = shutil.disk_usage(self.root).free
+            if free - size < (1 << 30):
+                logger.warning("the cache at %s has less than 1 GiB free after this object; reading around it",
+                               self.root)
                 return False
-            used = self.usage()
-            if used + size <= limit:
-                return True
-            with self._lock:
-                mine = set(self._used)
-            now = time.time()
-            candidates = sorted((e for e in self.entries() if e[0] not in mine and e[0] != key
-                                 and now - e[2] >= self.min_age_s), key=lambda e: e[2])
-            for k, n, _ in candidates:
-                if self._evict(k):
-                    used -= n
-                    if used + size <= limit:
-                        return True
+            return True
+        if size > limit:
             return False
+        used = self.usage()
+        if used + size <= limit:
+            return True
+        with self._lock:
+            mine = set(self._used)
+        now = time.time()
+        candidates = sorted((e for e in self.entries() if e[0] not in mine and e[0] != key
+                             and now - e[2] >= self.min_age_s), key=lambda e: e[2])
+        for k, n, _ in candidates:
+            if self._evict(k):
+                used -= n
+                if used + size <= limit:
+                    return True
+        return False
 
     def _evict(self, key: str) -> bool:
         data, meta_path, lock = self._paths(key)

@@ -1,0 +1,166 @@
+"""Reading a window of a global shuffle: records from wherever they are, in the window's
+order, as chunks of one virtual file (:class:`~shardfeed.pipeline.spans.GatherPlan`).
+
+Local shards (and remote ones in the local cache) are mapped and their frames copied into
+one buffer per chunk, which the native scan then checks (CRC) exactly as it checks a
+file, so a global shuffle delivers the same records, checked the same way, as a
+sequential read. A remote shard with no cache is read one ranged GET per record, several
+at once: correct, but slow; a warning says to give ``cache_dir``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from ..formats.chunks import FrameChunk
+from ..formats.native import gather, scan_frames
+from ..formats.tfrecord import ReadStats
+from ..storage import io as sio
+from ..storage.urls import mask, parse_url
+from .spans import GatherPlan
+
+logger = logging.getLogger(__name__)
+
+_warned_remote = False
+
+
+MAPS_KEPT = 256
+"""Files kept mapped between windows: a window touches records all over every file, and
+mapping a file afresh costs a page fault per page touched."""
+_maps: collections.OrderedDict = collections.OrderedDict()  # (path, ino, mtime, size) -> mmap
+_maps_lock = threading.Lock()
+
+
+def _mapped(path: str) -> Any:
+    st = os.stat(path)
+    key = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _maps_lock:
+        mm = _maps.get(key)
+        if mm is not None:
+            _maps.move_to_end(key)
+            return mm
+    if st.st_size == 0:
+        return b""
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with _maps_lock:
+        mm = _maps.setdefault(key, mm)
+        while len(_maps) > MAPS_KEPT:
+            _, old = _maps.popitem(last=False)
+            try:
+                old.close()
+            except BufferError:  # still in use by a gather: it goes when the last view does
+                pass
+    return mm
+
+
+def _source(url: str, o: Any, counters: Any, cache: Any) -> Any:
+    """A mapped view of ``url``'s bytes, or ``None`` when it must be read by ranges."""
+    path = None
+    if parse_url(url).is_local:
+        path = parse_url(url).path
+    elif cache is not None:
+        path = cache.fetch(url, o.storage_options, counters)
+    if path is None:
+        return None
+    try:
+        return _mapped(path)
+    except OSError as exc:
+        raise sio._translate(exc, url, "open") from exc
+
+
+def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: ReadStats, counters: Any,
+                  cache: Any) -> Iterator[FrameChunk]:
+    """The records of ``plan`` from the one whose frame starts at virtual byte ``start``
+    on, as chunks of about ``chunk_size`` bytes."""
+    global _warned_remote
+    n = len(plan.files)
+    k = int(np.searchsorted(plan.virtual, start, "left"))
+    ends = plan.virtual + plan.lengths
+    sources: dict[int, Any] = {}
+    pool: ThreadPoolExecutor | None = None
+    try:
+        while k < n:
+            j = int(np.searchsorted(ends, plan.virtual[k] + chunk_size, "right"))
+            j = max(j, k + 1)
+            base = int(plan.virtual[k])
+            buf = bytearray(int(ends[j - 1]) - base)
+            files = plan.files[k:j]
+            dst = plan.virtual[k:j] - base
+            remote = []
+            for f in np.unique(files).tolist():
+                if f not in sources:
+                    sources[f] = _source(plan.urls[f], o, counters, cache)
+                src = sources[f]
+                sel = np.flatnonzero(files == f)
+                if src is None:
+                    remote += [(f, int(plan.offsets[k + i]), int(plan.lengths[k + i]), int(dst[i])) for i in sel]
+                    continue
+                try:
+                    gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
+                except IndexError:
+                    raise CorruptRecordError("truncated data", mask(plan.urls[f]), len(src), None,
+                                             "the file is shorter than its index file says (rebuild the index with "
+                                             "`shardfeed index`)") from None
+            if remote:
+                if not _warned_remote:
+                    _warned_remote = True
+                    logger.warning("shuffle='global' over remote shards without a cache reads one range per record; "
+                                   "give cache_dir=... (or use shuffle='blocks') to read whole shards")
+                pool = pool or ThreadPoolExecutor(16, thread_name_prefix="shardfeed-gather")
+
+                def get(item: tuple) -> tuple:
+                    f, a, ln, d = item
+                    return d, sio.read_bytes(plan.urls[f], a, a + ln, o.storage_options)
+
+                for d, data in pool.map(get, remote):
+                    buf[d:d + len(data)] = data
+                    if counters is not None:
+                        counters.add(requests=1, bytes_fetched=len(data))
+            yield _checked(plan, k, j, buf, base, o, stats)
+            k = j
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any, stats: ReadStats) -> FrameChunk:
+    """The chunk of records ``k .. j`` in ``buf``, each frame checked as a file's would be;
+    a bad one raises naming its own file and offset, or is skipped and counted."""
+    offsets, lengths, consumed, error = scan_frames(buf, o.verify_crc)
+    keep = np.ones(j - k, dtype=bool)
+    if error is not None or len(offsets) != j - k:
+        # find the bad frames one by one, so every good one still goes out
+        offs, lens = [], []
+        for i in range(k, j):
+            d = int(plan.virtual[i]) - base
+            ln = int(plan.lengths[i])
+            off1, len1, _, err1 = scan_frames(memoryview(buf)[d:d + ln], o.verify_crc)
+            if err1 is None and len(off1) == 1:
+                offs.append(int(off1[0]) + d)
+                lens.append(int(len1[0]))
+                continue
+            f = int(plan.files[i])
+            check = err1[0] if err1 is not None else "truncated data"
+            exc = CorruptRecordError(check, mask(plan.urls[f]), int(plan.offsets[i]), None,
+                                     "read through shuffle='global'")
+            if o.on_corrupt != "skip":
+                raise exc
+            keep[i - k] = False
+            stats.skipped_records += 1
+            stats.skipped_bytes += ln
+            stats.corrupt.append(exc)
+        offsets = np.asarray(offs, dtype=np.int64)
+        lengths = np.asarray(lens, dtype=np.int64)
+    stats.records += len(offsets)
+    stats.bytes += int(lengths.sum()) + 16 * len(offsets)
+    return FrameChunk(buf, offsets, lengths, plan.virtual[k:j][keep])
