@@ -43,6 +43,8 @@ class ChunkTag(NamedTuple):
 
 
 def _needs_read_ahead(span: Span, o: Any) -> bool:
+    if isinstance(span.handle, GatherPlan):  # a global shuffle's window: a copy, unless remote
+        return any(not parse_url(u).is_local for u in span.handle.urls)
     # local uncompressed shards are mapped: nothing to wait for, nothing to read ahead
     return normalize_compression(o.compression, span.url) is not None or not parse_url(span.url).is_local
 
@@ -85,6 +87,8 @@ class SpanChunks:
         self.closed = False
 
     def _ahead_limit(self, span: Span) -> int:
+        if isinstance(span.handle, GatherPlan):
+            return self.read_ahead
         return self.remote_ahead if not parse_url(span.url).is_local else self.read_ahead
 
     def delivered(self, seq: int) -> None:
