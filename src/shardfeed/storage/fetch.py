@@ -17,11 +17,13 @@ Every request and every retry is counted in the :class:`~.counters.IOCounters` g
 from __future__ import annotations
 
 import collections
+import heapq
 import io
 import math
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Mapping
 
@@ -51,6 +53,7 @@ class Link:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._samples: collections.deque = collections.deque(maxlen=256)
+        self._plan: dict[int, tuple[float, tuple[int, int]]] = {}
 
     def record(self, nbytes: int, seconds: float) -> None:
         with self._lock:
@@ -69,7 +72,17 @@ class Link:
 
     def plan(self, cap: int = MAX_CONCURRENCY) -> tuple[int, int]:
         """``(part_size, concurrency)`` for this link: parts that take several round trips
-        to transfer (so the latency is a small share), and enough of them in flight."""
+        to transfer (so the latency is a small share), and enough of them in flight.
+        Recomputed at most every 50 ms."""
+        now = time.monotonic()
+        cached = self._plan.get(cap)
+        if cached is not None and now - cached[0] < 0.05:
+            return cached[1]
+        out = self._compute_plan(cap)
+        self._plan[cap] = (now, out)
+        return out
+
+    def _compute_plan(self, cap: int) -> tuple[int, int]:
         latency, rate = self.estimate()
         # parts that take several round trips to transfer (fewer, larger requests cost the
         # store and this process less per byte), but small enough that the read-ahead
@@ -111,7 +124,12 @@ def link_for(url: str, storage_options: Mapping[str, Any] | None) -> Link:
 
 
 class _Pool:
-    """The process's fetch threads and its gate on requests in flight."""
+    """The process's fetch threads and its gate on requests in flight.
+
+    Requests wait in a queue ordered by (stream, offset): streams are numbered as they
+    open and readers consume them in that order, so when only ``limit`` requests may be
+    in flight, the ones the reader needs first go first, never behind ranges of objects
+    far ahead. A request whose stream was closed before its turn is dropped."""
 
     def __init__(self) -> None:
         self.executor = ThreadPoolExecutor(MAX_CONCURRENCY, thread_name_prefix="shardfeed-fetch")
@@ -119,55 +137,99 @@ class _Pool:
         self.in_flight = 0
         self.limit = 2
         self.ahead_bytes = 0  # fetched or in flight, not yet taken by a reader
-        self.streams: dict[int, None] = {}  # open streams, oldest first
+        self.streams: dict[int, Any] = {}  # open streams (weak references), oldest first
+        self.reserved: dict[int, int] = {}  # bytes each stream has in flight or fetched
         self._next_id = 0
+        self._waiting: list = []  # heap of (key, seq, future, fn)
+        self._seq = 0
 
-    def run(self, fn, nbytes: int) -> Future:
-        return self.executor.submit(self._gated, fn, nbytes)
-
-    def _gated(self, fn, nbytes: int):
+    def run(self, fn, key: tuple = ()) -> Future:
+        fut: Future = Future()
         with self.cond:
-            while self.in_flight >= self.limit:
-                self.cond.wait()
-            self.in_flight += 1
+            self._seq += 1
+            heapq.heappush(self._waiting, (key, self._seq, fut, fn))
+        self._dispatch()
+        return fut
+
+    def _dispatch(self) -> None:
+        start = []
+        with self.cond:
+            while self._waiting and self.in_flight < self.limit:
+                _, _, fut, fn = heapq.heappop(self._waiting)
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its stream was closed
+                self.in_flight += 1
+                start.append((fut, fn))
+        for fut, fn in start:
+            self.executor.submit(self._run, fut, fn)
+
+    def _run(self, fut: Future, fn) -> None:
         try:
-            return fn()
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
         finally:
             with self.cond:
                 self.in_flight -= 1
-                self.cond.notify()
+            self._dispatch()
 
     def set_limit(self, n: int) -> None:
         with self.cond:
-            if n != self.limit:
-                self.limit = n
-                self.cond.notify_all()
+            grew = n > self.limit
+            self.limit = n
+        if grew:
+            self._dispatch()
 
-    def register(self) -> int:
+    def register(self, stream: "RangeStream") -> int:
         with self.cond:
             self._next_id += 1
-            self.streams[self._next_id] = None
+            self.streams[self._next_id] = weakref.ref(stream)
+            self.reserved[self._next_id] = 0
             return self._next_id
 
     def unregister(self, sid: int) -> None:
         with self.cond:
             self.streams.pop(sid, None)
+            left = self.reserved.pop(sid, 0)
+        if left == 0:
+            self.wake()
 
-    def reserve(self, nbytes: int, force: bool, sid: int = 0) -> bool:
-        """Count ``nbytes`` more fetched ahead; false when over the budget, unless
-        ``force``d or asked by the oldest open stream: readers consume streams in the order
-        they opened them, so the one read now always fetches at full width while streams
-        far ahead wait for room."""
+    def reserve(self, nbytes: int, force: bool, sid: int) -> bool:
+        """Count ``nbytes`` more fetched ahead for stream ``sid``; false when the bytes
+        reserved by it and every older stream would pass the budget, unless ``force``d or
+        asked by the oldest open stream. Readers consume streams in the order they opened,
+        so the budget goes to the nearest objects whole, not to the first ranges of many
+        objects far ahead."""
         with self.cond:
             oldest = next(iter(self.streams), None) == sid
-            if not force and not oldest and self.ahead_bytes + nbytes > READ_AHEAD_BYTES:
-                return False
+            if not force and not oldest:
+                older = sum(r for k, r in self.reserved.items() if k <= sid)
+                if older + nbytes > READ_AHEAD_BYTES:
+                    return False
             self.ahead_bytes += nbytes
+            if sid in self.reserved:
+                self.reserved[sid] += nbytes
             return True
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: int, sid: int) -> None:
         with self.cond:
             self.ahead_bytes -= nbytes
+            if sid in self.reserved:
+                self.reserved[sid] -= nbytes
+        self.wake()
+
+    def wake(self) -> None:
+        """Room was given back: let the oldest streams ask for more, in order, without
+        waiting for their readers to come back (a reader blocked on its own full queue
+        would otherwise leave its object unfetched until it is read)."""
+        with self.cond:
+            refs = list(self.streams.values())
+        for ref in refs:
+            stream = ref()
+            if stream is not None and not stream.top_up_from_pool():
+                break
 
 
 _pool: _Pool | None = None
@@ -360,7 +422,8 @@ class RangeStream(io.RawIOBase):
         self.direct = DirectGet.of(self.fs, self.path, url, storage_options)
         self.link = link_for(url, storage_options)
         self.pool = _the_pool()
-        self.sid = self.pool.register()
+        self._lock = threading.RLock()
+        self.sid = self.pool.register(self)
         self.pos = start  # next byte to hand out
         self.next = start  # next byte to ask for
         self.end = end
@@ -421,27 +484,40 @@ class RangeStream(io.RawIOBase):
             self.end = self.size_future.result()
         return self.end
 
-    def _top_up(self) -> None:
-        part, n = self.link.plan(self.cap)
-        self.pool.set_limit(n)
-        end = self._known_end()
-        while len(self.pending) < n:
-            if end is not None and self.next >= end:
-                return
-            if self.first:
-                size = FIRST_PART
-            elif end is None:
-                return  # the size is not known yet: only the first range goes out before it
-            else:
-                size = part
-            b = self.next + size if end is None else min(end, self.next + size)
-            if not self.pool.reserve(b - self.next, force=not self.pending, sid=self.sid):
-                return
-            spec = end is None
-            self.pending.append((self.next, b, self.pool.run(lambda a=self.next, b=b, s=spec: self._get(a, b, s),
-                                                             b - self.next)))
-            self.next = b
-            self.first = False
+    def _top_up(self) -> bool:
+        """Ask for more ranges, up to the plan's width and the budget; false when the
+        budget refused one (the streams behind this one need not try)."""
+        with self._lock:
+            if self.closed:
+                return True
+            part, n = self.link.plan(self.cap)
+            self.pool.set_limit(n)
+            end = self._known_end()
+            while len(self.pending) < n:
+                if end is not None and self.next >= end:
+                    return True
+                if self.first:
+                    size = FIRST_PART
+                elif end is None:
+                    return True  # the size is not known yet: only the first range goes out before it
+                else:
+                    size = part
+                b = self.next + size if end is None else min(end, self.next + size)
+                if not self.pool.reserve(b - self.next, force=not self.pending, sid=self.sid):
+                    return False
+                spec = end is None
+                self.pending.append((self.next, b, self.pool.run(lambda a=self.next, b=b, s=spec: self._get(a, b, s),
+                                                                 (self.sid, self.next))))
+                self.next = b
+                self.first = False
+            return True
+
+    def top_up_from_pool(self) -> bool:
+        """:meth:`_top_up` from another thread, skipped while the reader is at it."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        self._lock.release()
+        return self._top_up()
 
     def _next_part(self) -> bool:
         self._top_up()
@@ -451,13 +527,12 @@ class RangeStream(io.RawIOBase):
                 self._top_up()
             if not self.pending:
                 return False
-        a, b, fut = self.pending.popleft()
+        with self._lock:
+            a, b, fut = self.pending.popleft()
         try:
             data = fut.result()
-        except StorageError:
-            raise
         finally:
-            self.pool.release(b - a)
+            self.pool.release(b - a, self.sid)
         if self.end is None and self.size_future is not None:
             self.end = self.size_future.result()
         if self.end is not None and b > self.end:
@@ -507,13 +582,15 @@ class RangeStream(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self.pool.unregister(self.sid)
-            for a, b, fut in self.pending:
-                if not fut.cancel():
-                    fut.add_done_callback(lambda _f, n=b - a: self.pool.release(n))
+            with self._lock:
+                super().close()
+                pending, self.pending = list(self.pending), collections.deque()
+            for a, b, fut in pending:
+                if not fut.cancel():  # running: its bytes are given back when it ends
+                    fut.add_done_callback(lambda _f, n=b - a, sid=self.sid: self.pool.release(n, sid))
                 else:
-                    self.pool.release(b - a)
-            self.pending.clear()
+                    self.pool.release(b - a, self.sid)
+            self.pool.unregister(self.sid)
             self.buf = b""
         super().close()
 
