@@ -459,3 +459,27 @@ def test_concurrent_downloads_reserve_their_room_and_leftovers_are_cleaned(shard
     cache = ObjectCache(str(cache_dir))
     assert cache.usage() <= limit
     assert not (cache_dir / "objects" / ("." + "a" * 32 + ".x1.part")).exists()
+
+
+def test_read_of_everything_returns_the_whole_range_and_http_keeps_fsspecs_client(s3_bucket):
+    bucket, opts = s3_bucket
+    data = os.urandom(1_000_000)
+    storage.write_bytes(f"s3://{bucket}/all.bin", data, opts)
+    with storage.open_range(f"s3://{bucket}/all.bin", 10, None, opts) as s:
+        assert s.read() == data[10:]
+    with RangeStream(f"s3://{bucket}/all.bin", storage_options={**opts, "s3_additional_kwargs": {"A": 1}}) as s:
+        assert s.direct is None  # options the direct path cannot honour: the S3 client's own GETs
+
+
+def test_global_shuffle_counts_each_cached_shard_once_and_survives_many_files(shards, tmp_path, monkeypatch):
+    from shardfeed.pipeline import gather as gather_mod
+
+    monkeypatch.setattr(gather_mod, "MAPS_KEPT", 1)  # maps dropped while windows still use them
+    urls, expected, opts, _ = shards
+    it = iter(sf.read_tfrecord(urls, storage_options=opts, shuffle="global", seed=1, block_size=700,
+                               cache_dir=str(tmp_path / "c")).repeat(2))
+    got = list(it)
+    assert sorted(got) == sorted(_all(expected, urls) * 2)
+    st = it.stats().storage
+    assert st.cache_misses == len(urls) and st.cache_hits == len(urls)  # the second epoch, once a shard
+    assert st.bytes_from_cache == _object_bytes(urls, opts)

@@ -186,3 +186,14 @@ def test_global_shuffle_builds_missing_indexes(tmp_path):
     assert not os.path.exists(files[0] + ".idx")
     assert len(list(sf.read_tfrecord(files, shuffle="global", seed=1))) == 60
     assert os.path.exists(files[0] + ".idx")  # built on the fly beside the shard
+
+
+def test_a_state_of_another_shuffle_mode_is_refused_clearly(tmp_path):
+    files = _files(tmp_path, [30, 30])
+    it = iter(sf.read_tfrecord(files, shuffle="files", seed=1))
+    next(it)
+    state = it.get_state()
+    it2 = iter(sf.read_tfrecord(files, shuffle="global", seed=1, slice_id=0, slice_count=2))
+    with pytest.raises(ValueError, match="shuffle='global'"):
+        it2.set_state(state)
+        next(it2)

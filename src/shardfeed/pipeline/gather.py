@@ -20,11 +20,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, StorageError
 from ..formats.chunks import FrameChunk
 from ..formats.native import gather, scan_frames
 from ..formats.tfrecord import ReadStats
 from ..storage import io as sio
+from ..storage.fs import get_filesystem
 from ..storage.urls import mask, parse_url
 from .spans import GatherPlan
 
@@ -55,21 +56,20 @@ def _mapped(path: str) -> Any:
     with _maps_lock:
         mm = _maps.setdefault(key, mm)
         while len(_maps) > MAPS_KEPT:
-            _, old = _maps.popitem(last=False)
-            try:
-                old.close()
-            except BufferError:  # still in use by a gather: it goes when the last view does
-                pass
+            # dropped, not closed: a window being gathered may still hold it; the map goes
+            # when its last user lets go
+            _maps.popitem(last=False)
     return mm
 
 
-def _source(url: str, o: Any, counters: Any, cache: Any) -> Any:
-    """A mapped view of ``url``'s bytes, or ``None`` when it must be read by ranges."""
+def _source(url: str, o: Any, counters: Any, cache: Any, seen: set) -> Any:
+    """A mapped view of ``url``'s bytes, or ``None`` when it must be read by ranges.
+    ``seen``: the cached objects already counted as hits in this pass."""
     path = None
     if parse_url(url).is_local:
         path = parse_url(url).path
     elif cache is not None:
-        path = cache.fetch(url, o.storage_options, counters)
+        path = cache.fetch(url, o.storage_options, counters, seen=seen)
     if path is None:
         return None
     try:
@@ -79,9 +79,11 @@ def _source(url: str, o: Any, counters: Any, cache: Any) -> Any:
 
 
 def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: ReadStats, counters: Any,
-                  cache: Any) -> Iterator[FrameChunk]:
+                  cache: Any, seen: set | None = None) -> Iterator[FrameChunk]:
     """The records of ``plan`` from the one whose frame starts at virtual byte ``start``
-    on, as chunks of about ``chunk_size`` bytes."""
+    on, as chunks of about ``chunk_size`` bytes (``seen``: cached objects already counted
+    in this pass)."""
+    seen = seen if seen is not None else set()
     global _warned_remote
     n = len(plan.files)
     k = int(np.searchsorted(plan.virtual, start, "left"))
@@ -99,7 +101,7 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
             remote = []
             for f in np.unique(files).tolist():
                 if f not in sources:
-                    sources[f] = _source(plan.urls[f], o, counters, cache)
+                    sources[f] = _source(plan.urls[f], o, counters, cache, seen)
                 src = sources[f]
                 sel = np.flatnonzero(files == f)
                 if src is None:
@@ -108,9 +110,11 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
                 try:
                     gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
                 except IndexError:
-                    raise CorruptRecordError("truncated data", mask(plan.urls[f]), len(src), None,
-                                             "the file is shorter than its index file says (rebuild the index with "
-                                             "`shardfeed index`)") from None
+                    past = sel[plan.offsets[k + sel] + plan.lengths[k + sel] > len(src)]
+                    at = int(plan.offsets[k + past[0]]) if len(past) else len(src)
+                    raise CorruptRecordError("truncated data", mask(plan.urls[f]), at, None,
+                                             f"the file ({len(src)} bytes) is shorter than its index file says "
+                                             "(rebuild the index with `shardfeed index`)") from None
             if remote:
                 if not _warned_remote:
                     _warned_remote = True
@@ -120,12 +124,29 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
 
                 def get(item: tuple) -> tuple:
                     f, a, ln, d = item
-                    return d, sio.read_bytes(plan.urls[f], a, a + ln, o.storage_options)
+                    url = plan.urls[f]
+                    fs, path = get_filesystem(url, o.storage_options)
+
+                    def attempt() -> bytes:
+                        if counters is not None:
+                            counters.request_started()
+                        data = b""
+                        try:
+                            data = fs.cat_file(path, start=a, end=a + ln)
+                        finally:
+                            if counters is not None:
+                                counters.request_ended(len(data))
+                        return data
+
+                    data = sio._run("read", url, attempt, counters)
+                    if len(data) != ln:
+                        raise StorageError(f"{mask(url)}: short read at byte offset {a}: asked for {ln} bytes, got "
+                                           f"{len(data)} (the object changed since its index was made?)",
+                                           url=mask(url))
+                    return d, data
 
                 for d, data in pool.map(get, remote):
                     buf[d:d + len(data)] = data
-                    if counters is not None:
-                        counters.add(requests=1, bytes_fetched=len(data))
             yield _checked(plan, k, j, buf, base, o, stats)
             k = j
     finally:

@@ -68,6 +68,7 @@ class SpanChunks:
         self.o = src.options
         self.cache = self.o.cache
         self.counters = counters if counters is not None else IOCounters()
+        self.cached_seen: set = set()  # cached objects counted as hits in this pass (gathers)
         self.chunk_size = chunk_size
         rebase = getattr(src.provider, "rebase", None)
         if rebase is not None:  # a state saved by another reader (of another world size)
@@ -80,7 +81,7 @@ class SpanChunks:
         # keeps its own ranged GETs in flight, within the fetcher's byte budget)
         self.remote_ahead = REMOTE_READ_AHEAD if self.read_ahead == DEFAULT_READ_AHEAD else self.read_ahead
         # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
-        self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead))
+        self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead, self.remote_ahead))
         self.pool: WorkerPool | None = None
         self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
         self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
@@ -133,7 +134,8 @@ class SpanChunks:
     def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
         o = self.o
         if isinstance(span.handle, GatherPlan):
-            return gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache)
+            return gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
+                                 self.cached_seen)
         return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                  chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end,
                                  counters=self.counters, cache=self.cache)

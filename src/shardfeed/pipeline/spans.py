@@ -337,11 +337,17 @@ class ShuffledSpans:
     def rebase(self, state: Any) -> Any:
         """A cursor saved by another reader of a global shuffle (any ``slice_count``) as
         this reader's: every reader resumes after the records all readers delivered, so a
-        job can save with 4 readers and go on with 2 or 8."""
+        job can save with 4 readers and go on with 2 or 8. It counts on every reader having
+        delivered as many records as the one whose state is given (a synchronous step);
+        near the end of an epoch, where some readers have fewer, save a state of one that
+        has not finished."""
         if self.mode != "global" or not state or not isinstance(state.get("spans"), dict):
             return state
         ps = state["spans"]
-        if (ps.get("index"), ps.get("count")) == (self.index, self.count) or "count" not in ps:
+        if "base" not in ps or "count" not in ps:
+            raise ValueError("this state was not saved by a shuffle='global' reader; resume with the shuffle mode "
+                             "it was saved with")
+        if (ps.get("index"), ps.get("count")) == (self.index, self.count):
             return state
         t = int(ps["t"])
         if state.get("key") is not None and list(state["key"]) == list(ps.get("key") or []):

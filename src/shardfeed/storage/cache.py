@@ -7,7 +7,7 @@ process on the host) read it from local disk:
 - **Checked.** Each entry records the object's size and ETag, the local file's size and
   modification time and a CRC-32C of its bytes. The first use in a process checks all of
   them (one HEAD request for the ETag; one read for the CRC); later uses the local size and
-  time. A truncated or altered file is fetched again.
+  time, and the ETag again once it was last checked ten minutes ago. A truncated or altered file is fetched again.
 - **Shared safely.** A download holds a lock file (``flock``) for its entry and writes a
   temporary file renamed into place, so two processes never download one object twice at
   once, and nobody ever sees a partial file.
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 MARKER = ".shardfeed-cache"
 _META = ".json"
 _LOCK = ".lock"
+REVALIDATE_S = 600.0
+"""A copy checked against storage longer ago than this is checked again (one HEAD)."""
 MIN_AGE_S = 3600.0
 """An entry this process has not used can be evicted once nobody used it for this long."""
 
@@ -135,23 +137,24 @@ class ObjectCache:
 
     # -- use -------------------------------------------------------------------------------
     def fetch(self, url: str, storage_options: Mapping[str, Any] | None = None,
-              counters: IOCounters | None = None) -> str | None:
+              counters: IOCounters | None = None, seen: set | None = None) -> str | None:
         """The local path of ``url``'s bytes, downloading the object when it is not cached
         (or its cached copy is damaged or stale); ``None`` when the cache cannot hold it
-        (read it from storage then)."""
+        (read it from storage then). ``seen``: the URLs this pass already counted (a hit or
+        a miss), for a reader that opens the same object many times in one pass."""
         counters = counters if counters is not None else IOCounters()
         key = self.key_of(url, storage_options)
         data, meta_path, lock = self._paths(key)
         with self._lock:
             self._used.add(key)
-        path = self._valid(key, url, storage_options, counters)
+        path = self._valid(key, url, storage_options, counters, seen)
         if path is not None:
             return path
         with _flock(lock):
-            path = self._valid(key, url, storage_options, counters)  # another process got it meanwhile
+            path = self._valid(key, url, storage_options, counters, seen)  # another process got it meanwhile
             if path is not None:
                 return path
-            return self._download(key, url, storage_options, counters)
+            return self._download(key, url, storage_options, counters, seen)
 
     def _read_meta(self, key: str) -> dict | None:
         _, meta_path, _ = self._paths(key)
@@ -162,7 +165,7 @@ class ObjectCache:
         except (OSError, ValueError):
             return None
 
-    def _valid(self, key: str, url: str, storage_options, counters: IOCounters) -> str | None:
+    def _valid(self, key: str, url: str, storage_options, counters: IOCounters, seen: set | None = None) -> str | None:
         data, _, lock = self._paths(key)
         meta = self._read_meta(key)
         if meta is None:
@@ -175,17 +178,31 @@ class ObjectCache:
         if st.st_size != meta.get("size") or st.st_mtime_ns != meta.get("mtime_ns"):
             logger.warning("cached copy of %s was changed on disk (%s); fetching it again", mask(url), data)
             return None
+        now = time.monotonic()
         with self._lock:
-            checked = self._checked.get(key) == stamp
-        if not checked:
+            checked = self._checked.get(key)
+        if checked is None or checked[0] != stamp:
             if not self._check_remote(url, storage_options, meta, counters) or not self._check_crc(data, meta, url):
                 return None
-            with self._lock:
-                self._checked[key] = stamp
+        elif now - checked[1] > REVALIDATE_S and not self._check_remote(url, storage_options, meta, counters):
+            return None  # the object changed in storage since it was checked
+        elif now - checked[1] <= REVALIDATE_S:
+            now = checked[1]
+        with self._lock:
+            self._checked[key] = (stamp, now)
         with contextlib.suppress(OSError):
             os.utime(lock)  # last use, for eviction
-        counters.add(cache_hits=1, bytes_from_cache=st.st_size)
+        if self._first(url, seen):
+            counters.add(cache_hits=1, bytes_from_cache=st.st_size)
         return data
+
+    def _first(self, url: str, seen: set | None) -> bool:
+        if seen is None:
+            return True
+        with self._lock:
+            first = url not in seen
+            seen.add(url)
+            return first
 
     def _check_remote(self, url: str, storage_options, meta: dict, counters: IOCounters) -> bool:
         from .io import _remote_info  # noqa: PLC0415 - io imports this module's users
@@ -209,20 +226,22 @@ class ObjectCache:
             return False
         return True
 
-    def _download(self, key: str, url: str, storage_options, counters: IOCounters) -> str | None:
+    def _download(self, key: str, url: str, storage_options, counters: IOCounters,
+                  seen: set | None = None) -> str | None:
         from ..formats.crc import crc32c  # noqa: PLC0415
         from .io import _remote_info, open_range  # noqa: PLC0415
 
         data, meta_path, _ = self._paths(key)
         size, etag = _remote_info(url, storage_options, counters)
-        for stale in (data, meta_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(stale)
+        # a stale copy stays until the new one replaces it (os.replace): a reader that
+        # opened it keeps reading a whole file, never a missing one
         reserved = self._admit(key, size)
         if reserved is None:
             counters.add(cache_bypassed=1)
             return None
         fd, tmp = reserved
+        tmp_meta = None
+        replaced = False
         try:
             crc = 0
             got = 0
@@ -235,6 +254,7 @@ class ObjectCache:
             if got != size:
                 raise OSError(f"{mask(url)}: downloaded {got} bytes of {size}")
             os.replace(tmp, data)
+            replaced = True
             st = os.stat(data)
             meta = {"url": mask(url), "size": size, "etag": etag, "mtime_ns": st.st_mtime_ns, "crc32c": crc,
                     "cached_at": time.time()}
@@ -242,12 +262,16 @@ class ObjectCache:
             with os.fdopen(fd2, "w", encoding="utf-8") as f:
                 json.dump(meta, f)
             os.replace(tmp_meta, meta_path)
+            tmp_meta = None
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for path in (tmp, tmp_meta) + ((data, meta_path) if replaced else ()):
+                if path is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)  # nothing half-made stays behind, nothing untracked
             raise
         with self._lock:
-            self._checked[key] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            self._checked[key] = ((st.st_size, st.st_mtime_ns, st.st_ino), time.monotonic())
+        self._first(url, seen)
         counters.add(cache_misses=1)
         return data
 
@@ -273,10 +297,16 @@ class ObjectCache:
                 out.append((key, meta["size"], used))
         return out
 
-    def usage(self) -> int:
-        """Bytes held by complete entries and downloads under way."""
-        total = sum(size for _, size, _ in self.entries())
+    def usage(self, but: str | None = None) -> int:
+        """Bytes held by complete entries (``but`` that one) and downloads under way."""
+        total = sum(size for k, size, _ in self.entries() if k != but)
         for name in os.listdir(self.root):
+            if name.endswith(".meta") and name.startswith(".") and len(name) > 34:
+                with _flock(os.path.join(self.root, name[1:33] + _LOCK), blocking=False) as free:
+                    if free:
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.path.join(self.root, name))
+                continue
             if not (name.endswith(".part") and name.startswith(".") and len(name) > 34):
                 continue
             path = os.path.join(self.root, name)
@@ -297,7 +327,12 @@ class ObjectCache:
             if not self._room(key, size):
                 return None
             fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
-            os.ftruncate(fd, size)
+            try:
+                os.ftruncate(fd, size)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
             return fd, tmp
 
     def _room(self, key: str, size: int) -> bool:
@@ -311,7 +346,7 @@ class ObjectCache:
             return True
         if size > limit:
             return False
-        used = self.usage()
+        used = self.usage(but=key)  # a stale copy of this object is replaced, not kept
         if used + size <= limit:
             return True
         with self._lock:

@@ -39,7 +39,18 @@ MAX_CONCURRENCY = 64
 """Requests in flight per process at most, unless ``storage_options['max_concurrency']``."""
 TARGET_BYTES_PER_S = 4e9
 """The rate the chosen concurrency aims at (the pool stops there or at the cap)."""
-READ_AHEAD_BYTES = int(os.environ.get("SHARDFEED_FETCH_AHEAD_BYTES", 256 << 20))
+def _ahead_bytes() -> int:
+    text = os.environ.get("SHARDFEED_FETCH_AHEAD_BYTES")
+    if not text:
+        return 256 << 20
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"SHARDFEED_FETCH_AHEAD_BYTES must be a number of bytes, got {text!r}") from None
+    return max(n, 16 << 20)
+
+
+READ_AHEAD_BYTES = _ahead_bytes()
 """Bytes fetched ahead of the readers, all streams together (one part per stream is
 always allowed, so a reader never waits on the others)."""
 _DEFAULT_LATENCY = 0.02
@@ -298,21 +309,19 @@ class DirectGet:
         connect = float(so.pop("connect_timeout", None) or CONNECT_TIMEOUT_S)
         read = float(so.pop("read_timeout", None) or READ_TIMEOUT_S)
         protocol = parse_url(url).protocol
-        if protocol in ("http", "https"):
-            so.pop("max_concurrency", None)
-            return cls(fs, path, url, connect, read) if not so else None
+        # plain http(s) URLs keep fsspec's client (redirects, credentials in the URL, quoting)
         if protocol not in ("s3", "oss") or not hasattr(fs, "split_path"):
             return None
         client = dict(so.get("client_kwargs") or {})
         config = dict(so.get("config_kwargs") or {})
         if "verify" in client or "proxies" in config or so.get("requester_pays") or so.get("version_aware") \
-                or so.get("anon") or any(k.startswith("SSECustomer") for k in (so.get("s3_additional_kwargs") or {})):
+                or so.get("anon") or so.get("s3_additional_kwargs"):
             return None
+        if _proxied(getattr(fs, "client_kwargs", {}).get("endpoint_url") or client.get("endpoint_url")):
+            return None  # a proxy from the environment: botocore honours it, http.client would not
         return cls(fs, path, url, connect, read)
 
     def target(self) -> str:
-        if parse_url(self.url).protocol in ("http", "https"):
-            return self.url
         with self._lock:
             if self._signed is not None and time.monotonic() - self._signed[1] < _PRESIGN_REUSE_S:
                 return self._signed[0]
@@ -346,8 +355,10 @@ class DirectGet:
         key = (u.scheme, u.netloc, self.connect_timeout, self.read_timeout)
         conn = conns.pop(key, None)
         if conn is None:
-            cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-            conn = cls(u.netloc, timeout=self.connect_timeout)
+            if u.scheme == "https":
+                conn = http.client.HTTPSConnection(u.netloc, timeout=self.connect_timeout, context=_tls_context())
+            else:
+                conn = http.client.HTTPConnection(u.netloc, timeout=self.connect_timeout)
         buf = bytearray(b - a)
         n = 0
         counters.request_started()
@@ -374,12 +385,11 @@ class DirectGet:
                     if not k:
                         break
                     n += k
-            if resp.status == 206 or n == len(buf):
-                resp.read()  # the rest of a 200 (an object shorter than asked): nothing
-            if not resp.will_close:
+            if resp.status == 206 and not resp.will_close:
+                resp.read()  # nothing is left of a 206: the connection can serve the next range
                 conns[key] = conn
             else:
-                conn.close()
+                conn.close()  # a 200 may go on past the range: never read the rest of an object
         except BaseException:
             conn.close()
             raise
@@ -388,6 +398,24 @@ class DirectGet:
         if n < len(buf):
             del buf[n:]
         return buf
+
+
+def _tls_context() -> Any:
+    """TLS settings as botocore takes them: ``AWS_CA_BUNDLE`` when set, else the system's."""
+    import ssl  # noqa: PLC0415
+
+    return ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+
+
+def _proxied(endpoint: str | None) -> bool:
+    import urllib.parse  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    if not endpoint:
+        return bool(urllib.request.getproxies().get("https"))
+    u = urllib.parse.urlsplit(endpoint)
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(u.scheme)) and not urllib.request.proxy_bypass(u.hostname or "")
 
 
 def _status_error(status: int, reason: str, body: bytes, url: str) -> OSError:
@@ -548,6 +576,8 @@ class RangeStream(io.RawIOBase):
     def read(self, n: int = -1) -> bytes:
         if self.closed:
             raise ValueError("read from a closed RangeStream")
+        if n is None or n < 0:
+            return self.readall()
         if self.buf_pos >= len(self.buf):
             if self.end is not None and self.pos >= self.end:
                 return b""
@@ -576,7 +606,7 @@ class RangeStream(io.RawIOBase):
 
     def readall(self) -> bytes:
         parts = []
-        while len(chunk := self.read()):
+        while len(chunk := self.read(1 << 62)):
             parts.append(chunk)
         return b"".join(parts)
 

@@ -12,7 +12,8 @@ own retry loops are switched off and every retry is counted.
 
 Timeouts: ``storage_options={"connect_timeout": s, "read_timeout": s}`` for ``s3``,
 ``oss`` and ``http(s)`` (defaults :data:`CONNECT_TIMEOUT_S` and :data:`READ_TIMEOUT_S`);
-with the retry deadline of 20 s a dead or stalled endpoint fails within about 30 s.
+with the retry deadline (no new attempt 10 s after the first failure) a dead or stalled
+endpoint fails within 30 s.
 ``max_concurrency`` caps the ranged requests in flight (:mod:`.fetch`).
 """
 
@@ -102,7 +103,7 @@ def _s3_options(url: ParsedURL, storage_options: Mapping[str, Any]) -> dict:
     # enough pooled connections for the requests the fetcher keeps in flight
     config.setdefault("max_pool_connections", max_pool)
     session_cls = _counted_session_class()
-    if session_cls is not None:
+    if session_cls is not None and _aioconfig_takes("http_session_cls"):
         config.setdefault("http_session_cls", session_cls)
     options["config_kwargs"] = config
     for secret_key in ("secret", "token", "password"):
@@ -147,6 +148,17 @@ def _http_options(storage_options: dict) -> dict:
 
 
 _session_class: Any = None
+
+
+def _aioconfig_takes(name: str) -> bool:
+    """Whether this aiobotocore's ``AioConfig`` accepts ``name`` (older ones do not)."""
+    try:
+        import inspect  # noqa: PLC0415
+
+        from aiobotocore.config import AioConfig  # noqa: PLC0415
+    except ImportError:
+        return False
+    return name in inspect.signature(AioConfig.__init__).parameters
 
 
 def _counted_session_class() -> Any:

@@ -49,9 +49,10 @@ class RetryPolicy:
     max_attempts: int = 8
     base_delay: float = 0.05
     max_delay: float = 5.0
-    deadline_s: float = 20.0
-    """No attempt starts later than this many seconds after the first: with the default
-    connect (5 s) and read (10 s) timeouts a dead or stalled endpoint fails within 30 s."""
+    deadline_s: float = 10.0
+    """No attempt starts later than this many seconds after the first failure: with the
+    default connect (5 s) and read (10 s) timeouts a dead or stalled endpoint fails within
+    30 s, and a long transfer that fails late still gets its retries."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2 ** (attempt - 1))))
@@ -170,7 +171,7 @@ def call_with_retry(
     first. Non-transient errors propagate at once. Each retry is counted once, in
     :func:`retry_stats` and in ``counters`` (an :class:`~.counters.IOCounters`) if given."""
     attempt = 1
-    started = time.monotonic()
+    failed_at: float | None = None  # the deadline counts from the first failure
     while True:
         try:
             return fn()
@@ -179,7 +180,9 @@ def call_with_retry(
             if reason is None:
                 raise
             delay = policy.delay(attempt, _rng)
-            if attempt >= policy.max_attempts or time.monotonic() - started + delay > policy.deadline_s:
+            if failed_at is None:
+                failed_at = time.monotonic()
+            if attempt >= policy.max_attempts or time.monotonic() - failed_at + delay > policy.deadline_s:
                 _STATS.record_give_up()
                 raise
             _STATS.record(op, reason)
