@@ -120,7 +120,9 @@ def _status_and_code(exc: BaseException) -> tuple[int | None, str | None]:
         return (int(status) if status else None), err.get("Code")
     status = getattr(exc, "status", None) or getattr(exc, "status_code", None)
     if isinstance(status, int):
-        return status, getattr(exc, "code", None) or None
+        # an S3 error code (SlowDown) kept as an attribute, not a client's property
+        code = vars(exc).get("code") if hasattr(exc, "__dict__") else None
+        return status, code if isinstance(code, str) and code else None
     return None, None
 
 
