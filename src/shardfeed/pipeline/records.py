@@ -321,7 +321,8 @@ def read_tfrecord(
     ``"raise"`` (a :class:`~shardfeed.errors.CorruptRecordError` naming file and byte
     offset) or ``"skip"`` (counted in ``.read_stats``). ``num_parallel_reads``: threads
     that parse batches at once, and remote or compressed files read ahead at once
-    (``AUTOTUNE``, the default: one parse thread per core, 16 files ahead; ``None``: all
+    (``AUTOTUNE``, the default: one parse thread per core, 16 compressed files or 48 remote
+    objects ahead; ``None``: all
     in the consumer's thread). The order of records never depends on it: files in the
     order given, records in file order. Raises ``FileNotFoundError`` at once when a path
     or glob matches nothing.
