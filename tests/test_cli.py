@@ -112,3 +112,33 @@ def test_version_says_which_parser_is_active():
                          capture_output=True, text=True, check=True).stdout
     assert out.startswith(f"shardfeed {sf.__version__} (")
     assert ("native" in out) == sf.native_available()
+
+
+def test_verbose_logging_masks_secrets_from_every_library_and_vv_opens_them(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, sys\n"
+        "from shardfeed.cli.main import configure_logging\n"
+        "from shardfeed.storage import register_secret\n"
+        "configure_logging(int(sys.argv[1]))\n"
+        "register_secret('tok-SECRET-1234')\n"
+        "logging.getLogger('botocore.endpoint').debug('GET https://b.s3/k?X-Amz-Signature=abcdef0123&x=1 %s',"
+        " 'x-amz-security-token: tok-SECRET-1234')\n"
+        "logging.getLogger('shardfeed.storage').debug('retry https://u:pw-SECRET@h/k?Signature=zzz9')\n"
+        "try:\n"
+        "    raise OSError('failed https://h/k?sig=SIGSECRET')\n"
+        "except OSError:\n"
+        "    logging.getLogger('fsspec').exception('boom')\n"
+    )
+    out = {}
+    for v in (0, 1, 2):
+        r = subprocess.run([sys.executable, "-c", script, str(v)], capture_output=True, text=True, timeout=60)
+        out[v] = r.stderr
+    for v, text in out.items():
+        for secret in ("abcdef0123", "tok-SECRET-1234", "pw-SECRET", "zzz9", "SIGSECRET"):
+            assert secret not in text, (v, text)
+    assert "retry" not in out[0] and "retry" in out[1] and "botocore" not in out[1]  # -v: shardfeed only
+    assert "botocore.endpoint" in out[2] and "X-Amz-Signature=***" in out[2]  # -vv: every library, masked
+    assert "boom" in out[0] and "Traceback" in out[0]  # errors always, their tracebacks masked too

@@ -179,7 +179,9 @@ def cmd_demo(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardfeed", description="Read, check and convert TFRecord data on any storage.")
     p.add_argument("--version", action=_VersionAction, help="print the version and the active parsing path")
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug details (retries, skipped data)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="-v: shardfeed's debug details (retries, skipped data); -vv: every library's too. "
+                        "Secrets (signatures, tokens, passwords) are masked in every line either way")
     sub = p.add_subparsers(dest="command", required=True)
 
     def files(sp):
@@ -253,11 +255,46 @@ def _native_line() -> str:
         return f"pure-python ({type(exc).__name__})"
 
 
+class RedactingFilter(logging.Filter):
+    """Masks secrets (signed query parameters, passwords, registered keys and tokens) in
+    every record a handler emits, whichever library logged it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the library's; keep the line
+            return True
+        masked = mask(message)
+        if masked != message or record.args:
+            record.msg, record.args = masked, ()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info, record.exc_text = None, mask(text)
+        return True
+
+
+def configure_logging(verbosity: int) -> None:
+    """The CLI's logging: warnings by default; ``-v`` debug lines from shardfeed; ``-vv``
+    from every library (botocore, fsspec, aiohttp, ...). A :class:`RedactingFilter` on
+    the handler masks secrets in all of them."""
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig: a host that set up logging keeps its own
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    for h in root.handlers:
+        if not any(isinstance(f, RedactingFilter) for f in h.filters):
+            h.addFilter(RedactingFilter())
+    if verbosity >= 2:
+        root.setLevel(logging.DEBUG)
+    if verbosity >= 1:
+        logging.getLogger("shardfeed").setLevel(logging.DEBUG)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.verbose)
     if getattr(args, "compression", None) and str(args.compression).lower() == "none":
         args.compression = None
     try:
