@@ -324,3 +324,17 @@ def test_skip_keeps_the_records_after_a_half_written_frame_of_concatenated_files
         got, stats = list(ds), ds.read_stats
     assert got == a + b
     assert stats.skipped_records == 1 and stats.skipped_bytes == len(half)
+
+
+def test_empty_gzip_and_zlib_files_both_read_as_empty_and_a_cut_header_is_still_an_error(tmp_path):
+    import shardfeed as sf
+
+    for ext in (".gz", ".zz"):
+        p = tmp_path / f"empty.tfrecord{ext}"
+        p.write_bytes(b"")
+        assert list(sf.read_tfrecord(str(p))) == []
+        assert list(sf.read_tfrecord(str(p), on_corrupt="skip")) == []
+    cut = tmp_path / "cut.tfrecord.zz"
+    cut.write_bytes(b"\x78")  # the first byte of a zlib header, nothing more
+    with pytest.raises(sf.CorruptRecordError, match="zlib stream ends"):
+        list(sf.read_tfrecord(str(cut)))

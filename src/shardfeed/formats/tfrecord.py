@@ -92,6 +92,7 @@ class _ZlibReader(io.RawIOBase):
         self._raw = raw
         self._d = zlib.decompressobj()
         self._pending = b""
+        self._started = False  # any compressed byte seen: an empty file is an empty stream, as GZIP's is
 
     def readable(self) -> bool:
         return True
@@ -104,7 +105,10 @@ class _ZlibReader(io.RawIOBase):
             if not data:
                 data = self._raw.read(_CHUNK)
                 if not data:
+                    if not self._started:
+                        return 0
                     raise EOFError("zlib stream ends before its end marker (truncated file)")
+                self._started = True
             self._pending = self._d.decompress(data, _CHUNK)
         n = min(len(b), len(self._pending))
         b[:n] = self._pending[:n]
