@@ -288,6 +288,16 @@ def _frames(records):
     return b"".join(frame(r) for r in records)
 
 
+def _read_skipping(path: str, p) -> tuple:
+    """The records of ``p`` under ``on_corrupt="skip"`` and what was skipped, through the
+    reference reader or the pipeline."""
+    if path == "reference":
+        reader = sf.TFRecordReader(str(p), on_corrupt="skip")
+        return list(reader), reader.stats
+    ds = sf.read_tfrecord(str(p), on_corrupt="skip")
+    return list(ds), ds.read_stats
+
+
 @pytest.mark.parametrize("path", ["reference", "pipeline"])
 def test_skip_resyncs_after_a_length_that_passes_its_crc_but_is_absurd(tmp_path, path):
     import struct as _struct
@@ -299,12 +309,7 @@ def test_skip_resyncs_after_a_length_that_passes_its_crc_but_is_absurd(tmp_path,
     bad = _struct.pack("<QI", bad_len, masked_length_crc(bad_len)) + b"junk-junk"
     p = tmp_path / "absurd.tfrecord"
     p.write_bytes(_frames(good[:1]) + bad + _frames(good[1:]))
-    if path == "reference":
-        reader = sf.TFRecordReader(str(p), on_corrupt="skip")
-        got, stats = list(reader), reader.stats
-    else:
-        ds = sf.read_tfrecord(str(p), on_corrupt="skip")
-        got, stats = list(ds), ds.read_stats
+    got, stats = _read_skipping(path, p)
     assert got == good  # every intact record, the 24 after the bad frame included
     assert stats.skipped_records == 1 and stats.skipped_bytes == len(bad)
 
@@ -316,12 +321,7 @@ def test_skip_keeps_the_records_after_a_half_written_frame_of_concatenated_files
     half = frame(b"x" * 200)[:60]  # part-a ended in a half-written frame; part-b was appended
     p = tmp_path / "cat.tfrecord"
     p.write_bytes(_frames(a) + half + _frames(b))
-    if path == "reference":
-        reader = sf.TFRecordReader(str(p), on_corrupt="skip")
-        got, stats = list(reader), reader.stats
-    else:
-        ds = sf.read_tfrecord(str(p), on_corrupt="skip")
-        got, stats = list(ds), ds.read_stats
+    got, stats = _read_skipping(path, p)
     assert got == a + b
     assert stats.skipped_records == 1 and stats.skipped_bytes == len(half)
 

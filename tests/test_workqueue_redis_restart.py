@@ -59,13 +59,18 @@ def test_reconnect_seconds_come_from_the_url_or_the_argument():
         _take_reconnect("redis://h:1/0?reconnect_s=soon", None)
 
 
-def test_workers_survive_a_redis_restart_with_its_data():
+def _server_place(prefix: str) -> tuple[str, str, int]:
+    """The redis-server executable, a fresh folder for its data and a free port (the test is
+    skipped where redis-server or the client is missing)."""
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (CI installs it)")
     pytest.importorskip("redis")
-    d = tempfile.mkdtemp(prefix="sf-redis-restart-")
-    port = free_port()
+    return exe, tempfile.mkdtemp(prefix=prefix), free_port()
+
+
+def test_workers_survive_a_redis_restart_with_its_data():
+    exe, d, port = _server_place("sf-redis-restart-")
     _start(exe, d, port)
     try:
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
@@ -105,12 +110,7 @@ def test_workers_survive_a_redis_restart_with_its_data():
 
 
 def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_clear_error():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed (CI installs it)")
-    pytest.importorskip("redis")
-    d = tempfile.mkdtemp(prefix="sf-redis-lost-")
-    port = free_port()
+    exe, d, port = _server_place("sf-redis-lost-")
 
     _start(exe, d, port, persist=False)
     try:

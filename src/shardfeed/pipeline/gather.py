@@ -20,12 +20,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import CorruptRecordError, StorageError
+from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk
 from ..formats.native import gather, scan_frames
 from ..formats.tfrecord import ReadStats
 from ..storage import io as sio
-from ..storage.fs import get_filesystem
+from ..storage.fetch import RangeStream
 from ..storage.urls import mask, parse_url
 from .spans import GatherPlan
 
@@ -124,26 +124,8 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
 
                 def get(item: tuple) -> tuple:
                     f, a, ln, d = item
-                    url = plan.urls[f]
-                    fs, path = get_filesystem(url, o.storage_options)
-
-                    def attempt() -> bytes:
-                        if counters is not None:
-                            counters.request_started()
-                        data = b""
-                        try:
-                            data = fs.cat_file(path, start=a, end=a + ln)
-                        finally:
-                            if counters is not None:
-                                counters.request_ended(len(data))
-                        return data
-
-                    data = sio._run("read", url, attempt, counters)
-                    if len(data) != ln:
-                        raise StorageError(f"{mask(url)}: short read at byte offset {a}: asked for {ln} bytes, got "
-                                           f"{len(data)} (the object changed since its index was made?)",
-                                           url=mask(url))
-                    return d, data
+                    with RangeStream(plan.urls[f], a, a + ln, o.storage_options, counters) as stream:
+                        return d, stream.readall()  # retried, counted and length-checked there
 
                 for d, data in pool.map(get, remote):
                     buf[d:d + len(data)] = data

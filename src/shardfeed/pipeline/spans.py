@@ -83,7 +83,21 @@ class SpanProvider(Protocol):
     def open(self, state: Any, epoch: tuple) -> SpanStream: ...
 
 
-class _ListStream:
+class _OwnStream:
+    """A stream whose provider keeps no record of spans handed out: nothing to finish,
+    keep or give back."""
+
+    def finish(self, span: Span) -> None:
+        pass
+
+    def keep(self, span: Span) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class _ListStream(_OwnStream):
     def __init__(self, spans: Sequence[Span], state: Any) -> None:
         self.spans = spans
         self.i = int(state["i"]) if state else 0
@@ -96,15 +110,6 @@ class _ListStream:
 
     def get_state(self) -> dict:
         return {"i": self.i}
-
-    def finish(self, span: Span) -> None:
-        pass
-
-    def keep(self, span: Span) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 class StaticSpans:
@@ -447,7 +452,7 @@ def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: i
     return Permutation(n, (seed, *[int(e) for e in epoch])).take(first, stop, count)
 
 
-class _GlobalStream:
+class _GlobalStream(_OwnStream):
     """One pass of a global shuffle: windows of ``block_size`` of this reader's positions,
     each one span gathering its records from wherever they are. The state is a few
     integers: where this pass's positions start (``base``), which reader of how many,
@@ -482,12 +487,3 @@ class _GlobalStream:
         span = Span(self._url(self.t), 0, None, self.t, self.t + len(ids), handle=plan)
         self.t += p.block_size
         return span
-
-    def finish(self, span: Span) -> None:
-        pass
-
-    def keep(self, span: Span) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass

@@ -36,7 +36,7 @@ import time
 from typing import Any, Iterator, Mapping
 
 from .counters import IOCounters
-from .urls import mask, parse_url
+from .urls import endpoint_option, mask, parse_url
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +127,7 @@ class ObjectCache:
     @staticmethod
     def key_of(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
         """The entry name of ``url``: a hash of the URL and the endpoint serving it."""
-        so = storage_options or {}
-        endpoint = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url") or ""
+        endpoint = endpoint_option(storage_options)
         return hashlib.sha256(f"{url}\0{endpoint}".encode()).hexdigest()[:32]
 
     def _paths(self, key: str) -> tuple[str, str, str]:

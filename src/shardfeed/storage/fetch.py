@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ..errors import StorageError
 from .counters import IOCounters
-from .urls import mask, parse_url
+from .urls import endpoint_option, mask, parse_url
 
 FIRST_PART = 256 << 10
 """The first range of a stream is small: its records arrive after one round trip."""
@@ -120,8 +120,7 @@ _links_lock = threading.Lock()
 def link_for(url: str, storage_options: Mapping[str, Any] | None) -> Link:
     """The measurements of the endpoint serving ``url``."""
     parsed = parse_url(url)
-    so = storage_options or {}
-    endpoint = so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url") or ""
+    endpoint = endpoint_option(storage_options)
     if parsed.protocol in ("http", "https"):
         host = parsed.path.split("://", 1)[-1].split("/", 1)[0]
     else:
@@ -304,10 +303,9 @@ class DirectGet:
         so = dict(storage_options or {})
         if so.pop("direct_get", True) is False:
             return None
-        from .fs import CONNECT_TIMEOUT_S, READ_TIMEOUT_S  # noqa: PLC0415
+        from .fs import _pop_timeouts  # noqa: PLC0415
 
-        connect = float(so.pop("connect_timeout", None) or CONNECT_TIMEOUT_S)
-        read = float(so.pop("read_timeout", None) or READ_TIMEOUT_S)
+        connect, read = _pop_timeouts(so)
         protocol = parse_url(url).protocol
         # plain http(s) URLs keep fsspec's client (redirects, credentials in the URL, quoting)
         if protocol not in ("s3", "oss") or not hasattr(fs, "split_path"):
@@ -573,21 +571,17 @@ class RangeStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:
+    def _take(self, n: int) -> Any:
+        """Up to ``n`` bytes as they were fetched: a whole range, or a view into one."""
         if self.closed:
             raise ValueError("read from a closed RangeStream")
-        if n is None or n < 0:
-            return self.readall()
         if self.buf_pos >= len(self.buf):
             if self.end is not None and self.pos >= self.end:
                 return b""
             if not self._next_part():
                 return b""
-        avail = len(self.buf) - self.buf_pos
-        take = avail if n is None or n < 0 else min(n, avail)
-        if not self.zero_copy:
-            out = bytes(memoryview(self.buf)[self.buf_pos:self.buf_pos + take])
-        elif self.buf_pos == 0 and take == len(self.buf):
+        take = min(n, len(self.buf) - self.buf_pos)
+        if self.buf_pos == 0 and take == len(self.buf):
             out = self.buf
         else:
             out = memoryview(self.buf)[self.buf_pos:self.buf_pos + take]
@@ -595,18 +589,20 @@ class RangeStream(io.RawIOBase):
         self.pos += take
         return out
 
+    def read(self, n: int = -1) -> Any:
+        if n is None or n < 0:
+            return self.readall()
+        out = self._take(n)
+        return out if self.zero_copy or isinstance(out, bytes) else bytes(out)
+
     def readinto(self, b) -> int:
-        zero_copy, self.zero_copy = self.zero_copy, True
-        try:
-            data = self.read(len(b))
-        finally:
-            self.zero_copy = zero_copy
+        data = self._take(len(b))
         b[: len(data)] = data
         return len(data)
 
     def readall(self) -> bytes:
         parts = []
-        while len(chunk := self.read(1 << 62)):
+        while len(chunk := self._take(1 << 62)):
             parts.append(chunk)
         return b"".join(parts)
 

@@ -88,11 +88,7 @@ def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
         if not os.path.isfile(parsed.path):
             raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
         return st.st_size
-    fs, path = get_filesystem(parsed, storage_options)
-    info = _run("stat", url, lambda: fs.info(path))
-    if info.get("type") == "directory":
-        raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
-    return int(info["size"])
+    return _remote_info(url, storage_options)[0]
 
 
 def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: Any = None) -> tuple[int, str | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 # Query parameters whose values are secrets (compared case-insensitively).
@@ -122,3 +123,10 @@ def has_magic(url: str) -> bool:
     p = parse_url(url)
     path = p.path if p.protocol not in ("http", "https") else url.split("?", 1)[0]
     return any(c in path for c in "*?[")
+
+
+def endpoint_option(storage_options: Mapping[str, Any] | None) -> str:
+    """The endpoint ``storage_options`` name (``endpoint_url``, directly or in
+    ``client_kwargs``), or ``""``: part of what identifies a store beside its URL."""
+    so = storage_options or {}
+    return so.get("endpoint_url") or (so.get("client_kwargs") or {}).get("endpoint_url") or ""
