@@ -336,5 +336,139 @@ def test_empty_gzip_and_zlib_files_both_read_as_empty_and_a_cut_header_is_still_
         assert list(sf.read_tfrecord(str(p), on_corrupt="skip")) == []
     cut = tmp_path / "cut.tfrecord.zz"
     cut.write_bytes(b"\x78")  # the first byte of a zlib header, nothing more
-    with pytest.raises(sf.CorruptRecordError, match="zlib stream ends"):
+    with pytest.raises(sf.CorruptRecordError, match="ZLIB stream ends before its end marker"):
         list(sf.read_tfrecord(str(cut)))
+
+
+def _whole_frames_inflatable(packed: bytes, compression: str) -> list[int]:
+    """Frame offsets of the whole frames that inflate from ``packed`` (zlib's own count)."""
+    import zlib
+
+    raw = zlib.decompressobj(31 if compression == "GZIP" else 15).decompress(packed)
+    offsets, pos = [], 0
+    while pos + 12 <= len(raw):
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        if pos + 16 + length > len(raw):
+            break
+        offsets.append(pos)
+        pos += 16 + length
+    return offsets
+
+
+def _read_every_path(p, on_corrupt):
+    """(records, error) read from ``p`` by each read path."""
+    from shardfeed.formats.chunks import iter_frame_chunks
+
+    def collect(it):
+        got = []
+        try:
+            for x in it:
+                got.extend(x.records() if hasattr(x, "records") else [x])
+        except CorruptRecordError as exc:
+            return got, exc
+        return got, None
+
+    return {
+        "reference": collect(sf.TFRecordReader(str(p), on_corrupt=on_corrupt)),
+        "chunks": collect(iter_frame_chunks(str(p), on_corrupt=on_corrupt)),
+        "pipeline": collect(sf.read_tfrecord(str(p), on_corrupt=on_corrupt)),
+        "pipeline, no threads": collect(sf.read_tfrecord(str(p), on_corrupt=on_corrupt, num_parallel_reads=None)),
+    }
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+@pytest.mark.parametrize("on_corrupt", ["raise", "skip"])
+def test_a_compressed_shard_cut_in_half_delivers_every_whole_record_on_every_path(tmp_path, compression,
+                                                                                 on_corrupt):
+    import random
+
+    rng = random.Random(7)
+    records = [rng.randbytes(rng.randint(50, 3000)) for _ in range(400)]
+    ext = ".gz" if compression == "GZIP" else ".zz"
+    src = _write(tmp_path / f"a.tfrecord{ext}", records, compression=compression)
+    packed = open(src, "rb").read()
+    p = tmp_path / f"cut.tfrecord{ext}"
+    p.write_bytes(packed[: len(packed) // 2])
+    whole = _whole_frames_inflatable(packed[: len(packed) // 2], compression)
+    assert 150 < len(whole) < 250
+    for path, (got, err) in _read_every_path(p, on_corrupt).items():
+        assert got == records[: len(whole)], path
+        if on_corrupt == "raise":
+            # named at the first frame not delivered, an offset in the uncompressed stream
+            assert err is not None and err.record_index == len(whole), path
+            first_lost = whole[-1] + 16 + len(records[len(whole) - 1])
+            assert err.offset == first_lost, path
+            assert "uncompressed stream" in str(err) and "cut.tfrecord" in str(err), path
+        else:
+            assert err is None, path
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_damage_in_the_middle_of_a_compressed_shard_keeps_every_record_before_it(tmp_path, compression):
+    import random
+
+    rng = random.Random(3)
+    records = [rng.randbytes(rng.randint(50, 2000)) for _ in range(300)]
+    ext = ".gz" if compression == "GZIP" else ".zz"
+    src = _write(tmp_path / f"a.tfrecord{ext}", records, compression=compression)
+    packed = bytearray(open(src, "rb").read())
+    at = len(packed) // 2
+    packed[at: at + 64] = bytes(64)  # a run of zeros in the deflate data
+    p = tmp_path / f"bad.tfrecord{ext}"
+    p.write_bytes(bytes(packed))
+    # the records whose frames lie wholly in the part that inflates to the original bytes
+    import zlib
+
+    original = open(src, "rb").read()
+    original = zlib.decompressobj(31 if compression == "GZIP" else 15).decompress(original)
+    d = zlib.decompressobj(31 if compression == "GZIP" else 15)
+    good = b""
+    for k in range(len(packed)):
+        try:
+            good += d.decompress(bytes(packed[k: k + 1]))
+        except zlib.error:
+            break
+    same = next((i for i, (x, y) in enumerate(zip(good, original)) if x != y), min(len(good), len(original)))
+    n = sum(1 for off in _whole_frames_inflatable_raw(original) if off + 16 + 0 <= same
+            and off + 16 + struct.unpack_from("<Q", original, off)[0] <= same)
+    assert 100 < n < 300
+    for on_corrupt in ("raise", "skip"):
+        for path, (got, err) in _read_every_path(p, on_corrupt).items():
+            assert len(got) >= n and got[:n] == records[:n], (path, on_corrupt)
+            if on_corrupt == "raise":
+                assert err is not None and got == records[: len(got)], path
+            else:  # what resynchronises after the damage is intact and in order
+                rest = iter(records[n:])
+                assert all(any(r == x for x in rest) for r in got[n:]), path
+
+
+def _whole_frames_inflatable_raw(raw: bytes) -> list[int]:
+    offsets, pos = [], 0
+    while pos + 12 <= len(raw):
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        if pos + 16 + length > len(raw):
+            break
+        offsets.append(pos)
+        pos += 16 + length
+    return offsets
+
+
+def test_concatenated_gzip_members_and_zero_padding_read_as_one_stream(tmp_path):
+    a = [os.urandom(100) for _ in range(30)]
+    b = [os.urandom(200) for _ in range(20)]
+    pa = _write(tmp_path / "a.tfrecord.gz", a, compression="GZIP")
+    pb = _write(tmp_path / "b.tfrecord.gz", b, compression="GZIP")
+    p = tmp_path / "ab.tfrecord.gz"
+    p.write_bytes(open(pa, "rb").read() + bytes(10) + open(pb, "rb").read() + bytes(5))
+    for path, (got, err) in _read_every_path(p, "raise").items():
+        assert err is None and got == a + b, path
+
+
+def test_a_gzip_member_followed_by_garbage_is_an_error_after_its_records(tmp_path):
+    a = [os.urandom(100) for _ in range(30)]
+    pa = _write(tmp_path / "a.tfrecord.gz", a, compression="GZIP")
+    p = tmp_path / "junk.tfrecord.gz"
+    p.write_bytes(open(pa, "rb").read() + b"not gzip at all")
+    for path, (got, err) in _read_every_path(p, "raise").items():
+        assert got == a and err is not None and err.check == "compressed stream", path
+        assert "GZIP" in str(err), path

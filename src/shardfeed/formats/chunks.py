@@ -10,7 +10,6 @@ raises or skips (``on_corrupt``) and reports exactly as it always does.
 
 from __future__ import annotations
 
-import gzip
 import mmap
 import os
 import struct
@@ -129,7 +128,7 @@ def iter_frame_chunks(
                         break
                 try:
                     piece = stream.read(ask)
-                except (EOFError, zlib.error, gzip.BadGzipFile):
+                except (EOFError, zlib.error):
                     # a damaged compressed stream: the frames read so far go out, then the
                     # reference reader re-reads from the first frame not delivered and
                     # reports the damage as its on_corrupt policy says

@@ -36,6 +36,7 @@ FRAME_OVERHEAD = HEADER_SIZE + FOOTER_SIZE
 MAX_RECORD_BYTES = (1 << 31) - 1  # a serialized protobuf cannot exceed 2 GiB
 _CHUNK = 4 << 20
 _COMPRESSED_PIECE = 16 << 10
+_IN_PIECE = 64 << 10  # compressed bytes fed to the inflater at a time
 
 COMPRESSIONS = (None, "GZIP", "ZLIB")
 # Files that sit beside shards and are never TFRecords themselves: left out when a
@@ -83,37 +84,121 @@ class ReadStats:
         self.corrupt.extend(other.corrupt)
 
 
-class _ZlibReader(io.RawIOBase):
-    """A raw stream that inflates a zlib stream read from ``raw``, at most one chunk of
-    output at a time (a zlib bomb cannot make it allocate more)."""
+class _InflateReader(io.RawIOBase):
+    """A raw stream that inflates a ZLIB stream, or a GZIP stream of any number of members,
+    read from ``raw``, at most one chunk of output at a time (a zlib bomb cannot make it
+    allocate more).
 
-    def __init__(self, raw: BinaryIO):
+    Every byte that inflates is delivered before an error is raised: a stream cut short
+    (``EOFError``) or damaged (``zlib.error``) raises on the first read after the last good
+    byte, so the records before the damage are not lost. Reads are short (whatever one
+    step inflated); ``position`` is the number of bytes delivered."""
+
+    def __init__(self, raw: BinaryIO, kind: str):
         super().__init__()
         self._raw = raw
-        self._d = zlib.decompressobj()
+        self._kind = kind
+        self._wbits = 31 if kind == "GZIP" else 15  # 16 + 15: a gzip header and trailer
+        self._d = zlib.decompressobj(self._wbits)
         self._pending = b""
-        self._started = False  # any compressed byte seen: an empty file is an empty stream, as GZIP's is
+        self._at = 0  # read position in _pending
+        self._error: BaseException | None = None
+        self._done = False
+        self._started = False  # any compressed byte seen: an empty file is an empty stream
+        self._carry = b""  # input not yet given to the decompressor (after a member's end)
+        self.position = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b) -> int:
-        while not self._pending:
-            if self._d.eof:
+        while self._at >= len(self._pending):
+            if self._error is not None:
+                raise self._error
+            if self._done:
                 return 0
-            data = self._d.unconsumed_tail
-            if not data:
-                data = self._raw.read(_CHUNK)
-                if not data:
-                    if not self._started:
-                        return 0
-                    raise EOFError("zlib stream ends before its end marker (truncated file)")
-                self._started = True
-            self._pending = self._d.decompress(data, _CHUNK)
-        n = min(len(b), len(self._pending))
-        b[:n] = self._pending[:n]
-        self._pending = self._pending[n:]
+            self._step()
+        n = min(len(b), len(self._pending) - self._at)
+        b[:n] = self._pending[self._at: self._at + n]
+        self._at += n
+        self.position += n
         return n
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (``-1``: the rest of the stream), short at the end of one
+        inflated chunk; ``b""`` only at the end of the stream."""
+        if size is None or size < 0:
+            parts = []
+            while piece := self.read(_CHUNK):
+                parts.append(piece)
+            return b"".join(parts)
+        while self._at >= len(self._pending):
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            self._step()
+        out = self._pending[self._at: self._at + size]
+        self._at += len(out)
+        self.position += len(out)
+        return out
+
+    def _step(self) -> None:
+        """Inflate the next chunk into ``_pending``, or note the end or the error."""
+        d = self._d
+        if d.eof:
+            if self._kind != "GZIP":
+                self._done = True  # bytes after a zlib stream's end are not part of it
+                return
+            # another gzip member may follow (``cat a.gz b.gz``), after zero padding
+            data = (d.unused_data + self._carry).lstrip(b"\0")
+            self._carry = b""
+            while not data:
+                more = self._raw.read(_IN_PIECE)
+                if not more:
+                    self._done = True
+                    return
+                data = bytes(more).lstrip(b"\0")
+            self._d = zlib.decompressobj(self._wbits)
+        else:
+            data = d.unconsumed_tail or self._carry or self._raw.read(_IN_PIECE)
+            self._carry = b""
+            if not data:
+                if self._started:
+                    self._error = EOFError(f"the {self._kind} stream ends before its end marker (truncated file)")
+                else:
+                    self._done = True
+                return
+        self._started = True
+        self._pending = self._inflate(bytes(data))
+        self._at = 0
+
+    def _inflate(self, data: bytes) -> bytes:
+        saved = self._d.copy()
+        try:
+            return self._d.decompress(data, _CHUNK)
+        except zlib.error:
+            self._d = saved
+        # damaged: inflate the same input again in pieces of 1 KiB, then byte by byte, so
+        # every byte before the damage is delivered; the error is raised after them
+        out: list[bytes] = []
+        at, size = 0, 1024
+        while at < len(data):
+            keep = self._d.copy()
+            try:
+                out.append(self._d.decompress(data[at: at + size]))
+            except zlib.error as exc:
+                self._d = keep
+                if size > 1:
+                    size = 1
+                    continue
+                self._error = zlib.error(f"damaged {self._kind} stream: {exc}")
+                break
+            at += size
+            if self._d.eof:  # a gzip member ends here: what follows is read by _step
+                self._carry = data[at:]
+                break
+        return b"".join(out)
 
     def close(self) -> None:
         self._raw.close()
@@ -141,10 +226,9 @@ def open_stream(url: str, compression: str | None = "auto", storage_options: Map
         packed = storage.open_input(url, storage_options, buffer_size=buffer_size)
     else:
         packed = io.BufferedReader(storage.open_range(url, 0, None, storage_options, counters), 1 << 20)
-    if comp == "GZIP":
-        stream: Any = gzip.GzipFile(fileobj=packed, mode="rb")
-    else:
-        stream = io.BufferedReader(_ZlibReader(packed), buffer_size=1 << 20)
+    stream: Any = _InflateReader(packed, comp)
+    if not raw:
+        stream = io.BufferedReader(stream, buffer_size=1 << 20)
     left = start_offset
     while left > 0 and (piece := stream.read(min(left, 16 << 20))):
         left -= len(piece)
@@ -181,8 +265,10 @@ class TFRecordReader:
         self.max_record_bytes = max_record_bytes
         self.stats = ReadStats()
         self.offset = start_offset
+        # a compressed stream unbuffered: its reader delivers every inflated byte before
+        # it reports damage, and a buffer on top would drop the bytes of a read that fails
         self._stream = open_stream(self.url, self.compression, storage_options, buffer_size,
-                                   start_offset=start_offset)
+                                   start_offset=start_offset, raw=self.compression is not None)
         self._iter = self._records(start_offset, start_index)
 
     def __iter__(self) -> Iterator[bytes]:
@@ -202,6 +288,8 @@ class TFRecordReader:
 
     def _corrupt(self, check: str, offset: int, index: int, detail: str = "") -> CorruptRecordError:
         hint = detail
+        if self.compression is not None:
+            hint = (detail + "; " if detail else "") + f"offsets are in the uncompressed stream ({self.compression})"
         if index == 0 and offset == 0 and self.compression is None and check in ("length crc", "absurd length"):
             hint = (detail + "; " if detail else "") + "is the file compressed? pass compression='GZIP' or 'ZLIB'"
         return CorruptRecordError(check, mask(self.url), offset, index, hint)
@@ -231,8 +319,11 @@ class TFRecordReader:
             while have < need and not eof:
                 try:
                     chunk = stream.read(piece if piece else max(_CHUNK, min(need - have, 16 << 20)))
-                except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-                    err = self._corrupt("compressed stream", buf_base + have, index, f"{type(exc).__name__}: {exc}")
+                except (EOFError, zlib.error) as exc:
+                    # named at the frame it cuts (buf starts there), as every other check is
+                    err = self._corrupt("compressed stream", buf_base, index,
+                                        f"{type(exc).__name__}: {exc}; no byte after offset {buf_base + have} "
+                                        "inflates")
                     if self.on_corrupt == "raise":
                         raise err from exc
                     self._skip(err, 0, frames=0)
