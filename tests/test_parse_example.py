@@ -315,3 +315,52 @@ def test_batch_parse_equals_per_record_decode(batch):
         assert out["c"][i].tobytes() == expected_c.tobytes()
         single = parse_single_example(recs[i], {"a": VarLen("int64")})
         assert single["a"].tolist() == row.get("a", [])
+
+
+def test_features_the_spec_does_not_ask_for_are_checked_but_never_built():
+    """A wide Example read for one feature: no value of the others is built (issue 15 #8)."""
+    import tracemalloc
+
+    feats = {f"f{i}": np.arange(i % 5 + 1, dtype=np.int64) for i in range(50_000)}
+    feats.update({f"s{i}": [b"x" * 20] for i in range(20_000)})
+    feats.update({f"r{i}": np.full(3, 0.5, np.float32) for i in range(20_000)})
+    feats["label"] = np.array([7])
+    rec = encode_example(feats)
+    tracemalloc.start()
+    try:
+        out = parse_example([rec], {"label": FixedLen("int64"), "f3": VarLen("int64"), "s7": VarLen("bytes")})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out["label"].tolist() == [7]
+    assert out["f3"].values.tolist() == [0, 1, 2, 3] and out["s7"].values.tolist() == [b"x" * 20]
+    # building every feature costs tens of MB (a dict entry, a list and an array each)
+    assert peak < len(rec) // 2, peak
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (b"\x1a\x02\x0a\x80", "truncated varint"),  # int64_list holding a cut varint
+        (b"\x12\x03\x0a\x01\x00", "not a multiple of 4"),  # float_list of 1 byte
+        (b"\x0a\x04\x0a\x05ab", "runs past the end"),  # bytes_list value longer than its list
+    ],
+)
+def test_a_malformed_feature_the_spec_does_not_ask_for_is_still_an_error(bad, error):
+    """Skipping a feature never skips checking it: the same error as when it is read."""
+    entry = b"\x0a\x05other\x12" + bytes([len(bad)]) + bad
+    good = b"\x0a\x09\x0a\x01a\x12\x04\x1a\x02\x0a\x00"  # a: int64_list [0]
+    features = good + b"\x0a" + bytes([len(entry)]) + entry
+    rec = b"\x0a" + bytes([len(features)]) + features
+    with pytest.raises(DecodeError, match=error):
+        parse_example([rec], {"a": FixedLen("int64")})
+    with pytest.raises(DecodeError, match=error):
+        parse_example([rec], {"a": FixedLen("int64"), "other": VarLen("int64")})
+
+
+def test_an_entry_whose_second_key_field_names_a_wanted_feature_is_built():
+    """A map entry may carry its key field twice; the last one names the feature."""
+    entry = b"\x0a\x02zT\x12\x05\x1a\x03\x0a\x01\x03\x0a\x01a"  # key zT, value [3], key a
+    rec = b"\x0a" + bytes([len(entry) + 2]) + b"\x0a" + bytes([len(entry)]) + entry
+    assert parse_example([rec], {"a": FixedLen("int64")})["a"].tolist() == [3]
+    assert decode_example(rec)["a"].tolist() == [3]

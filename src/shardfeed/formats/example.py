@@ -72,6 +72,7 @@ from .wire import (
     WIRETYPE_FIXED32,
     WIRETYPE_LENGTH_DELIMITED,
     WIRETYPE_VARINT,
+    check_packed_varints,
     decode_packed_float32,
     decode_packed_varints,
     decode_varint,
@@ -196,14 +197,107 @@ def _decode_key(buf: bytes, start: int, stop: int) -> str:
         raise DecodeError(f"feature name at byte {start} is not valid UTF-8 ({e.reason})") from None
 
 
-def _parse_map_into(buf: bytes, pos: int, end: int, out: dict, depth: int, value_parser, new_value) -> None:
-    """Parse a message whose field 1 is a ``map<string, V>`` into ``out`` (merging)."""
+def _check_list(buf: bytes, pos: int, end: int, kind: int, depth: int) -> None:
+    """Check a list message as :func:`_parse_list` reads it (the same errors in the same
+    order), keeping no value."""
+    while pos < end:
+        tag_pos = pos
+        field, wt, pos = read_tag(buf, pos, end)
+        if field == 1:
+            if wt == WIRETYPE_LENGTH_DELIMITED:
+                start, stop = read_length_delimited(buf, pos, end)
+                if kind == _KIND_FLOAT:
+                    if (stop - start) % 4:
+                        raise DecodeError(
+                            f"packed float field at byte {start} has {stop - start} bytes, not a multiple of 4")
+                elif kind == _KIND_INT64:
+                    check_packed_varints(buf, start, stop)
+                pos = stop
+                continue
+            if wt == WIRETYPE_VARINT and kind == _KIND_INT64:
+                pos = decode_varint(buf, pos, end)[1]
+                continue
+            if wt == WIRETYPE_FIXED32 and kind == _KIND_FLOAT:
+                if end - pos < 4:
+                    raise DecodeError(f"truncated float at byte {pos}: needs 4 bytes, {end - pos} left")
+                pos += 4
+                continue
+        if wt == WIRETYPE_END_GROUP:
+            raise _end_group(field, tag_pos)
+        pos = skip_field(buf, pos, end, field, wt, depth)
+
+
+def _check_feature(buf: bytes, pos: int, end: int, depth: int) -> None:
+    """Check a Feature message as :func:`_parse_feature_into` reads it, keeping nothing:
+    a feature the spec does not ask for is validated (as the native parser does) but
+    never built."""
+    while pos < end:
+        tag_pos = pos
+        field, wt, pos = read_tag(buf, pos, end)
+        if wt == WIRETYPE_LENGTH_DELIMITED and 1 <= field <= 3:
+            start, stop, inner = _sub(buf, pos, end, depth)
+            _check_list(buf, start, stop, field, inner)
+            pos = stop
+        elif wt == WIRETYPE_END_GROUP:
+            raise _end_group(field, tag_pos)
+        else:
+            pos = skip_field(buf, pos, end, field, wt, depth)
+
+
+def _skip_unwanted_entry(buf: bytes, start: int, stop: int, wanted: Any) -> bool:
+    """True when the map entry ``buf[start:stop]`` is in the common short encoding (key,
+    then one Feature holding at most one list, every length one byte), is well formed,
+    and names a feature not in ``wanted``: then it needs nothing more. False for anything
+    else, which the general path reads (and reports, if it is malformed)."""
+    if stop - start < 4 or buf[start] != 0x0A:
+        return False
+    kn = buf[start + 1]
+    ke = start + 2 + kn
+    if kn >= 0x80 or ke + 2 > stop or buf[ke] != 0x12 or buf[ke + 1] >= 0x80 or ke + 2 + buf[ke + 1] != stop:
+        return False
+    try:
+        if str(buf[start + 2: ke], "utf-8") in wanted:
+            return False
+    except UnicodeDecodeError:
+        return False
+    p = ke + 2
+    if p == stop:
+        return True  # a Feature with no kind
+    kind = buf[p]
+    if stop - p < 2 or kind not in (0x0A, 0x12, 0x1A) or buf[p + 1] >= 0x80 or p + 2 + buf[p + 1] != stop:
+        return False
+    p += 2
+    while p < stop:  # the list's field 1 values, each with a one-byte length
+        if buf[p] != 0x0A or p + 1 >= stop or buf[p + 1] >= 0x80:
+            return False
+        s, e = p + 2, p + 2 + buf[p + 1]
+        if e > stop:
+            return False
+        if kind == 0x12:
+            if (e - s) % 4:
+                return False
+        elif kind == 0x1A and e > s and max(buf[s:e]) >= 0x80:
+            return False  # multi-byte varints: the general path checks them
+        p = e
+    return True
+
+
+def _parse_map_into(buf: bytes, pos: int, end: int, out: dict, depth: int, value_parser, new_value,
+                    wanted: Any = None) -> None:
+    """Parse a message whose field 1 is a ``map<string, V>`` into ``out`` (merging).
+
+    ``wanted``: when given (a container of keys, with Feature values), an entry whose key
+    is not in it is checked but neither built nor kept."""
     while pos < end:
         tag_pos = pos
         field, wt, pos = read_tag(buf, pos, end)
         if field == 1 and wt == WIRETYPE_LENGTH_DELIMITED:
             start, stop, inner = _sub(buf, pos, end, depth)
+            if wanted is not None and inner > 2 and _skip_unwanted_entry(buf, start, stop, wanted):
+                pos = stop
+                continue
             key, value = "", new_value()
+            key_seen = checked_only = False
             p = start
             while p < stop:
                 etag = p
@@ -212,16 +306,25 @@ def _parse_map_into(buf: bytes, pos: int, end: int, out: dict, depth: int, value
                     if f == 1:
                         s, e = read_length_delimited(buf, p, stop)
                         key = _decode_key(buf, s, e)
+                        key_seen = True
                         p = e
                     else:
                         s, e, vdepth = _sub(buf, p, stop, inner)
-                        value_parser(buf, s, e, value, vdepth)
+                        if wanted is not None and key_seen and key not in wanted:
+                            _check_feature(buf, s, e, vdepth)
+                            checked_only = True
+                        else:
+                            value_parser(buf, s, e, value, vdepth)
                         p = e
                 elif w == WIRETYPE_END_GROUP:
                     raise _end_group(f, etag)
                 else:
                     p = skip_field(buf, p, stop, f, w, inner)
-            out[key] = value  # a repeated key: the last entry wins, whole
+            if wanted is None or key in wanted:
+                if checked_only:  # a later key field named a wanted feature: build it after all
+                    _parse_map_into(buf, tag_pos, stop, out, depth, value_parser, new_value)
+                else:
+                    out[key] = value  # a repeated key: the last entry wins, whole
             pos = stop
         elif wt == WIRETYPE_END_GROUP:
             raise _end_group(field, tag_pos)
@@ -229,8 +332,8 @@ def _parse_map_into(buf: bytes, pos: int, end: int, out: dict, depth: int, value
             pos = skip_field(buf, pos, end, field, wt, depth)
 
 
-def _parse_features_into(buf: bytes, pos: int, end: int, out: dict, depth: int) -> None:
-    _parse_map_into(buf, pos, end, out, depth, _parse_feature_into, _Feature)
+def _parse_features_into(buf: bytes, pos: int, end: int, out: dict, depth: int, wanted: Any = None) -> None:
+    _parse_map_into(buf, pos, end, out, depth, _parse_feature_into, _Feature, wanted)
 
 
 def _parse_feature_list_into(buf: bytes, pos: int, end: int, out: list, depth: int) -> None:
@@ -257,7 +360,9 @@ def _as_buffer(record: Any) -> bytes:
     raise TypeError(f"a serialized record must be bytes, bytearray or memoryview, got {type(record).__name__}")
 
 
-def _decode_example_raw(record: Any) -> dict[str, _Feature]:
+def _decode_example_raw(record: Any, wanted: Any = None) -> dict[str, _Feature]:
+    """The Features of one Example by name; with ``wanted`` (a container of names) only
+    those are built, every other one is checked and dropped."""
     buf = _as_buffer(record)
     out: dict[str, _Feature] = {}
     pos, end = 0, len(buf)
@@ -266,7 +371,7 @@ def _decode_example_raw(record: Any) -> dict[str, _Feature]:
         field, wt, pos = read_tag(buf, pos, end)
         if field == 1 and wt == WIRETYPE_LENGTH_DELIMITED:
             start, stop, inner = _sub(buf, pos, end, MAX_DEPTH)
-            _parse_features_into(buf, start, stop, out, inner)
+            _parse_features_into(buf, start, stop, out, inner, wanted)
             pos = stop
         elif wt == WIRETYPE_END_GROUP:
             raise _end_group(field, tag_pos)
@@ -552,10 +657,14 @@ def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bo
             ragged[name] = (kind, [], np.zeros(n, np.int64))
         else:
             sparse[name] = (s, kind, [], [[] for _ in s.index_key], [])
+    wanted = set(fixed) | set(ragged)  # every other feature is checked, never built
+    for s, *_ in sparse.values():
+        wanted.add(s.value_key)
+        wanted.update(s.index_key)
     for i, rec in enumerate(records):
         ri = None if single else i
         try:
-            feats = _decode_example_raw(rec)
+            feats = _decode_example_raw(rec, wanted)
         except DecodeError as e:
             raise DecodeError(f"not a valid tf.train.Example: {e}", record_index=ri) from None
         except TypeError as e:

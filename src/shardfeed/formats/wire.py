@@ -205,6 +205,29 @@ def decode_packed_varints(buf: bytes, start: int, stop: int) -> np.ndarray:
     return np.bitwise_or.reduceat(vals, starts).view(np.int64)
 
 
+def check_packed_varints(buf: bytes, start: int, stop: int) -> None:
+    """Check the packed varints in ``buf[start:stop]`` as :func:`decode_packed_varints`
+    does (same errors, same order), without decoding them."""
+    n = stop - start
+    if n <= 96:
+        pos = start
+        while pos < stop:
+            pos = decode_varint(buf, pos, stop)[1]
+        return
+    a = np.frombuffer(buf, np.uint8, n, start)
+    if a[-1] >= 0x80:
+        last = np.flatnonzero(a < 0x80)
+        first = int(last[-1]) + 1 if len(last) else 0
+        raise DecodeError(f"truncated varint starting at byte {start + first}: packed field ends at byte {stop}")
+    ends = np.flatnonzero(a < 0x80)
+    if len(ends) == n:
+        return
+    lengths = np.diff(ends, prepend=-1)
+    if lengths.max() > MAX_VARINT_BYTES:
+        bad = int(ends[np.argmax(lengths > MAX_VARINT_BYTES)] - lengths[np.argmax(lengths > MAX_VARINT_BYTES)] + 1)
+        raise DecodeError(f"varint longer than {MAX_VARINT_BYTES} bytes at byte {start + bad}")
+
+
 def decode_packed_float32(buf: bytes, start: int, stop: int) -> np.ndarray:
     """The little-endian float32 values packed in ``buf[start:stop]`` (a read-only view).
 
@@ -268,6 +291,6 @@ __all__ = [
     "WIRETYPE_VARINT", "WIRETYPE_FIXED64", "WIRETYPE_LENGTH_DELIMITED", "WIRETYPE_START_GROUP",
     "WIRETYPE_END_GROUP", "WIRETYPE_FIXED32", "MAX_VARINT_BYTES", "MAX_DEPTH", "MAX_LENGTH",
     "decode_varint", "to_int64", "read_tag", "read_length_delimited", "skip_field",
-    "decode_packed_varints", "decode_packed_float32", "encode_varint", "encode_tag",
+    "decode_packed_varints", "check_packed_varints", "decode_packed_float32", "encode_varint", "encode_tag",
     "encode_length_delimited", "encode_packed_varints",
 ]
