@@ -74,3 +74,47 @@ def test_to_jax_places_numeric_arrays():
     jax = pytest.importorskip("jax")
     out = list(from_list([np.arange(4)]).batch(1).to_jax())
     assert isinstance(out[0], jax.Array) and out[0].tolist() == [[0, 1, 2, 3]]
+
+
+def test_to_jax_refuses_int64_beyond_32_bits_naming_the_feature():
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("this process runs JAX with x64 enabled")
+    ds = from_list([{"id": np.int64(2**40 + 5), "x": np.float32(1)}]).batch(1)
+    with pytest.raises(OverflowError, match=r"'id'.*jax_enable_x64.*True"):
+        list(ds.to_jax())
+
+
+def test_to_jax_casts_int64_that_fits_with_one_warning(caplog):
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("this process runs JAX with x64 enabled")
+    ds = from_list([{"id": np.int64(-(2**31) + i), "x": np.float64(0.5)} for i in range(6)]).batch(2)
+    with caplog.at_level("WARNING", logger="shardfeed.adapters.jax"):
+        out = list(ds.to_jax())
+    assert [b["id"].tolist() for b in out] == [[-(2**31), -(2**31) + 1], [-(2**31) + 2, -(2**31) + 3],
+                                               [-(2**31) + 4, -(2**31) + 5]]
+    assert out[0]["id"].dtype == np.int32 and out[0]["x"].dtype == np.float32
+    warned = [r.getMessage() for r in caplog.records if "to_jax" in r.getMessage()]
+    assert len(warned) == 2  # once per feature, not once per batch
+    assert any("'id'" in m and "int32" in m for m in warned) and any("'x'" in m for m in warned)
+
+
+def test_to_jax_with_x64_keeps_int64_intact(tmp_path):
+    pytest.importorskip("jax")
+    import os
+    import subprocess
+    import sys
+
+    # jax_enable_x64 is process-wide: turn it on in a fresh interpreter only
+    script = (
+        "import jax, numpy as np\n"
+        "jax.config.update('jax_enable_x64', True)\n"
+        "from shardfeed.pipeline import from_list\n"
+        "out = list(from_list([{'id': np.int64(2**40 + 5)}]).batch(1).to_jax())\n"
+        "print(out[0]['id'].dtype, out[0]['id'].tolist())\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[0] == f"int64 [{2**40 + 5}]"
