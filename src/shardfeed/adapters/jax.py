@@ -64,7 +64,7 @@ def narrow_for_jax(a: np.ndarray, name: str, warned: set[str]) -> np.ndarray:
             f"to_jax: {name} holds {a.dtype} values (from {hi.min()} to {hi.max()}) that do not fit {narrow}, "
             f"and JAX runs with 32-bit types (jax_enable_x64 is off), so they would arrive corrupted: call "
             f'jax.config.update("jax_enable_x64", True) before iterating, or bring the values into the '
-            f"{narrow} range (a spec dtype or a map that narrows them) before to_jax")
+            f"{narrow} range with a map before to_jax")
     if name not in warned:
         warned.add(name)
         logger.warning("to_jax: %s is %s but JAX runs with 32-bit types (jax_enable_x64 is off): casting it to "

@@ -2,7 +2,10 @@
 
 The three spec kinds mirror ``tf.io.FixedLenFeature``, ``tf.io.VarLenFeature`` and
 ``tf.io.SparseFeature``; dtypes are ``"int64"``, ``"float32"`` and ``"bytes"`` (numpy
-dtypes and the strings ``"string"``/``"float"``/``"int"`` are accepted as aliases).
+dtypes and the strings ``"string"``/``"float"``/``"int"`` are accepted as aliases). A spec
+asking for another width (``int32``, ``float64``) is a ``TypeError``, as in TensorFlow:
+the record holds int64 or float32 values, and a column of another dtype than asked would
+be a quiet surprise.
 """
 
 from __future__ import annotations
@@ -18,16 +21,23 @@ BYTES = "bytes"
 DTYPES = (INT64, FLOAT32, BYTES)
 
 _ALIASES = {
-    "int64": INT64, "int": INT64, "int32": INT64, "long": INT64,
-    "float32": FLOAT32, "float": FLOAT32, "float64": FLOAT32, "double": FLOAT32,
+    "int64": INT64, "int": INT64, "long": INT64,
+    "float32": FLOAT32, "float": FLOAT32,
     "bytes": BYTES, "string": BYTES, "str": BYTES, "object": BYTES,
+}
+
+
+_OTHER_WIDTHS = {
+    **{k: INT64 for k in ("int8", "int16", "int32", "uint8", "uint16", "uint32", "uint64", "bool")},
+    **{k: FLOAT32 for k in ("float16", "bfloat16", "half", "float64", "double")},
 }
 
 
 def normalize_dtype(dtype: Any) -> str:
     """Map a dtype-like value to ``"int64"``, ``"float32"`` or ``"bytes"``.
 
-    Raises ``TypeError`` for anything else (the Example format stores only these three).
+    Raises ``TypeError`` for anything else (the Example format stores only these three),
+    saying which to ask for when ``dtype`` is another width of int or float.
     """
     if isinstance(dtype, str):
         key = dtype.lower()
@@ -45,6 +55,13 @@ def normalize_dtype(dtype: Any) -> str:
             except TypeError:
                 name = repr(dtype)
         key = str(name).lower()
+    if key in _OTHER_WIDTHS:
+        stored = _OTHER_WIDTHS[key]
+        raise TypeError(
+            f"unsupported feature dtype {dtype!r}: tf.train.Example stores {stored} values, and parsing gives "
+            f"them as {stored} (tf.io.parse_example refuses {key} too); ask for {stored!r} and cast the column "
+            f"after parsing, e.g. .map(lambda b: {{**b, 'x': b['x'].astype('{key}')}})"
+        )
     if key not in _ALIASES:
         raise TypeError(
             f"unsupported feature dtype {dtype!r}: tf.train.Example stores only int64, "
