@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -27,6 +28,12 @@ def _spec_of(x: Any, tf: Any, path: str) -> Any:
 def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
     """A ``tf.data.Dataset`` yielding the elements of ``ds``. ``output_signature`` is
     inferred from the first element when not given (first dimension left unknown).
+
+    When ``ds.cardinality()`` is known (record counts from index files or a conversion
+    manifest, through ``batch``/``take``/``map``...), the result reports it
+    (``tf.data.experimental.assert_cardinality``), so Keras knows the epoch length; a pass
+    that yields another number of elements then fails instead of going on. Otherwise the
+    cardinality is unknown and ``model.fit`` needs ``steps_per_epoch`` (docs/pipeline.md).
     Raises ``ImportError`` when TensorFlow is missing, ``TypeError`` for elements that are
     not dense arrays (or dicts/tuples of them)."""
     try:
@@ -46,4 +53,8 @@ def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
         finally:
             it.close()
 
-    return tf.data.Dataset.from_generator(gen, output_signature=output_signature)
+    out = tf.data.Dataset.from_generator(gen, output_signature=output_signature)
+    n = ds.cardinality()
+    if n is not None:
+        out = out.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY if n == math.inf else n))
+    return out
