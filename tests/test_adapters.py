@@ -176,3 +176,13 @@ def test_keras_fit_knows_the_epoch_length(tmp_path, capfd, caplog):
     assert len(history.history["loss"]) == 2
     assert tf.data.experimental.cardinality(sf.read_tfrecord(path, spec=spec).filter(bool).to_tf()) == \
         tf.data.experimental.UNKNOWN_CARDINALITY
+
+
+def test_to_tf_leaves_the_padded_length_of_a_sequence_feature_unknown(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    path = str(tmp_path / "seq.tfrecord")
+    sf.write_records(path, [sf.encode_example({"s": list(range(n))}) for n in (1, 1, 4, 2)])
+    spec = {"s": sf.FixedLenSequence("int64", allow_missing=True)}
+    tds = sf.read_tfrecord(path, spec=spec).batch(2).to_tf()
+    assert tds.element_spec["s"].shape.as_list() == [None, None]
+    assert [b["s"].tolist() for b in tds.as_numpy_iterator()] == [[[0], [0]], [[0, 1, 2, 3], [0, 1, 0, 0]]]

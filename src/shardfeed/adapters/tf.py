@@ -7,13 +7,30 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..formats.spec import RaggedColumn, SparseColumn
+from ..formats.spec import FixedLenSequence, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
 
 
-def _spec_of(x: Any, tf: Any, path: str) -> Any:
+def _padded_names(ds: Dataset) -> set[str]:
+    """Names of the FixedLenSequence features the spec upstream of ``ds`` parses: their
+    second dimension (the longest record of the batch) changes from batch to batch."""
+    d: Any = ds
+    while d is not None:
+        spec = d._deferred_spec()
+        if spec:
+            return {k for k, s in spec.items() if isinstance(s, FixedLenSequence)}
+        d = getattr(d, "parent", None)
+    return set()
+
+
+def _spec_of(x: Any, tf: Any, path: str, padded: frozenset = frozenset()) -> Any:
     if isinstance(x, Mapping):
-        return {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
+        out = {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
+        for k in padded & set(x):
+            s = out[k]
+            if len(s.shape) >= 2:
+                out[k] = tf.TensorSpec(shape=(None, None) + tuple(s.shape[2:]), dtype=s.dtype)
+        return out
     if isinstance(x, tuple):
         return tuple(_spec_of(v, tf, f"{path}[{i}]") for i, v in enumerate(x))
     if isinstance(x, (RaggedColumn, SparseColumn)):
@@ -44,7 +61,7 @@ def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
         first = list(ds.take(1))
         if not first:
             raise ValueError("to_tf cannot infer output_signature from an empty dataset; pass output_signature")
-        output_signature = _spec_of(first[0], tf, "element")
+        output_signature = _spec_of(first[0], tf, "element", frozenset(_padded_names(ds)))
 
     def gen():
         it = iter(ds)
