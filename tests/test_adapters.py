@@ -179,7 +179,7 @@ def test_keras_fit_knows_the_epoch_length(tmp_path, capfd, caplog):
 
 
 def test_to_tf_leaves_the_padded_length_of_a_sequence_feature_unknown(tmp_path):
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     path = str(tmp_path / "seq.tfrecord")
     sf.write_records(path, [sf.encode_example({"s": list(range(n))}) for n in (1, 1, 4, 2)])
     spec = {"s": sf.FixedLenSequence("int64", allow_missing=True)}
