@@ -74,3 +74,115 @@ def test_to_jax_places_numeric_arrays():
     jax = pytest.importorskip("jax")
     out = list(from_list([np.arange(4)]).batch(1).to_jax())
     assert isinstance(out[0], jax.Array) and out[0].tolist() == [[0, 1, 2, 3]]
+
+
+def test_to_jax_refuses_int64_beyond_32_bits_naming_the_feature():
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("this process runs JAX with x64 enabled")
+    ds = from_list([{"id": np.int64(2**40 + 5), "x": np.float32(1)}]).batch(1)
+    with pytest.raises(OverflowError, match=r"'id'.*jax_enable_x64.*True"):
+        list(ds.to_jax())
+
+
+def test_to_jax_casts_int64_that_fits_with_one_warning(caplog):
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("this process runs JAX with x64 enabled")
+    ds = from_list([{"id": np.int64(-(2**31) + i), "x": np.float64(0.5)} for i in range(6)]).batch(2)
+    with caplog.at_level("WARNING", logger="shardfeed.adapters.jax"):
+        out = list(ds.to_jax())
+    assert [b["id"].tolist() for b in out] == [[-(2**31), -(2**31) + 1], [-(2**31) + 2, -(2**31) + 3],
+                                               [-(2**31) + 4, -(2**31) + 5]]
+    assert out[0]["id"].dtype == np.int32 and out[0]["x"].dtype == np.float32
+    warned = [r.getMessage() for r in caplog.records if "to_jax" in r.getMessage()]
+    assert len(warned) == 2  # once per feature, not once per batch
+    assert any("'id'" in m and "int32" in m for m in warned) and any("'x'" in m for m in warned)
+
+
+def test_to_jax_with_x64_keeps_int64_intact(tmp_path):
+    pytest.importorskip("jax")
+    import os
+    import subprocess
+    import sys
+
+    # jax_enable_x64 is process-wide: turn it on in a fresh interpreter only
+    script = (
+        "import jax, numpy as np\n"
+        "jax.config.update('jax_enable_x64', True)\n"
+        "from shardfeed.pipeline import from_list\n"
+        "out = list(from_list([{'id': np.int64(2**40 + 5)}]).batch(1).to_jax())\n"
+        "print(out[0]['id'].dtype, out[0]['id'].tolist())\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[0] == f"int64 [{2**40 + 5}]"
+
+
+def test_cardinality_comes_from_index_files_through_the_stages(tmp_path):
+    from .test_pipeline_helpers import write_sized_shards
+
+    files = write_sized_shards(tmp_path, [7, 3], index=True)
+    ds = sf.read_tfrecord(files, spec=SPEC)
+    assert ds.cardinality() == 10
+    assert ds.shuffle(4, seed=1).map(lambda e: e).batch(4).prefetch().cardinality() == 3
+    assert ds.batch(4, drop_remainder=True).cardinality() == 2
+    assert ds.take(4).cardinality() == 4 and ds.skip(8).cardinality() == 2 and ds.repeat(3).cardinality() == 30
+    assert ds.repeat().cardinality() == float("inf")
+    assert ds.filter(lambda e: True).cardinality() is None  # a filter makes it unknown
+    shares = [sf.read_tfrecord(files, spec=SPEC, slice_id=i, slice_count=3).cardinality() for i in range(3)]
+    assert sorted(shares) == [3, 3, 4]
+    glob = [sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=1, slice_id=i, slice_count=3) for i in range(3)]
+    assert [g.cardinality() for g in glob] == [len(list(g)) for g in glob] == [4, 3, 3]
+    # what every stage claims is what a pass yields
+    for d in (ds.batch(4), ds.batch(4, drop_remainder=True), ds.skip(8), ds.shard(1, 3), ds.repeat(2).batch(3)):
+        assert d.cardinality() == len(list(d))
+    assert sf.read_tfrecord(write_shards(tmp_path / "noidx", n_files=1), spec=SPEC).cardinality() is None
+    assert sf.read_tfrecord(files, spec=SPEC, on_corrupt="skip").cardinality() is None
+
+
+def test_cardinality_of_a_compressed_conversion_comes_from_its_manifest(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"x": [float(i) for i in range(11)], "y": [i % 2 for i in range(11)]})
+    sf.convert(df, str(tmp_path), schema={"x": "float", "y": "integer label"}, compression="GZIP",
+               num_samples_per_shard=4, progress=False)
+    ds = sf.read_dataset(str(tmp_path), "train")
+    assert ds.cardinality() == 11 == len(list(ds))
+    assert ds.batch(3).cardinality() == 4
+
+
+def test_keras_fit_knows_the_epoch_length(tmp_path, capfd, caplog):
+    import warnings
+
+    tf = pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    records = [sf.encode_example({"x": [float(i), 1.0], "y": [float(i % 3)]}) for i in range(10)]
+    path = str(tmp_path / "train.tfrecord")
+    sf.write_records(path, records, index=True)
+    spec = {"x": sf.FixedLen("float32", shape=[2]), "y": sf.FixedLen("float32")}
+    ds = sf.read_tfrecord(path, spec=spec).batch(4).map(lambda b: (b["x"], b["y"]))
+    tds = ds.to_tf()
+    assert int(tds.cardinality()) == 3  # 10 records in batches of 4
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        history = model.fit(tds, epochs=2, verbose=0)
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records] + [capfd.readouterr().err]
+    assert not any("ran out of data" in s for s in said), said
+    assert len(history.history["loss"]) == 2
+    assert tf.data.experimental.cardinality(sf.read_tfrecord(path, spec=spec).filter(bool).to_tf()) == \
+        tf.data.experimental.UNKNOWN_CARDINALITY
+
+
+def test_to_tf_leaves_the_padded_length_of_a_sequence_feature_unknown(tmp_path):
+    pytest.importorskip("tensorflow")
+    path = str(tmp_path / "seq.tfrecord")
+    sf.write_records(path, [sf.encode_example({"s": list(range(n))}) for n in (1, 1, 4, 2)])
+    spec = {"s": sf.FixedLenSequence("int64", allow_missing=True)}
+    tds = sf.read_tfrecord(path, spec=spec).batch(2).to_tf()
+    assert tds.element_spec["s"].shape.as_list() == [None, None]
+    assert [b["s"].tolist() for b in tds.as_numpy_iterator()] == [[[0], [0]], [[0, 1, 2, 3], [0, 1, 0, 0]]]

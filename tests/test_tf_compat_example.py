@@ -237,6 +237,30 @@ def test_feature_with_no_kind_takes_the_default_in_both():
     np.testing.assert_array_equal(ours["x"], theirs["x"].numpy())
 
 
+
+@pytest.mark.parametrize("tf_dtype,ours", [(tf.int32, "int32"), (tf.float64, "float64"), (tf.float64, np.float64),
+                                           (tf.int32, tf.int32)])
+def test_dtypes_the_record_cannot_hold_are_refused_in_both(tf_dtype, ours):
+    # TF refuses them; giving int64/float32 instead of what was asked would be a quiet difference
+    recs = [encode_example({"x": [1]})]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.parse_example(recs, {"x": tf.io.FixedLenFeature([1], tf_dtype)})
+    stored = "int64" if tf_dtype == tf.int32 else "float32"
+    for kind in (lambda d: FixedLen(d, shape=[1]), VarLen):
+        with pytest.raises(TypeError, match=f"ask for '{stored}' and cast"):
+            kind(ours)
+
+
+def test_scalar_default_is_broadcast_where_tf_refuses_it():
+    # a documented extension (docs/migration.md): every spec TF accepts parses the same
+    recs = [encode_example({"y": [1]})]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.parse_example(recs, {"x": tf.io.FixedLenFeature([3], tf.int64, default_value=7)})
+    theirs = tf.io.parse_example(recs, {"x": tf.io.FixedLenFeature([3], tf.int64, default_value=[7, 7, 7])})
+    ours = parse_example(recs, {"x": FixedLen("int64", shape=[3], default=7)})
+    np.testing.assert_array_equal(ours["x"], theirs["x"].numpy())
+
+
 # ----------------------------------------------------------------------------- SequenceExample
 
 

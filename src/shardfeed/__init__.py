@@ -25,7 +25,8 @@ from .formats.example import (
     parse_single_example,
 )
 from .formats.index import IndexedTFRecord, build_index, read_index
-from .formats.spec import FixedLen, RaggedColumn, Sparse, SparseColumn, VarLen
+from .formats.sequence import parse_sequence_example, parse_single_sequence_example
+from .formats.spec import FixedLen, FixedLenSequence, RaggedColumn, Sparse, SparseColumn, VarLen
 from .formats.tfrecord import ReadStats, TFRecordReader, TFRecordWriter, read_records, write_records
 from .pipeline import (
     AUTOTUNE,
@@ -106,7 +107,8 @@ __all__ = [
     "__version__", "CorruptRecordError", "DecodeError", "IteratorClosedError", "ParseError", "ShardfeedError",
     "StorageError", "WorkQueueLostError",
     "decode_example", "decode_sequence_example", "encode_example", "encode_sequence_example",
-    "parse_example", "parse_single_example", "IndexedTFRecord", "build_index", "read_index",
+    "parse_example", "parse_single_example", "parse_sequence_example", "parse_single_sequence_example",
+    "FixedLenSequence", "IndexedTFRecord", "build_index", "read_index",
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",

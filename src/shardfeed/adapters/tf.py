@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
 
-from ..formats.spec import RaggedColumn, SparseColumn
+from ..formats.spec import FixedLenSequence, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
 
 
-def _spec_of(x: Any, tf: Any, path: str) -> Any:
+def _padded_names(ds: Dataset) -> set[str]:
+    """Names of the FixedLenSequence features the spec upstream of ``ds`` parses: their
+    second dimension (the longest record of the batch) changes from batch to batch."""
+    d: Any = ds
+    while d is not None:
+        spec = d._deferred_spec()
+        if spec:
+            return {k for k, s in spec.items() if isinstance(s, FixedLenSequence)}
+        d = getattr(d, "parent", None)
+    return set()
+
+
+def _spec_of(x: Any, tf: Any, path: str, padded: frozenset = frozenset()) -> Any:
     if isinstance(x, Mapping):
-        return {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
+        out = {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
+        for k in padded & set(x):
+            s = out[k]
+            if len(s.shape) >= 2:
+                out[k] = tf.TensorSpec(shape=(None, None) + tuple(s.shape[2:]), dtype=s.dtype)
+        return out
     if isinstance(x, tuple):
         return tuple(_spec_of(v, tf, f"{path}[{i}]") for i, v in enumerate(x))
     if isinstance(x, (RaggedColumn, SparseColumn)):
@@ -27,6 +45,12 @@ def _spec_of(x: Any, tf: Any, path: str) -> Any:
 def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
     """A ``tf.data.Dataset`` yielding the elements of ``ds``. ``output_signature`` is
     inferred from the first element when not given (first dimension left unknown).
+
+    When ``ds.cardinality()`` is known (record counts from index files or a conversion
+    manifest, through ``batch``/``take``/``map``...), the result reports it
+    (``tf.data.experimental.assert_cardinality``), so Keras knows the epoch length; a pass
+    that yields another number of elements then fails instead of going on. Otherwise the
+    cardinality is unknown and ``model.fit`` needs ``steps_per_epoch`` (docs/pipeline.md).
     Raises ``ImportError`` when TensorFlow is missing, ``TypeError`` for elements that are
     not dense arrays (or dicts/tuples of them)."""
     try:
@@ -37,7 +61,7 @@ def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
         first = list(ds.take(1))
         if not first:
             raise ValueError("to_tf cannot infer output_signature from an empty dataset; pass output_signature")
-        output_signature = _spec_of(first[0], tf, "element")
+        output_signature = _spec_of(first[0], tf, "element", frozenset(_padded_names(ds)))
 
     def gen():
         it = iter(ds)
@@ -46,4 +70,8 @@ def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
         finally:
             it.close()
 
-    return tf.data.Dataset.from_generator(gen, output_signature=output_signature)
+    out = tf.data.Dataset.from_generator(gen, output_signature=output_signature)
+    n = ds.cardinality()
+    if n is not None:
+        out = out.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY if n == math.inf else n))
+    return out

@@ -248,9 +248,13 @@ def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix:
     ``shardfeed.read_tfrecord(<that split's shards>, spec=...)``; other keyword arguments go
     to ``read_tfrecord`` (``num_parallel_reads``, ``on_corrupt`` ...).
 
+    The manifest's record counts make the dataset's ``cardinality()`` known (so
+    ``to_tf()`` tells Keras the epoch length) even for compressed shards.
+
     Raises ``ValueError`` naming the splits there are when ``split`` has no shards.
     """
     from ..pipeline import read_tfrecord
+    from ..pipeline.spans import StaticSpans, file_spans
 
     out = fspath(output_dir)
     manifest = load_manifest(out, prefix, storage_options)
@@ -260,5 +264,6 @@ def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix:
         have = ", ".join(manifest["splits"]) or "none"
         raise ValueError(f"{mask(out)}: no shards for split {split!r} (splits: {have})")
     files = [join(out, s["file"]) for s in info["shards"]]
-    return read_tfrecord(files, spec=manifest_spec(manifest), compression=manifest["compression"],
+    counts = {join(out, s["file"]): int(s["records"]) for s in info["shards"] if "records" in s}
+    return read_tfrecord(StaticSpans(file_spans(files), counts), spec=manifest_spec(manifest), compression=manifest["compression"],
                          storage_options=storage_options, **read_kwargs)

@@ -48,6 +48,9 @@ Batch parsing (:func:`parse_example`) matches ``tf.io.parse_example``:
   must have ``prod(shape)`` elements and is reshaped, as TF reshapes it), else ParseError.
   A list of another kind is a ParseError even when empty, as in TF.
 - VarLen: any number of values of the spec's kind; absent means none.
+- FixedLenSequence (``allow_missing=True`` required): a multiple of ``prod(shape)``
+  values, absent means length 0; the batch is padded to its longest record with the
+  spec's scalar default (0 or ``b""`` without one), shape ``(n, longest, *shape)``.
 - Sparse: per record, every index feature (int64) and the value feature must have the same
   number of values; indices must be in ``[0, size)`` (TF does not check and builds an
   invalid SparseTensor; we raise ParseError). Entries are sorted row-major by
@@ -65,7 +68,19 @@ from typing import Any, Union
 import numpy as np
 
 from ..errors import DecodeError, ParseError
-from .spec import BYTES, FLOAT32, INT64, FeatureSpec, FixedLen, RaggedColumn, SparseColumn, VarLen, normalize_spec
+from .padding import pad_rows
+from .spec import (
+    BYTES,
+    FLOAT32,
+    INT64,
+    FeatureSpec,
+    FixedLen,
+    FixedLenSequence,
+    RaggedColumn,
+    SparseColumn,
+    VarLen,
+    normalize_spec,
+)
 from .wire import (
     MAX_DEPTH,
     WIRETYPE_END_GROUP,
@@ -399,6 +414,16 @@ def decode_sequence_example(
     ``context`` is as :func:`decode_example` returns; ``feature_lists`` maps each name to
     the list of its Features' values, in order. Raises DecodeError for invalid bytes.
     """
+    context, lists = decode_sequence_raw(record)
+    return (
+        {k: f.values() for k, f in context.items()},
+        {k: [f.values() for f in fl] for k, fl in lists.items()},
+    )
+
+
+def decode_sequence_raw(record: Any) -> tuple[dict[str, "_Feature"], dict[str, list["_Feature"]]]:
+    """The context Features and the feature lists of a serialized SequenceExample, kinds
+    kept (for spec-driven parsing: :mod:`shardfeed.formats.sequence`)."""
     buf = _as_buffer(record)
     context: dict[str, _Feature] = {}
     lists: dict[str, list] = {}
@@ -417,10 +442,7 @@ def decode_sequence_example(
             raise _end_group(field, tag_pos)
         else:
             pos = skip_field(buf, pos, end, field, wt, MAX_DEPTH)
-    return (
-        {k: f.values() for k, f in context.items()},
-        {k: [f.values() for f in fl] for k, fl in lists.items()},
-    )
+    return context, lists
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -637,8 +659,22 @@ def _flat_values(f: _Feature | None, kind: int) -> FeatureValue:
     return f.parts if kind == _KIND_BYTES else f.values()
 
 
-def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bool) -> dict[str, Any]:
+def check_example_spec(spec: Mapping[str, FeatureSpec]) -> dict[str, FeatureSpec]:
+    """``spec`` checked for parsing Examples: a FixedLenSequence there needs
+    ``allow_missing=True`` (ValueError otherwise, as in TensorFlow)."""
     spec = normalize_spec(spec)
+    for name, s in spec.items():
+        if isinstance(s, FixedLenSequence) and not s.allow_missing:
+            raise ValueError(f"spec[{name!r}]: a FixedLenSequence in an Example needs allow_missing=True (a missing "
+                             "feature then has length 0), as tf.io.parse_example requires")
+    return spec
+
+
+def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bool,
+           decoded: Sequence[dict] | None = None) -> dict[str, Any]:
+    """The batch parse; ``decoded``: the records' Features already decoded (a
+    SequenceExample's context), in place of decoding ``records``."""
+    spec = check_example_spec(spec)
     if isinstance(records, (bytes, bytearray, memoryview, str)):
         raise TypeError("records must be a sequence of serialized Examples; for one record use parse_single_example")
     if isinstance(records, np.ndarray) and records.dtype.kind != "O":
@@ -653,7 +689,7 @@ def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bo
         if isinstance(s, FixedLen):
             out = np.empty((n, s.size), object) if s.dtype == BYTES else np.empty((n, s.size), np.dtype(s.dtype))
             fixed[name] = (s, kind, _fixed_default(name, s), out)
-        elif isinstance(s, VarLen):
+        elif isinstance(s, (VarLen, FixedLenSequence)):
             ragged[name] = (kind, [], np.zeros(n, np.int64))
         else:
             sparse[name] = (s, kind, [], [[] for _ in s.index_key], [])
@@ -664,7 +700,7 @@ def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bo
     for i, rec in enumerate(records):
         ri = None if single else i
         try:
-            feats = _decode_example_raw(rec, wanted)
+            feats = decoded[i] if decoded is not None else _decode_example_raw(rec, wanted)
         except DecodeError as e:
             raise DecodeError(f"not a valid tf.train.Example: {e}", record_index=ri) from None
         except TypeError as e:
@@ -721,7 +757,11 @@ def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bo
             values = _concat(chunks, kind)
             splits = np.zeros(n + 1, np.int64)
             np.cumsum(lengths, out=splits[1:])
-            result[name] = values if single else RaggedColumn(values, splits)
+            if isinstance(s, FixedLenSequence):
+                padded = pad_rows(values, splits, s, name, single)[0]
+                result[name] = padded[0] if single else padded
+            else:
+                result[name] = values if single else RaggedColumn(values, splits)
         else:
             s, kind, rows, idx, vals = sparse[name]
             cols = [np.concatenate(rows) if rows else np.empty(0, np.int64)]
@@ -750,7 +790,8 @@ def parse_example(
     """Parse a batch of serialized Examples into columns, as ``tf.io.parse_example`` does.
 
     FixedLen gives an array of shape ``(len(records), *shape)`` (int64, float32, or object
-    holding bytes); VarLen a :class:`RaggedColumn`; Sparse a :class:`SparseColumn` with
+    holding bytes); FixedLenSequence one of shape ``(len(records), longest, *shape)``,
+    padded; VarLen a :class:`RaggedColumn`; Sparse a :class:`SparseColumn` with
     indices ``[nnz, 1 + rank]`` (record first) and dense shape ``[len(records), *size]``.
     Raises DecodeError (with ``record_index``) for a record that is not an Example,
     ParseError (with ``feature`` and ``record_index``) for one that does not fit the spec,

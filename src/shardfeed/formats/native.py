@@ -24,7 +24,19 @@ import numpy as np
 
 from ..errors import DecodeError, ParseError
 from . import crc as _crc
-from .spec import BYTES, FLOAT32, INT64, FeatureSpec, FixedLen, RaggedColumn, Sparse, SparseColumn, VarLen, normalize_spec
+from .padding import pad_rows
+from .spec import (
+    BYTES,
+    FLOAT32,
+    INT64,
+    FeatureSpec,
+    FixedLen,
+    FixedLenSequence,
+    RaggedColumn,
+    Sparse,
+    SparseColumn,
+    VarLen,
+)
 
 try:
     from .. import _native as _ext  # type: ignore[attr-defined]
@@ -208,11 +220,12 @@ class CompiledSpec:
     """A feature spec prepared once for the native parser (see :func:`compile_spec`)."""
 
     def __init__(self, spec: Mapping[str, FeatureSpec]):
-        from .example import _fixed_default  # the reference's rules for defaults
+        from .example import _fixed_default, check_example_spec  # the reference's rules
 
-        self.spec = normalize_spec(spec)
+        self.spec = check_example_spec(spec)
+        # a FixedLenSequence is read as a VarLen (values and row splits) and padded after
         order = ([n for n, s in self.spec.items() if isinstance(s, FixedLen)]
-                 + [n for n, s in self.spec.items() if isinstance(s, VarLen)]
+                 + [n for n, s in self.spec.items() if isinstance(s, (VarLen, FixedLenSequence))]
                  + [n for n, s in self.spec.items() if isinstance(s, Sparse)])
         self.names = order
         cols = []
@@ -224,7 +237,7 @@ class CompiledSpec:
                 if d is not None:
                     d = list(d) if s.dtype == BYTES else np.ascontiguousarray(d, np.dtype(s.dtype))
                 cols.append((_FIXED, kind, _key_bytes(name), s.size, d, (), ()))
-            elif isinstance(s, VarLen):
+            elif isinstance(s, (VarLen, FixedLenSequence)):
                 cols.append((_VAR, kind, _key_bytes(name), 0, None, (), ()))
             else:
                 cols.append((_SPARSE, kind, _key_bytes(s.value_key), 0, None,
@@ -368,6 +381,12 @@ def parse_example_batch(
                 out[name] = BytesBuffer(*col)
             else:
                 out[name] = col.reshape((n, *s.shape))
+        elif isinstance(s, FixedLenSequence):
+            values, splits = col
+            if isinstance(values, tuple):
+                values = BytesBuffer(*values).to_numpy()
+            padded = pad_rows(values, splits, s, name)[0]
+            out[name] = _buffer_of(padded) if s.dtype == BYTES and as_buffer else padded
         elif isinstance(s, VarLen):
             values, splits = col
             out[name] = RaggedColumn(BytesBuffer(*values) if isinstance(values, tuple) else values, splits)
@@ -375,6 +394,14 @@ def parse_example_batch(
             values, splits, idx = col
             out[name] = _sparse_column(s, n, values, splits, idx, as_buffer)
     return out
+
+
+def _buffer_of(values: np.ndarray) -> BytesBuffer:
+    """A bytes array's values, in C order, as a :class:`BytesBuffer`."""
+    vals = [bytes(v) for v in np.ravel(values)]
+    offs = np.zeros(len(vals) + 1, np.int64)
+    np.cumsum([len(v) for v in vals], out=offs[1:])
+    return BytesBuffer(np.frombuffer(b"".join(vals), np.uint8).copy(), offs)
 
 
 def _parse_py(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool) -> dict[str, Any]:
@@ -387,13 +414,7 @@ def _parse_py(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool) -> 
     out = parse_example(records, cs.spec)
     if not as_buffer:
         return out
-
-    def buffer_of(values: np.ndarray) -> BytesBuffer:
-        vals = [bytes(v) for v in np.ravel(values)]
-        offs = np.zeros(len(vals) + 1, np.int64)
-        np.cumsum([len(v) for v in vals], out=offs[1:])
-        return BytesBuffer(np.frombuffer(b"".join(vals), np.uint8).copy(), offs)
-
+    buffer_of = _buffer_of
     for name, s in cs.spec.items():
         if s.dtype != BYTES:
             continue

@@ -1,8 +1,11 @@
 """Feature specs and the column types a batch parse returns.
 
-The three spec kinds mirror ``tf.io.FixedLenFeature``, ``tf.io.VarLenFeature`` and
-``tf.io.SparseFeature``; dtypes are ``"int64"``, ``"float32"`` and ``"bytes"`` (numpy
-dtypes and the strings ``"string"``/``"float"``/``"int"`` are accepted as aliases).
+The spec kinds mirror ``tf.io.FixedLenFeature``, ``tf.io.VarLenFeature``,
+``tf.io.SparseFeature`` and ``tf.io.FixedLenSequenceFeature``; dtypes are ``"int64"``, ``"float32"`` and ``"bytes"`` (numpy
+dtypes and the strings ``"string"``/``"float"``/``"int"`` are accepted as aliases). A spec
+asking for another width (``int32``, ``float64``) is a ``TypeError``, as in TensorFlow:
+the record holds int64 or float32 values, and a column of another dtype than asked would
+be a quiet surprise.
 """
 
 from __future__ import annotations
@@ -18,16 +21,23 @@ BYTES = "bytes"
 DTYPES = (INT64, FLOAT32, BYTES)
 
 _ALIASES = {
-    "int64": INT64, "int": INT64, "int32": INT64, "long": INT64,
-    "float32": FLOAT32, "float": FLOAT32, "float64": FLOAT32, "double": FLOAT32,
+    "int64": INT64, "int": INT64, "long": INT64,
+    "float32": FLOAT32, "float": FLOAT32,
     "bytes": BYTES, "string": BYTES, "str": BYTES, "object": BYTES,
+}
+
+
+_OTHER_WIDTHS = {
+    **{k: INT64 for k in ("int8", "int16", "int32", "uint8", "uint16", "uint32", "uint64", "bool")},
+    **{k: FLOAT32 for k in ("float16", "bfloat16", "half", "float64", "double")},
 }
 
 
 def normalize_dtype(dtype: Any) -> str:
     """Map a dtype-like value to ``"int64"``, ``"float32"`` or ``"bytes"``.
 
-    Raises ``TypeError`` for anything else (the Example format stores only these three).
+    Raises ``TypeError`` for anything else (the Example format stores only these three),
+    saying which to ask for when ``dtype`` is another width of int or float.
     """
     if isinstance(dtype, str):
         key = dtype.lower()
@@ -45,6 +55,13 @@ def normalize_dtype(dtype: Any) -> str:
             except TypeError:
                 name = repr(dtype)
         key = str(name).lower()
+    if key in _OTHER_WIDTHS:
+        stored = _OTHER_WIDTHS[key]
+        raise TypeError(
+            f"unsupported feature dtype {dtype!r}: tf.train.Example stores {stored} values, and parsing gives "
+            f"them as {stored} (tf.io.parse_example refuses {key} too); ask for {stored!r} and cast the column "
+            f"after parsing, e.g. .map(lambda b: {{**b, 'x': b['x'].astype('{key}')}})"
+        )
     if key not in _ALIASES:
         raise TypeError(
             f"unsupported feature dtype {dtype!r}: tf.train.Example stores only int64, "
@@ -94,6 +111,58 @@ class VarLen:
 
 
 @dataclass(frozen=True)
+class FixedLenSequence:
+    """A dense feature whose first dimension varies, as ``tf.io.FixedLenSequenceFeature``:
+    each record holds any number of items of ``shape`` (its value count a multiple of
+    ``prod(shape)``); a batch pads every record to the longest with ``default`` (a scalar;
+    ``None``: 0, or ``b""`` for bytes). In an Example (``parse_example``) it needs
+    ``allow_missing=True``, as in TensorFlow, and a missing feature has length 0. In a
+    SequenceExample's feature lists (``parse_sequence_example``) each step is one item;
+    without ``allow_missing`` a missing feature list is an error, and ``default`` must be
+    ``None`` there (TensorFlow's rule)."""
+
+    dtype: str
+    shape: tuple[int, ...] = ()
+    allow_missing: bool = False
+    default: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        shape = tuple(int(d) for d in (self.shape if self.shape is not None else ()))
+        if any(d < 0 for d in shape):
+            raise ValueError(f"FixedLenSequence shape must have non-negative sizes, got {shape}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "allow_missing", bool(self.allow_missing))
+        if self.default is not None and np.ndim(self.default) != 0:
+            raise ValueError(f"FixedLenSequence default is the padding value, a scalar; got {self.default!r} "
+                             "(tf.io.FixedLenSequenceFeature refuses another shape too)")
+
+    @property
+    def size(self) -> int:
+        """Values per item."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def pad_value(self) -> Any:
+        """The padding value, of the column's type."""
+        d = self.default
+        if self.dtype == BYTES:
+            if d is None:
+                return b""
+            if isinstance(d, str):
+                return d.encode("utf-8")
+            if isinstance(d, (bytes, np.bytes_)):
+                return bytes(d)
+            raise TypeError(f"FixedLenSequence bytes default must be bytes or str, got {d!r}")
+        if d is None:
+            return numpy_dtype(self.dtype).type(0)
+        if isinstance(d, (bytes, str)) or np.asarray(d).dtype.kind not in "biuf":
+            raise TypeError(f"FixedLenSequence default must be numeric for dtype {self.dtype}, got {d!r}")
+        if self.dtype == INT64 and float(d) != int(d):
+            raise ValueError(f"FixedLenSequence default {d!r} is not an integer (dtype int64)")
+        return numpy_dtype(self.dtype).type(int(d) if self.dtype == INT64 else d)
+
+
+@dataclass(frozen=True)
 class Sparse:
     """A sparse feature built from an index feature and a value feature, as
     ``tf.io.SparseFeature``: ``index_key`` names int64 features (one, or a list for
@@ -117,7 +186,7 @@ class Sparse:
         object.__setattr__(self, "size", sizes)
 
 
-FeatureSpec = Union[FixedLen, VarLen, Sparse]
+FeatureSpec = Union[FixedLen, VarLen, Sparse, FixedLenSequence]
 
 
 @dataclass
@@ -180,23 +249,24 @@ def _values_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def normalize_spec(spec: Mapping[str, FeatureSpec]) -> dict[str, FeatureSpec]:
-    """Check a ``{name: FixedLen|VarLen|Sparse}`` mapping; raise ``TypeError`` naming the
-    offending key for anything else."""
+    """Check a ``{name: FixedLen|VarLen|Sparse|FixedLenSequence}`` mapping; raise
+    ``TypeError`` naming the offending key for anything else."""
     if not isinstance(spec, Mapping):
-        raise TypeError(f"spec must be a mapping of feature name to FixedLen/VarLen/Sparse, got {type(spec).__name__}")
+        raise TypeError("spec must be a mapping of feature name to FixedLen/VarLen/Sparse/FixedLenSequence, got "
+                        f"{type(spec).__name__}")
     out: dict[str, FeatureSpec] = {}
     for name, s in spec.items():
         if not isinstance(name, str):
             raise TypeError(f"feature names must be str, got {name!r}")
-        if not isinstance(s, (FixedLen, VarLen, Sparse)):
+        if not isinstance(s, (FixedLen, VarLen, Sparse, FixedLenSequence)):
             raise TypeError(
-                f"spec[{name!r}] is {type(s).__name__}; use shardfeed.FixedLen, VarLen or Sparse"
+                f"spec[{name!r}] is {type(s).__name__}; use shardfeed.FixedLen, VarLen, Sparse or FixedLenSequence"
             )
         out[name] = s
     return out
 
 
 __all__ = [
-    "FixedLen", "VarLen", "Sparse", "FeatureSpec", "RaggedColumn", "SparseColumn",
+    "FixedLen", "VarLen", "Sparse", "FixedLenSequence", "FeatureSpec", "RaggedColumn", "SparseColumn",
     "normalize_dtype", "numpy_dtype", "normalize_spec", "INT64", "FLOAT32", "BYTES", "DTYPES",
 ]

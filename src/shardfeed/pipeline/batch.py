@@ -18,7 +18,7 @@ import numpy as np
 
 from ..formats.parse import parse_batch
 from ..formats.spec import RaggedColumn, SparseColumn
-from .dataset import Dataset, UnaryDataset, positive_int
+from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
 
 
@@ -82,6 +82,9 @@ class BatchDataset(UnaryDataset):
         if bytes_as not in ("object", "buffer"):
             raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
         self.bytes_as = bytes_as
+
+    def cardinality(self) -> int | float | None:
+        return batches_of(self.parent.cardinality(), self.batch_size, self.drop_remainder)
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         fused = self.parent._batch_node(b, state, self)

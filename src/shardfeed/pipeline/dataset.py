@@ -7,6 +7,7 @@ that stage modules can import this base without a cycle.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -89,6 +90,16 @@ class Dataset:
         """The hook ``shard`` and the adapters call: reader ``index`` of ``count``'s share of
         this dataset, split below it so each reader reads only its own part (sources over
         spans do), or ``None`` to deal elements round robin above it."""
+        return None
+
+    def cardinality(self) -> int | float | None:
+        """Elements one pass yields, when that is known without reading: an int,
+        ``math.inf`` for an endless ``repeat()``, ``None`` when unknown (after a ``filter``
+        or an ``interleave``, from a ``WorkQueue``, from a TFRecord file without an index
+        file). A TFRecord source counts records through index files (or the counts of a
+        conversion manifest); ``batch``, ``take``, ``skip``, ``shard`` and ``repeat``
+        compute theirs from their parent's; ``map``, ``shuffle`` and ``prefetch`` keep it.
+        ``to_tf`` reports it to ``tf.data`` (Keras then knows the epoch length)."""
         return None
 
     def stats(self) -> "PipelineStats":
@@ -234,6 +245,13 @@ class UnaryDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"{self.parent!r}.{self.kind}()"
+
+
+def batches_of(n: int | float | None, batch_size: int, drop_remainder: bool) -> int | float | None:
+    """How many batches of ``batch_size`` ``n`` elements make (``None``, ``math.inf`` kept)."""
+    if n is None or n == math.inf:
+        return n
+    return n // batch_size if drop_remainder else -(-n // batch_size)
 
 
 def positive_int(name: str, value: Any, allow_autotune: bool = False, allow_none: bool = False) -> Any:

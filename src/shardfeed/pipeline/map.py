@@ -36,6 +36,9 @@ class MapDataset(UnaryDataset):
         self.deterministic = bool(deterministic)
         self.use_processes = bool(use_processes)
 
+    def cardinality(self) -> int | float | None:
+        return self.parent.cardinality()
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         b = b.but(raw=False)  # fn sees parsed elements
         if self.num_parallel_calls is None and not self.use_processes:

@@ -36,6 +36,9 @@ class PrefetchDataset(UnaryDataset):
         super().__init__(parent)
         self.buffer_size = positive_int("prefetch buffer_size", buffer_size, allow_autotune=True)
 
+    def cardinality(self) -> int | float | None:
+        return self.parent.cardinality()
+
     def _deferred_spec(self):
         return self.parent._deferred_spec()
 

@@ -217,6 +217,16 @@ class TFRecordSource(SourceDataset):
     def _deferred_spec(self) -> Mapping[str, FeatureSpec] | None:
         return self.spec
 
+    def cardinality(self) -> int | None:
+        """Records of one pass, from the spans' record ranges, index files or known
+        counts; ``None`` when some file has none, for a provider that cannot tell (a
+        queue), and with ``on_corrupt="skip"`` (skipped records are not known ahead)."""
+        count = getattr(self.provider, "record_count", None)
+        if count is None or self.options.on_corrupt != "raise":
+            return None
+        o = self.options
+        return count(o.storage_options, o.compression, o.cache)
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw, b.ctx.stats.storage))
 

@@ -93,6 +93,9 @@ class ShuffleDataset(UnaryDataset):
         self.seed = seed
         self.reshuffle_each_iteration = bool(reshuffle_each_iteration)
 
+    def cardinality(self) -> int | float | None:
+        return self.parent.cardinality()
+
     def _deferred_spec(self):
         return self.parent._deferred_spec()
 

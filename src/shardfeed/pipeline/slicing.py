@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from .dataset import Dataset, UnaryDataset, positive_int
@@ -27,6 +28,12 @@ class TakeDataset(UnaryDataset):
         if isinstance(count, bool) or not isinstance(count, int):
             raise TypeError(f"take count must be an int, got {count!r}")
         self.count = count  # negative: all
+
+    def cardinality(self) -> int | float | None:
+        n = self.parent.cardinality()
+        if self.count < 0 or n is None:
+            return n
+        return min(n, self.count)
 
     def _deferred_spec(self):
         return self.parent._deferred_spec()
@@ -60,6 +67,10 @@ class SkipDataset(UnaryDataset):
             raise ValueError(f"skip count must be an int >= 0, got {count!r}")
         self.count = count
 
+    def cardinality(self) -> int | float | None:
+        n = self.parent.cardinality()
+        return n if n is None or n == math.inf else max(0, n - self.count)
+
     def _deferred_spec(self):
         return self.parent._deferred_spec()
 
@@ -92,6 +103,10 @@ class ShardDataset(UnaryDataset):
             raise ValueError(f"shard index must be an int in [0, {count}), got {index!r}")
         self.index = index
         self.count = count
+
+    def cardinality(self) -> int | float | None:
+        n = self.parent.cardinality()
+        return n if n is None or n == math.inf else len(range(self.index, n, self.count))
 
     def _deferred_spec(self):
         return self.parent._deferred_spec()
@@ -130,6 +145,12 @@ class RepeatDataset(UnaryDataset):
         if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
             raise ValueError(f"repeat count must be an int >= 0, or None/-1 for forever, got {count!r}")
         self.count = count
+
+    def cardinality(self) -> int | float | None:
+        n = self.parent.cardinality()
+        if n is None or n == 0:
+            return n  # an empty pass ends the repetition (see _RepeatNode)
+        return math.inf if self.count is None else n * self.count
 
     def _deferred_spec(self):
         return self.parent._deferred_spec()

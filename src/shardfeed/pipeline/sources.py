@@ -106,6 +106,9 @@ class ListDataset(SourceDataset):
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _ListReader:
         return _ListReader(self.items, state)
 
+    def cardinality(self) -> int:
+        return len(self.items)
+
     def __repr__(self) -> str:
         return f"from_list({len(self.items)} items)"
 

@@ -113,13 +113,16 @@ class _ListStream(_OwnStream):
 
 
 class StaticSpans:
-    """A fixed list of spans, the same every pass; the state is one index."""
+    """A fixed list of spans, the same every pass; the state is one index. ``counts``
+    (``{url: records}``, from a conversion manifest, say) gives the record count of whole
+    files whose count is known without an index file."""
 
     replayable = True
     """Reopening at a saved state yields the same spans again (a queue's does not)."""
 
-    def __init__(self, spans: Sequence[Span]) -> None:
+    def __init__(self, spans: Sequence[Span], counts: Mapping[str, int] | None = None) -> None:
         self.spans = list(spans)
+        self.counts = dict(counts or {})
 
     def open(self, state: Any, epoch: tuple) -> _ListStream:
         return _ListStream(self.spans, state)
@@ -127,7 +130,12 @@ class StaticSpans:
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
               compression: str | None = "auto", cache: Any = None) -> "StaticSpans":
         """This reader's share (see :func:`split_spans`)."""
-        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache))
+        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache), self.counts)
+
+    def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
+                     cache: Any = None) -> int | None:
+        """Records of one pass when known without reading a file (see :func:`span_records`)."""
+        return _total(self.spans, storage_options, compression, cache, self.counts)
 
     @property
     def urls(self) -> list[str]:
@@ -135,6 +143,35 @@ class StaticSpans:
 
     def __repr__(self) -> str:
         return f"StaticSpans({len(self.spans)} spans)"
+
+
+def span_records(s: Span, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
+                 cache: Any = None, counts: Mapping[str, int] | None = None) -> int | None:
+    """Records in ``s`` when known without reading the file: a record range's own count,
+    a whole file's count in ``counts``, or the count its index file gives (never built
+    here); ``None`` otherwise (a compressed file without a known count, say)."""
+    if s.records is not None:
+        return s.records
+    if counts and _whole(s) and s.url in counts:
+        return int(counts[s.url])
+    if normalize_compression(compression, s.url) is not None:
+        return None
+    idx = load_index(s.url, storage_options, build=False, cache=cache)
+    if idx is None:
+        return None
+    a = _record_at(idx, s.offset) if s.offset else 0
+    return (len(idx) if s.end is None else _record_at(idx, s.end)) - a
+
+
+def _total(spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None, cache: Any,
+           counts: Mapping[str, int] | None = None) -> int | None:
+    total = 0
+    for s in spans:
+        n = span_records(s, storage_options, compression, cache, counts)
+        if n is None:
+            return None
+        total += n
+    return total
 
 
 def file_spans(urls: Sequence[str]) -> list[Span]:
@@ -330,6 +367,17 @@ class ShuffledSpans:
         if self.mode == "global":
             return _GlobalStream(self, epoch, state)
         return _ListStream(self.order(epoch), state)
+
+    def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
+                     cache: Any = None) -> int | None:
+        """This reader's records of one pass, when that is the same every epoch and known
+        without reading: a global shuffle deals positions ``index, index + count, ...``
+        of all records; files or blocks dealt among several readers give each a different
+        number every epoch (``None``)."""
+        if self.mode != "global" and self.count != 1:
+            return None
+        n = _total(self.spans, self.storage_options, self.compression, self.cache)
+        return n if n is None else len(range(self.index, n, self.count))
 
     # -- shuffle="global" ---------------------------------------------------------------------
     def records(self) -> "GlobalIndex":
