@@ -8,6 +8,12 @@ offset, the record index, the feature. Storage failures use the built-in excepti
 from __future__ import annotations
 
 
+def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict) -> BaseException:
+    exc = cls(*args, **kwargs)
+    exc.__dict__.update(state)  # notes and any attribute set after construction
+    return exc
+
+
 class ShardfeedError(Exception):
     """Base class of every error raised by shardfeed itself."""
 
@@ -55,7 +61,7 @@ class CorruptRecordError(ShardfeedError, ValueError):
         self.detail = detail
 
     def __reduce__(self):  # keep pickling (process pools) working with the custom init
-        return (type(self), (self.check, self.url, self.offset, self.record_index, self.detail))
+        return (type(self), (self.check, self.url, self.offset, self.record_index, self.detail), self.__dict__)
 
 
 class DecodeError(ShardfeedError, ValueError):
@@ -81,9 +87,18 @@ class DecodeError(ShardfeedError, ValueError):
         if offset is not None:
             parts.append(f"at byte offset {offset}")
         super().__init__(", ".join(parts) if len(parts) > 1 else message)
+        self.message = message
         self.record_index = record_index
         self.url = url
         self.offset = offset
+
+    def with_record_index(self, record_index: int | None) -> "DecodeError":
+        """The same error naming another record index (its place in a larger batch)."""
+        return type(self)(self.message, record_index=record_index, url=self.url, offset=self.offset)
+
+    def __reduce__(self):  # pickled with its attributes (process pools)
+        return (_rebuild, (type(self), (self.message,), {"record_index": self.record_index, "url": self.url,
+                                                          "offset": self.offset}, self.__dict__))
 
 
 class ParseError(ShardfeedError, ValueError):
@@ -100,8 +115,17 @@ class ParseError(ShardfeedError, ValueError):
             parts.append(f"record #{record_index}")
         prefix = (", ".join(parts) + ": ") if parts else ""
         super().__init__(prefix + message)
+        self.message = message
         self.feature = feature
         self.record_index = record_index
+
+    def with_record_index(self, record_index: int | None) -> "ParseError":
+        """The same error naming another record index (its place in a larger batch)."""
+        return type(self)(self.message, feature=self.feature, record_index=record_index)
+
+    def __reduce__(self):  # pickled with its attributes (process pools)
+        return (_rebuild, (type(self), (self.message,), {"feature": self.feature, "record_index": self.record_index},
+                           self.__dict__))
 
 
 class IteratorClosedError(ShardfeedError, RuntimeError):

@@ -169,6 +169,7 @@ def read_shard(
     storage_options: Mapping[str, Any] | None = None,
     open_item: OpenItem | None = None,
     num_parallel_reads: int | None = -1,
+    on_error: Any = None,
 ) -> "Dataset":
     """The records of this worker's static shard of ``works`` (see
     :func:`~shardfeed.distributed.sharding.plan_shards` for ``by``/``strategy``/``seed``),
@@ -193,7 +194,7 @@ def read_shard(
         indexes: dict[str, Any] = {}
         spans = [item_span(it, storage_options, indexes) for it in mine]
         ds = TFRecordSource(StaticSpans(spans), spec, compression, verify_crc, on_corrupt, storage_options,
-                            num_parallel_reads)
+                            num_parallel_reads, on_error=on_error)
     if equal_steps is not None:
         sizes = plan_sizes(plan, row_counts, storage_options)
         target = equal_counts(sizes, equal_steps)
@@ -393,6 +394,7 @@ def read_queue(
     storage_options: Mapping[str, Any] | None = None,
     open_item: OpenItem | None = None,
     num_parallel_reads: int | None = -1,
+    on_error: Any = None,
 ) -> "Dataset":
     """A dataset of the records of the items this worker takes off ``queue``: whole
     TFRecord files or record ranges, read by the TFRecord source (``open_item(item)``
@@ -406,4 +408,4 @@ def read_queue(
     if open_item is not None:
         return QueueItemsDataset(queue, True, open_item)
     return TFRecordSource(QueueSpans(queue, storage_options), spec, compression, verify_crc, on_corrupt,
-                          storage_options, num_parallel_reads)
+                          storage_options, num_parallel_reads, on_error=on_error)

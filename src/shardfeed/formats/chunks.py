@@ -171,6 +171,7 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
     ``offset`` on, through the reference reader."""
     reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
                             max_record_bytes=max_record_bytes, start_offset=offset, start_index=index)
+    reader.stats.on_skip = stats.on_skip
     with reader:
         try:
             pending: list[bytes] = []

@@ -75,6 +75,17 @@ class ReadStats:
     skipped_records: int = 0
     skipped_bytes: int = 0
     corrupt: list[CorruptRecordError] = field(default_factory=list)
+    # called with each skipped frame's error before it is counted; raising stops the read
+    # (how a pipeline's on_error handler sees framing errors). Not merged.
+    on_skip: Any = field(default=None, repr=False, compare=False)
+
+    def skipped(self, err: CorruptRecordError, frames: int, nbytes: int) -> None:
+        """Count a skipped frame (or damage), after ``on_skip`` had its say."""
+        if self.on_skip is not None:
+            self.on_skip(err)
+        self.skipped_records += frames
+        self.skipped_bytes += nbytes
+        self.corrupt.append(err)
 
     def merge(self, other: "ReadStats") -> None:
         self.records += other.records
@@ -401,9 +412,7 @@ class TFRecordReader:
 
     def _skip(self, err: CorruptRecordError, nbytes: int, frames: int) -> None:
         logger.warning("skipping corrupt data: %s (%d bytes)", err, nbytes)
-        self.stats.skipped_records += frames
-        self.stats.skipped_bytes += nbytes
-        self.stats.corrupt.append(err)
+        self.stats.skipped(err, frames, nbytes)
 
 
 def read_records(

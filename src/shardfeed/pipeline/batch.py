@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..formats.parse import parse_batch
+from .source_batch import parse_skipping
 from ..formats.spec import RaggedColumn, SparseColumn
 from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
@@ -94,6 +95,8 @@ class BatchDataset(UnaryDataset):
 class _BatchNode(Node):
     def __init__(self, b: Build, ds: BatchDataset, state: Mapping[str, Any] | None) -> None:
         self.spec = ds.parent._deferred_spec()
+        self.policy = ds.parent._deferred_policy() if self.spec is not None else None
+        self.errors = b.ctx.stats.errors
         self.parent = ds.parent._build(b.but(raw=self.spec is not None), state)
         super().__init__(b, ds, [self.parent])
         self.size = ds.batch_size
@@ -109,7 +112,16 @@ class _BatchNode(Node):
         except StopIteration:
             if not items or self.drop:
                 raise
-        out = parse_batch(items, self.spec, bytes_as=self.bytes_as) if self.spec is not None else stack(items)
+        if self.spec is None:
+            out = stack(items)
+        elif self.policy is None or self.policy.raises:
+            out = parse_batch(items, self.spec, bytes_as=self.bytes_as)
+        else:
+            out, skipped = parse_skipping(items, self.spec, self.bytes_as)
+            for k, exc in skipped:  # a handler may stop here
+                self.policy.handle(exc, {"stage": "parse", "record_index": k}, self.errors)
+            if out is None:  # every record of this batch was skipped
+                return self._next()
         self.stats.bytes += nbytes(out)
         return out
 

@@ -73,6 +73,12 @@ class Dataset:
         downstream ``batch`` to parse in one call; ``None`` otherwise."""
         return None
 
+    def _deferred_policy(self) -> Any:
+        """The error policy (``on_error``) for parsing the records :meth:`_deferred_spec`
+        hands out: the source's, through the stages that pass its records on."""
+        parent = getattr(self, "parent", None)
+        return parent._deferred_policy() if parent is not None and self._deferred_spec() is not None else None
+
     def _batch_node(self, b: Build, state: Mapping[str, Any] | None, batch: "Dataset") -> Node | None:
         """The hook a following ``batch`` calls: a node that makes whole batches of this
         dataset itself (resuming from ``state``, the state such a node gives), or ``None``
@@ -111,13 +117,16 @@ class Dataset:
 
     # -- stages --------------------------------------------------------------------
     def map(self, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
-            deterministic: bool = True, use_processes: bool = False) -> "Dataset":
+            deterministic: bool = True, use_processes: bool = False, on_error: Any = "raise") -> "Dataset":
         """Apply ``fn`` to every element; in ``num_parallel_calls`` threads (or processes,
         for a picklable ``fn``) when given (``AUTOTUNE``: one per core). With
-        ``deterministic=False`` results come as they finish (and cannot be resumed exactly)."""
+        ``deterministic=False`` results come as they finish (and cannot be resumed exactly).
+        ``on_error``: ``"raise"`` (an exception from ``fn`` stops the pass), ``"skip"``
+        (that element is dropped, counted in ``stats()``) or ``handler(exc, context)``,
+        which returns to skip or raises to stop (see :mod:`shardfeed.pipeline.policy`)."""
         from .map import MapDataset  # noqa: PLC0415
 
-        return MapDataset(self, fn, num_parallel_calls, deterministic, use_processes)
+        return MapDataset(self, fn, num_parallel_calls, deterministic, use_processes, on_error)
 
     def filter(self, predicate: Callable[[Any], bool]) -> "Dataset":
         """Keep the elements for which ``predicate`` is true."""

@@ -159,9 +159,8 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
             if o.on_corrupt != "skip":
                 raise exc
             keep[i - k] = False
-            stats.skipped_records += 1
-            stats.skipped_bytes += ln
-            stats.corrupt.append(exc)
+            logger.warning("skipping corrupt data: %s (%d bytes)", exc, ln)
+            stats.skipped(exc, 1, ln)
         offsets = np.asarray(offs, dtype=np.int64)
         lengths = np.asarray(lens, dtype=np.int64)
     stats.records += len(offsets)

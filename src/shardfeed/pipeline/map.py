@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node
+from .policy import ErrorPolicy
 from .workers import WorkerPool
 
 MAX_CHUNK = 1024
@@ -26,18 +27,19 @@ class MapDataset(UnaryDataset):
     kind = "map"
 
     def __init__(self, parent: Dataset, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
-                 deterministic: bool = True, use_processes: bool = False) -> None:
+                 deterministic: bool = True, use_processes: bool = False, on_error: Any = "raise") -> None:
         super().__init__(parent)
         if not callable(fn):
             raise TypeError(f"map needs a callable, got {type(fn).__name__}")
         self.fn = fn
+        self.policy = ErrorPolicy(on_error)
         self.num_parallel_calls = positive_int("num_parallel_calls", num_parallel_calls, allow_autotune=True,
                                                allow_none=True)
         self.deterministic = bool(deterministic)
         self.use_processes = bool(use_processes)
 
     def cardinality(self) -> int | float | None:
-        return self.parent.cardinality()
+        return self.parent.cardinality() if self.policy.raises else None
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         b = b.but(raw=False)  # fn sees parsed elements
@@ -50,10 +52,21 @@ class _MapNode(Node):
     def __init__(self, b: Build, ds: MapDataset, state: Mapping[str, Any] | None) -> None:
         self.parent = ds.parent._build(b, state)
         self.fn = ds.fn
+        self.policy = ds.policy
+        self.errors = b.ctx.stats.errors
+        self.taken = 0  # inputs taken this pass, for naming the one that failed
         super().__init__(b, ds, [self.parent])
 
     def _next(self) -> Any:
-        return self.fn(next(self.parent))
+        if self.policy.raises:
+            return self.fn(next(self.parent))
+        while True:
+            x = next(self.parent)
+            self.taken += 1
+            try:
+                return self.fn(x)
+            except Exception as exc:  # noqa: BLE001 - the policy decides
+                self.policy.handle(exc, {"stage": "map", "element": self.taken - 1}, self.errors)
 
     def get_state(self) -> dict:
         return self.parent.get_state()
@@ -62,9 +75,29 @@ class _MapNode(Node):
         self.parent.close()
 
 
-def _apply(fn: Callable[[Any], Any], items: list) -> tuple[list, float]:
+class _Failed:
+    """In place of a result: ``fn`` raised ``exc`` on that input (a map that skips)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self):
+        return (_Failed, (self.exc,))
+
+
+def _apply(fn: Callable[[Any], Any], items: list, keep_going: bool = False) -> tuple[list, float]:
     t = time.perf_counter()
-    out = [fn(x) for x in items]
+    if not keep_going:
+        out = [fn(x) for x in items]
+    else:
+        out = []
+        for x in items:
+            try:
+                out.append(fn(x))
+            except Exception as exc:  # noqa: BLE001 - handed to the policy in order
+                out.append(_Failed(exc))
     return out, time.perf_counter() - t
 
 
@@ -92,6 +125,10 @@ class _ParallelMapNode(Node):
         self.n = (os.cpu_count() or 1) if n in (None, AUTOTUNE) else n
         self.fn = ds.fn
         self.ds = ds
+        self.policy = ds.policy
+        self.errors = b.ctx.stats.errors
+        self.taken = 0  # inputs taken this pass (submitted)
+        self.cur_start = 0
         self.pool: Any = None
         self.pending: collections.deque = collections.deque()
         self.cur: list | None = None
@@ -129,16 +166,18 @@ class _ParallelMapNode(Node):
             except StopIteration:
                 self.exhausted = True
             if items:
-                self.pending.append((st, self.pool.submit(_apply, self.fn, items)))
+                self.pending.append((st, self.pool.submit(_apply, self.fn, items, not self.policy.raises),
+                                     self.taken))
+                self.taken += len(items)
 
-    def _take_done(self) -> tuple[Any, Future]:
+    def _take_done(self) -> tuple[Any, Future, int]:
         if self.ds.deterministic:
             return self.pending.popleft()
-        done, _ = wait([f for _, f in self.pending], return_when=FIRST_COMPLETED)
-        for i, (st, f) in enumerate(self.pending):
+        done, _ = wait([f for _, f, _ in self.pending], return_when=FIRST_COMPLETED)
+        for i, (st, f, start) in enumerate(self.pending):
             if f in done:
                 del self.pending[i]
-                return st, f
+                return st, f, start
         raise AssertionError("unreachable")
 
     def _next(self) -> Any:
@@ -147,11 +186,14 @@ class _ParallelMapNode(Node):
             if cur is not None and self.pos < len(cur):
                 x = cur[self.pos]
                 self.pos += 1
+                if type(x) is _Failed:
+                    self.policy.handle(x.exc, {"stage": "map", "element": self.cur_start + self.pos - 1}, self.errors)
+                    continue
                 return x
             self._fill()
             if not self.pending:
                 raise StopIteration
-            st, fut = self._take_done()
+            st, fut, self.cur_start = self._take_done()
             results, dt = fut.result()  # a worker's exception is re-raised here, traceback kept
             self.stats.work_s += dt
             per = dt / len(results)
@@ -170,7 +212,7 @@ class _ParallelMapNode(Node):
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
-        for _, f in self.pending:
+        for _, f, _ in self.pending:
             f.cancel()
         self.pending.clear()
         self.parent.close()

@@ -28,6 +28,7 @@ from ..storage.cache import ObjectCache, get_cache, parse_size
 from ..storage.urls import mask
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
+from .policy import ErrorLog, ErrorPolicy, on_error_from
 from .source_batch import SourceBatchNode
 from .sources import SourceDataset, SourceNode
 from .span_reader import DEFAULT_READ_AHEAD, ChunkTag, SpanChunks, close_generator, cursor_state
@@ -53,13 +54,21 @@ class ReadOptions(NamedTuple):
     chunk_size: int = DEFAULT_CHUNK
     cache_dir: str | None = None
     cache_limit: int | str | None = None
+    on_error: Any = None  # an ErrorPolicy for reading and parsing; None: on_corrupt's
 
     def check(self) -> "ReadOptions":
         if self.on_corrupt not in ON_CORRUPT:
             raise ValueError(f"on_corrupt must be 'raise' or 'skip', got {self.on_corrupt!r}")
+        if self.on_error is not None and self.on_error.framing != self.on_corrupt:
+            raise ValueError(f"on_corrupt={self.on_corrupt!r} disagrees with on_error={self.on_error!r}")
         normalize_compression(self.compression)
         parse_size(self.cache_limit)
         return self
+
+    @property
+    def policy(self) -> ErrorPolicy:
+        """The error policy of reading and parsing (``on_error``, else ``on_corrupt``'s)."""
+        return self.on_error if self.on_error is not None else ErrorPolicy(self.on_corrupt)
 
     @property
     def cache(self) -> ObjectCache | None:
@@ -73,10 +82,12 @@ class _RecordReader:
     consumer takes serialized records)."""
 
     def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool,
-                 counters: IOCounters | None = None) -> None:
+                 counters: IOCounters | None = None, errors: ErrorLog | None = None) -> None:
         self.src = src
         self.parse = src.spec is not None and not raw
-        self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK, counters)
+        self.policy = src.options.policy
+        self.errors = errors
+        self.chunks = SpanChunks(src, epoch, state, RECORD_CHUNK, counters, errors)
         self.it = iter(self.chunks)
         self.initial = dict(state) if state else None
         self.tag: ChunkTag | None = None
@@ -88,30 +99,36 @@ class _RecordReader:
         self.bytes_read = 0
 
     def __next__(self) -> Any:
-        k = self.k
-        while k >= len(self.records):
+        while True:
+            k = self.k
+            while k >= len(self.records):
+                self._next_chunk()
+                k = 0
+            record = self.records[k]
+            self.k = k + 1
+            self.bytes_read += len(record) + FRAME_OVERHEAD
+            self.offset = self.ends[k]
+            if not self.parse:
+                return record
             try:
-                chunk, tag = next(self.it)
-            except StopIteration:
-                self.chunks.finish_all()
-                raise
-            self.chunks.delivered(tag.seq)  # this chunk's first record goes out now
-            self.tag = tag
-            self.records = chunk.records()
-            self.starts = chunk.positions.tolist()
-            self.ends = (chunk.positions + chunk.lengths + FRAME_OVERHEAD).tolist()
-            self.k = k = 0
-        record = self.records[k]
-        self.k = k + 1
-        self.bytes_read += len(record) + FRAME_OVERHEAD
-        self.offset = self.ends[k]
-        if not self.parse:
-            return record
+                return parse_single_example(record, self.src.spec)
+            except (DecodeError, ParseError) as exc:
+                url = self.tag.span.url
+                exc.add_note(f"in record at byte offset {self.starts[k]} of {mask(url)}")
+                self.policy.handle(exc, {"stage": "parse", "url": url, "offset": self.starts[k]}, self.errors)
+
+    def _next_chunk(self) -> None:
         try:
-            return parse_single_example(record, self.src.spec)
-        except (DecodeError, ParseError) as exc:
-            exc.add_note(f"in record at byte offset {self.starts[k]} of {mask(self.tag.span.url)}")
+            chunk, tag = next(self.it)
+        except StopIteration:
+            self.chunks.finish_all()
             raise
+        self.chunks.delivered(tag.seq)  # this chunk's first record goes out now
+        self.tag = tag
+        self.records = chunk.records()
+        self.starts = chunk.positions.tolist()
+        self.ends = (chunk.positions + chunk.lengths + FRAME_OVERHEAD).tolist()
+        self.k = 0
 
     def get_state(self) -> Any:
         return cursor_state(self.tag, self.offset, self.initial, self.src.replayable)
@@ -150,10 +167,12 @@ class TFRecordSource(SourceDataset):
         num_parallel_reads: int | None = AUTOTUNE,
         cache_dir: str | None = None,
         cache_limit: int | str | None = None,
+        on_error: Any = None,
     ) -> None:
-        options = ReadOptions(compression, verify_crc, on_corrupt, storage_options,
+        policy = on_error_from(on_error, on_corrupt)
+        options = ReadOptions(compression, verify_crc, policy.framing, storage_options,
                               cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-                              cache_limit=cache_limit).check()
+                              cache_limit=cache_limit, on_error=policy).check()
         self.provider = _provider_of(files, storage_options)
         self.spec = normalize_spec(spec) if spec is not None else None
         self.options = options
@@ -217,18 +236,22 @@ class TFRecordSource(SourceDataset):
     def _deferred_spec(self) -> Mapping[str, FeatureSpec] | None:
         return self.spec
 
+    def _deferred_policy(self) -> ErrorPolicy:
+        return self.options.policy
+
     def cardinality(self) -> int | None:
         """Records of one pass, from the spans' record ranges, index files or known
         counts; ``None`` when some file has none, for a provider that cannot tell (a
         queue), and with ``on_corrupt="skip"`` (skipped records are not known ahead)."""
         count = getattr(self.provider, "record_count", None)
-        if count is None or self.options.on_corrupt != "raise":
+        if count is None or not self.options.policy.raises:
             return None
         o = self.options
         return count(o.storage_options, o.compression, o.cache)
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
-        return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw, b.ctx.stats.storage))
+        return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw, b.ctx.stats.storage,
+                                                 b.ctx.stats.errors))
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _RecordReader:
         return _RecordReader(self, (), state, raw)
@@ -252,7 +275,7 @@ class TFRecordSource(SourceDataset):
         from .shuffle_batch import ShuffledBatches  # noqa: PLC0415 - it imports this module
 
         return SourceBatchNode(b, batch, self, state, ShuffledBatches(self, shuffle, batch, b.epoch, state,
-                                                                            b.ctx.stats.storage))
+                                                                            b.ctx.stats.storage, b.ctx.stats.errors))
 
     def with_provider(self, provider: SpanProvider, num_parallel_reads: int | None | str = "same") -> "TFRecordSource":
         """The same source (spec, options) over another provider; ``read_stats`` shared."""
@@ -322,6 +345,7 @@ def read_tfrecord(
     slice_count: int | None = None,
     cache_dir: str | None = None,
     cache_limit: int | str | None = None,
+    on_error: Any = None,
 ) -> TFRecordSource:
     """Read TFRecord files given as a URL, a glob or a list of them (any storage).
 
@@ -329,7 +353,12 @@ def read_tfrecord(
     ``batch(n)`` parses n records in one call into numpy columns). ``compression`` is
     ``"auto"`` (by file extension), ``None``, ``"GZIP"`` or ``"ZLIB"``; ``on_corrupt`` is
     ``"raise"`` (a :class:`~shardfeed.errors.CorruptRecordError` naming file and byte
-    offset) or ``"skip"`` (counted in ``.read_stats``). ``num_parallel_reads``: threads
+    offset) or ``"skip"`` (counted in ``.read_stats``). ``on_error`` (the one policy, see
+    :mod:`shardfeed.pipeline.policy`) covers framing and parsing: ``"raise"``, ``"skip"``
+    (a bad frame or a record that does not fit the spec is dropped and counted in
+    ``iterator.stats()``; a batch that lost records is shorter) or a callable
+    ``handler(exc, context)`` that returns to skip or raises to stop; it replaces
+    ``on_corrupt``. ``num_parallel_reads``: threads
     that parse batches at once, and remote or compressed files read ahead at once
     (``AUTOTUNE``, the default: one parse thread per core, 16 compressed files or 48 remote
     objects ahead; ``None``: all
@@ -370,7 +399,7 @@ def read_tfrecord(
         files = ShuffledSpans(provider.spans, seed, shuffle, block_size, storage_options,  # type: ignore[arg-type]
                               compression, cache=get_cache(cache_dir, cache_limit))
     src = TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads,
-                         cache_dir, cache_limit)
+                         cache_dir, cache_limit, on_error)
     if slice_id is not None:
         split = src._split(slice_id, slice_count)  # type: ignore[arg-type]
         if split is None:

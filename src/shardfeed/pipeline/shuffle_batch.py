@@ -45,9 +45,10 @@ class ShuffledBatches:
     """The batch producer of a fused shuffle + batch (see :class:`~shardfeed.pipeline.records.SourceBatchNode`)."""
 
     def __init__(self, src: TFRecordSource, shuffle_ds: Any, batch_ds: Any, epoch: tuple,
-                 state: Mapping[str, Any] | None, counters: Any = None) -> None:
+                 state: Mapping[str, Any] | None, counters: Any = None, errors: Any = None) -> None:
         self.src = src
         self.counters = counters
+        self.errors = errors
         self.size = shuffle_ds.buffer_size
         self.k = batch_ds.batch_size
         self.drop = batch_ds.drop_remainder
@@ -93,7 +94,8 @@ class ShuffledBatches:
 
     # -- the source's chunks ----------------------------------------------------------------
     def _open(self, source_state: Any) -> None:
-        self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK, self.counters)
+        self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK, self.counters,
+                                      self.errors)
         self.it = iter(self.span_chunks)
         self.last_state = source_state
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Mapping, NamedTuple
 
+import numpy as np
+
 from ..errors import DecodeError, ParseError
 from ..formats.chunks import FrameChunk, rebatch_tagged
 from ..formats.parse import parse_batch
@@ -31,9 +33,9 @@ class _PlainBatches:
     """Batches of frames of the source, in order, each with the cursor after it."""
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
-                 counters: Any = None) -> None:
+                 counters: Any = None, errors: Any = None) -> None:
         self.src = src
-        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters)
+        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors)
         self._chunk_iter = iter(self.chunks)
         self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.replayable = src.replayable
@@ -62,6 +64,33 @@ class _PlainBatches:
             close_generator(self._chunk_iter)
 
 
+def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
+    """Parse ``batch`` (a :class:`FrameChunk` or a list of records), leaving out each
+    record that does not parse: ``(columns, or None when none is left, [(index in batch,
+    error), ...])``. One more parse per bad record."""
+    if isinstance(batch, FrameChunk):
+        records: Any = (batch.buffer, batch.offsets, batch.lengths)
+        n = batch.count
+    else:
+        records, n = list(batch), len(batch)
+    keep = np.arange(n)
+    skipped: list = []
+    while len(keep):
+        try:
+            return parse_batch(records, spec, bytes_as=bytes_as), skipped
+        except (DecodeError, ParseError) as exc:
+            k = exc.record_index
+            if k is None or not 0 <= k < len(keep):
+                raise
+            skipped.append((int(keep[k]), exc.with_record_index(int(keep[k]))))  # its index as read
+            keep = np.delete(keep, k)
+            if isinstance(records, tuple):
+                records = (records[0], np.delete(records[1], k), np.delete(records[2], k))
+            else:
+                del records[k]
+    return None, skipped
+
+
 class SourceBatchNode(Node):
     """``source.batch(n)`` fused: batches of frames straight from the chunks to the batch
     parser, ``threads`` batches parsed at once (the native parser releases the GIL),
@@ -76,7 +105,9 @@ class SourceBatchNode(Node):
         self.bytes_as = ds.bytes_as
         self.state = dict(state) if state else None
         self.producer = producer if producer is not None else _PlainBatches(
-            src, b.epoch, state, ds, b.ctx.stats.storage)
+            src, b.epoch, state, ds, b.ctx.stats.storage, b.ctx.stats.errors)
+        self.policy = src.options.policy
+        self.errors = b.ctx.stats.errors
         if self.state is None and producer is not None:
             self.state = producer.get_state()
         elif self.state is None:
@@ -91,7 +122,9 @@ class SourceBatchNode(Node):
         b.ctx.on_close(self.close)
 
     def _parse(self, batch: FrameChunk) -> Any:
-        return parse_batch(batch, self.spec, bytes_as=self.bytes_as)
+        if self.policy.raises:
+            return parse_batch(batch, self.spec, bytes_as=self.bytes_as)
+        return parse_skipping(batch, self.spec, self.bytes_as)
 
     def _fill(self) -> None:
         want = 1 if self.threads <= 1 else 2 * self.threads
@@ -128,6 +161,16 @@ class SourceBatchNode(Node):
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at {where(exc.record_index)}")
             raise
+        if not self.policy.raises:
+            out, skipped = out
+            for k, exc in skipped:  # each put to the policy: a handler may stop here
+                exc.add_note(f"in record at {where(k)}")
+                self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
+                                         "record_index": k}, self.errors)
+            if out is None:  # every record of the batch was skipped: the next one
+                self.producer.delivered(token)
+                self.state = state
+                return self._next()
         self.producer.delivered(token)
         self.state = state
         # the serialized bytes parsed: exact, and free (measuring the columns costs more

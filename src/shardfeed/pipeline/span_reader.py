@@ -11,6 +11,7 @@ order. Every chunk is tagged with its span, so a reader's state is a cursor:
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from typing import Any, Iterator, Mapping, NamedTuple
 
@@ -63,9 +64,12 @@ class SpanChunks:
     """
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int,
-                 counters: IOCounters | None = None) -> None:
+                 counters: IOCounters | None = None, errors: Any = None) -> None:
         self.src = src
         self.o = src.options
+        policy = self.o.policy
+        # each frame skipped goes to the policy (a handler may stop the pass) and the log
+        self.on_skip = None if policy.raises else functools.partial(_framing_skipped, policy, errors)
         self.cache = self.o.cache
         self.counters = counters if counters is not None else IOCounters()
         self.cached_seen: set = set()  # cached objects counted as hits in this pass (gathers)
@@ -155,8 +159,11 @@ class SpanChunks:
             if kept:
                 self.read_done.append((tag.seq, tag.span))
 
+    def _stats(self) -> ReadStats:
+        return ReadStats(on_skip=self.on_skip)
+
     def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
-        stats = ReadStats()
+        stats = self._stats()
         try:
             for chunk in self._read(tag.span, start, stats):
                 if not self._keep(tag):  # checked before the records go out, not after
@@ -186,7 +193,7 @@ class SpanChunks:
 
     def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
         """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
-        stats = ReadStats()
+        stats = self._stats()
         try:
             for chunk in self._read(span, start, stats):
                 q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
@@ -212,6 +219,13 @@ class SpanChunks:
         if self.pool is not None:
             self.pool.close()
         self.stream.close()
+
+
+def _framing_skipped(policy: Any, errors: Any, err: Any) -> None:
+    """A frame the framing reader skips, put to the pass's error policy (in the thread
+    that reads it; a handler that raises stops the read, and the pass sees the error)."""
+    policy.handle(err, {"stage": "read", "url": err.url, "offset": err.offset, "record_index": err.record_index,
+                        "check": err.check}, errors, logged=True)
 
 
 def _chunk_bytes(chunk: FrameChunk) -> int:

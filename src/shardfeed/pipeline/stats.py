@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..storage.counters import IOCounters
+from .policy import ErrorLog
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class PipelineStats:
         self.consumer_wait_s = 0.0
         self.consumer_elements = 0
         self.storage = IOCounters()  # what reading remote objects cost this pass
+        self.errors = ErrorLog()  # what on_error skipped this pass
         self.started: float | None = None
         self.last: float | None = None
 
@@ -128,7 +130,7 @@ class PipelineStats:
             "consumer_wait_fraction": round(self.wait_fraction, 6), "elements": self.consumer_elements,
             "input_bound": self.wait_fraction >= INPUT_BOUND_WAIT_FRACTION and self.started is not None,
             "verdict": self.verdict(), "stages": [s.to_dict() for s in self.stages],
-            "storage": self.storage.to_dict(),
+            "storage": self.storage.to_dict(), "skipped": self.errors.to_dict(),
         }
 
     def to_json(self, path: str | None = None) -> str:
@@ -170,6 +172,9 @@ class PipelineStats:
             lines.append(f"storage: {st.bytes_fetched / 1e6:.1f} MB in {st.requests} GETs ({st.retries} retries, "
                          f"{st.mb_per_s:.1f} MB/s); cache {st.cache_hits} hits, {st.cache_misses} misses, "
                          f"{st.cache_bypassed} read around it")
+        if self.errors.total:
+            by = ", ".join(f"{n} in {stage}" for stage, n in sorted(self.errors.by_stage.items()))
+            lines.append(f"skipped: {self.errors.total} errors ({by}); see to_dict()['skipped']")
         lines.append(self.verdict())
         return "\n".join(lines)
 
