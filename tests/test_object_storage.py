@@ -483,3 +483,62 @@ def test_global_shuffle_counts_each_cached_shard_once_and_survives_many_files(sh
     st = it.stats().storage
     assert st.cache_misses == len(urls) and st.cache_hits == len(urls)  # the second epoch, once a shard
     assert st.bytes_from_cache == _object_bytes(urls, opts)
+
+
+@pytest.fixture
+def slow_link(s3_bucket, tmp_path):
+    """A 12 MB shard behind a proxy that passes 4 MB/s in all (the shaping proxy of the
+    benchmarks): its download takes about 3 s. Yields ``(url, records, storage_options)``."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from _shaping_proxy import ShapingProxy
+
+    bucket, opts = s3_bucket
+    recs = [os.urandom(6000) for _ in range(2000)]
+    path = tmp_path / "big.tfrecord"
+    with TFRecordWriter(str(path)) as w:
+        for r in recs:
+            w.write(r)
+    boto3.client("s3", endpoint_url=opts["endpoint_url"]).upload_file(str(path), bucket, "big.tfrecord")
+    host, port = opts["endpoint_url"].split("://", 1)[1].split(":")
+    proxy = ShapingProxy(host, int(port), latency_s=0.0, conn_bytes_per_s=None, total_bytes_per_s=4e6).start()
+    try:
+        yield f"s3://{bucket}/big.tfrecord", recs, {"endpoint_url": proxy.url}
+    finally:
+        proxy.stop()
+
+
+def _entries(cache_dir):
+    root = os.path.join(cache_dir, "objects")
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return [n for n in names if n.endswith(".json") and not n.startswith(".")], [n for n in names if n.endswith(".part")]
+
+
+def test_a_cache_miss_delivers_the_first_records_before_the_download_ends(slow_link, tmp_path):
+    url, recs, opts = slow_link
+    cache_dir = str(tmp_path / "cache")
+    it = iter(sf.read_tfrecord(url, storage_options=opts, cache_dir=cache_dir))
+    assert next(it) == recs[0]
+    committed, parts = _entries(cache_dir)
+    assert committed == [] and len(parts) == 1  # still downloading: the reader did not wait for it
+    assert [next(it) for _ in range(9)] == recs[1:10]
+    assert list(it) == recs[10:]
+    committed, parts = _entries(cache_dir)
+    assert len(committed) == 1 and parts == []
+    assert it.stats().storage.cache_misses == 1
+    it2 = iter(sf.read_tfrecord(url, storage_options=opts, cache_dir=cache_dir))
+    assert list(it2) == recs
+    assert it2.stats().storage.requests == 0 and it2.stats().storage.cache_hits == 1
+
+
+def test_a_reader_that_stops_early_leaves_no_partial_entry_and_the_next_one_fills_it(slow_link, tmp_path):
+    url, recs, opts = slow_link
+    cache_dir = str(tmp_path / "cache")
+    it = iter(sf.read_tfrecord(url, storage_options=opts, cache_dir=cache_dir))
+    assert [next(it) for _ in range(5)] == recs[:5]
+    it.close()
+    assert _entries(cache_dir) == ([], [])
+    assert list(sf.read_tfrecord(url, storage_options=opts, cache_dir=cache_dir)) == recs
+    committed, parts = _entries(cache_dir)
+    assert len(committed) == 1 and parts == []

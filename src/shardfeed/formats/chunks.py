@@ -87,8 +87,13 @@ def iter_frame_chunks(
     chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
     if end_offset is not None and end_offset <= start_offset:
         return
+    tee = None
     if cache is not None and not parse_url(url).is_local:
-        local = cache.fetch(url, storage_options, counters)
+        if start_offset == 0 and end_offset is None:
+            # read whole: a miss streams to the reader and fills the entry on the way
+            local, tee = cache.open_tee(url, storage_options, counters)
+        else:
+            local = cache.fetch(url, storage_options, counters)
         if local is not None:
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
@@ -104,7 +109,7 @@ def iter_frame_chunks(
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
     stream = open_stream(url, comp, storage_options, buffer_size=buffer, counters=counters,
-                         start_offset=start_offset, end_offset=end_offset, raw=True)
+                         start_offset=start_offset, end_offset=end_offset, raw=True, source=tee)
     base = start_offset  # stream offset of buf[0]
     limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
     index = 0

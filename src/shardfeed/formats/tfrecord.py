@@ -218,15 +218,24 @@ class _InflateReader(io.RawIOBase):
 
 def open_stream(url: str, compression: str | None = "auto", storage_options: Mapping[str, Any] | None = None,
                 buffer_size: int = 8 << 20, counters: Any = None, start_offset: int = 0,
-                end_offset: int | None = None, raw: bool = False) -> BinaryIO:
+                end_offset: int | None = None, raw: bool = False, source: Any = None) -> BinaryIO:
     """Open ``url`` for one sequential read of its (decompressed) stream, positioned at
     ``start_offset``; an uncompressed stream ends at ``end_offset`` (``None``: the end of
     the file). Remote objects are fetched ahead in parallel ranged GETs, counted in
     ``counters``; a compressed one is inflated from its start. ``raw``: an uncompressed
     stream may return short reads and buffer-protocol objects other than ``bytes``
-    (whole fetched ranges, without a copy); otherwise it is a buffered binary file."""
+    (whole fetched ranges, without a copy); otherwise it is a buffered binary file.
+    ``source``: the object's bytes already opened as a raw stream from its first byte (a
+    cache's tee), read in place of opening ``url`` (whole objects only)."""
     comp = normalize_compression(compression, url)
     local = storage.parse_url(url).is_local
+    if source is not None:
+        if start_offset or end_offset is not None:
+            raise ValueError("a source stream is read whole, from its first byte")
+        if comp is None:
+            return source if raw else io.BufferedReader(source, buffer_size)  # type: ignore[return-value]
+        inflated: Any = _InflateReader(io.BufferedReader(source, 1 << 20), comp)
+        return inflated if raw else io.BufferedReader(inflated, buffer_size=1 << 20)  # type: ignore[return-value]
     if comp is None:
         plain = storage.open_range(url, start_offset, end_offset, storage_options, counters, zero_copy=raw)
         # buffered: line readers call readline(); large reads pass straight through

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import logging
 import os
@@ -225,12 +226,50 @@ class ObjectCache:
             return False
         return True
 
-    def _download(self, key: str, url: str, storage_options, counters: IOCounters,
-                  seen: set | None = None) -> str | None:
-        from ..formats.crc import crc32c  # noqa: PLC0415
-        from .io import _remote_info, open_range  # noqa: PLC0415
+    def open_tee(self, url: str, storage_options: Mapping[str, Any] | None = None,
+                 counters: IOCounters | None = None) -> tuple[str | None, Any]:
+        """For a reader about to read ``url`` whole, from its first byte:
+        ``(path, None)`` when a valid copy is cached; ``(None, stream)`` on a miss, a raw
+        stream of the object's bytes that fills the cache entry as the reader reads it
+        (downloaded by a thread at the link's pace, committed at the end, dropped if the
+        reader stops before), so the first records arrive after one round trip instead of
+        after the whole download; ``(None, None)`` when the cache cannot hold the object
+        (read it from storage then). When another process is downloading it, waits for
+        that download as :meth:`fetch` does."""
+        counters = counters if counters is not None else IOCounters()
+        key = self.key_of(url, storage_options)
+        _, _, lock = self._paths(key)
+        with self._lock:
+            self._used.add(key)
+        path = self._valid(key, url, storage_options, counters)
+        if path is not None:
+            return path, None
+        held = contextlib.ExitStack()
+        try:
+            if not held.enter_context(_flock(lock, blocking=False)):
+                held.close()  # another process is fetching it, at the link's pace: wait for it
+                return self.fetch(url, storage_options, counters), None
+            path = self._valid(key, url, storage_options, counters)
+            if path is not None:
+                held.close()
+                return path, None
+            begun = self._begin(key, url, storage_options, counters)
+            if begun is None:
+                held.close()
+                return None, None
+            from .io import open_range  # noqa: PLC0415 - io imports this module's users
 
-        data, meta_path, _ = self._paths(key)
+            stream = open_range(url, 0, begun[0], storage_options, counters, zero_copy=True)
+        except BaseException:
+            held.close()
+            raise
+        return None, _TeeStream(self, key, url, stream, begun, counters, held)
+
+    def _begin(self, key: str, url: str, storage_options, counters: IOCounters) -> tuple | None:
+        """``(size, etag, fd, tmp)`` for a download of ``url`` into a new entry; ``None``
+        (counted as bypassed) when the cache cannot hold it."""
+        from .io import _remote_info  # noqa: PLC0415
+
         size, etag = _remote_info(url, storage_options, counters)
         # a stale copy stays until the new one replaces it (os.replace): a reader that
         # opened it keeps reading a whole file, never a missing one
@@ -238,20 +277,15 @@ class ObjectCache:
         if reserved is None:
             counters.add(cache_bypassed=1)
             return None
-        fd, tmp = reserved
+        return (size, etag) + reserved
+
+    def _commit(self, key: str, url: str, tmp: str, size: int, etag: Any, crc: int, counters: IOCounters,
+                seen: set | None = None) -> str:
+        """The downloaded ``tmp`` made the entry of ``key``, with its metadata."""
+        data, meta_path, _ = self._paths(key)
         tmp_meta = None
         replaced = False
         try:
-            crc = 0
-            got = 0
-            with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters,
-                                                                      zero_copy=True) as stream:
-                while len(piece := stream.read(16 << 20)):
-                    out.write(piece)
-                    crc = crc32c(piece, crc)
-                    got += len(piece)
-            if got != size:
-                raise OSError(f"{mask(url)}: downloaded {got} bytes of {size}")
             os.replace(tmp, data)
             replaced = True
             st = os.stat(data)
@@ -273,6 +307,32 @@ class ObjectCache:
         self._first(url, seen)
         counters.add(cache_misses=1)
         return data
+
+    def _download(self, key: str, url: str, storage_options, counters: IOCounters,
+                  seen: set | None = None) -> str | None:
+        from ..formats.crc import crc32c  # noqa: PLC0415
+        from .io import open_range  # noqa: PLC0415
+
+        begun = self._begin(key, url, storage_options, counters)
+        if begun is None:
+            return None
+        size, etag, fd, tmp = begun
+        try:
+            crc = 0
+            got = 0
+            with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters,
+                                                          zero_copy=True) as stream:
+                while len(piece := stream.read(16 << 20)):
+                    out.write(piece)
+                    crc = crc32c(piece, crc)
+                    got += len(piece)
+            if got != size:
+                raise OSError(f"{mask(url)}: downloaded {got} bytes of {size}")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return self._commit(key, url, tmp, size, etag, crc, counters, seen)
 
     # -- room ------------------------------------------------------------------------------
     def entries(self) -> list[tuple[str, int, float]]:
@@ -379,6 +439,96 @@ class ObjectCache:
 
 _caches: dict[tuple, ObjectCache] = {}
 _caches_lock = threading.Lock()
+
+
+class _TeeStream(io.RawIOBase):
+    """One remote object downloaded into its new cache entry by a thread at the link's
+    pace, read by its reader from the part written so far: the first records arrive after
+    one round trip, and the entry is complete as soon as the link allows whatever the
+    reader's pace (other processes wait for it, as for any download). Committed at the end
+    of the object; when the reader closes it before, the download stops and the partial
+    entry is dropped. Holds the entry's lock until then."""
+
+    def __init__(self, cache: ObjectCache, key: str, url: str, stream: Any, begun: tuple, counters: IOCounters,
+                 held: contextlib.ExitStack) -> None:
+        super().__init__()
+        self.cache, self.key, self.url, self.counters, self.held = cache, key, url, counters, held
+        self.size, self.etag, fd, self.tmp = begun
+        self.rfd = os.open(self.tmp, os.O_RDONLY)
+        self.pos = 0
+        self.written = 0
+        self.error: BaseException | None = None
+        self.finished = False
+        self.stop = threading.Event()
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._fill, args=(stream, fd), name="shardfeed-cache-fill",
+                                       daemon=True)
+        self.thread.start()
+
+    def _fill(self, stream: Any, fd: int) -> None:
+        from ..formats.crc import crc32c  # noqa: PLC0415
+
+        crc = 0
+        try:
+            with os.fdopen(fd, "wb", buffering=0) as out, stream:
+                while not self.stop.is_set() and len(piece := stream.read(8 << 20)):
+                    view = memoryview(piece)
+                    while len(view):
+                        view = view[out.write(view):]
+                    crc = crc32c(piece, crc)
+                    with self.cond:
+                        self.written += len(piece)
+                        self.cond.notify_all()
+            if not self.stop.is_set():
+                if self.written != self.size:
+                    raise OSError(f"{mask(self.url)}: downloaded {self.written} bytes of {self.size}")
+                self.cache._commit(self.key, self.url, self.tmp, self.size, self.etag, crc, self.counters)
+                self.tmp = None
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            self.error = exc
+        finally:
+            if self.tmp is not None:  # stopped or failed: nothing half-made stays
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.tmp)
+            self.held.close()
+            with self.cond:
+                self.finished = True
+                self.cond.notify_all()
+
+    def readable(self) -> bool:
+        return True
+
+    def _ready(self) -> int:
+        """Bytes readable at ``pos`` now, waiting for the download; 0 at the end."""
+        with self.cond:
+            while self.written <= self.pos and not self.finished:
+                self.cond.wait(1.0)
+            if self.written > self.pos:
+                return self.written - self.pos
+        if self.error is not None:
+            raise self.error
+        return 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.size
+        avail = self._ready()
+        data = os.pread(self.rfd, min(n, avail), self.pos) if avail and n else b""
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.stop.set()
+        self.thread.join()
+        os.close(self.rfd)
+        super().close()
 
 
 def get_cache(directory: str | None, limit: int | str | None = None) -> ObjectCache | None:
