@@ -30,12 +30,14 @@ DEFAULT_CHUNK = 8 << 20
 class FrameChunk(NamedTuple):
     """Records ``buffer[offsets[k] : offsets[k] + lengths[k]]`` for ``k < len(offsets)``;
     ``positions[k]`` is where record ``k``'s frame starts in its file (the uncompressed
-    stream), for resuming and for error messages."""
+    stream), for resuming and for error messages. ``sources``, when a reader tracks it:
+    which file each record came from (small ints, for measuring how mixed batches are)."""
 
     buffer: Any
     offsets: np.ndarray
     lengths: np.ndarray
     positions: np.ndarray
+    sources: Any = None
 
     @property
     def triple(self) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -292,13 +294,15 @@ def rebatch_tagged(
 
 
 def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
-    return FrameChunk(chunk.buffer, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j])
+    return FrameChunk(chunk.buffer, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j],
+                      None if chunk.sources is None else chunk.sources[i:j])
 
 
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     if len(pieces) == 1:
         return pieces[0]
     parts, offsets, lengths, positions = [], [], [], []
+    sources = [p.sources for p in pieces if p.count]
     pos = 0
     for p in pieces:
         if not p.count:
@@ -310,7 +314,8 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
         lengths.append(p.lengths)
         positions.append(p.positions)
         pos += hi - lo
-    return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths), np.concatenate(positions))
+    return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths), np.concatenate(positions),
+                      np.concatenate(sources) if sources and all(s is not None for s in sources) else None)
 
 
 def iter_record_batches(

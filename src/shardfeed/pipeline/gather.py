@@ -165,4 +165,4 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
         lengths = np.asarray(lens, dtype=np.int64)
     stats.records += len(offsets)
     stats.bytes += int(lengths.sum()) + 16 * len(offsets)
-    return FrameChunk(buf, offsets, lengths, plan.virtual[k:j][keep])
+    return FrameChunk(buf, offsets, lengths, plan.virtual[k:j][keep], plan.files[k:j][keep])

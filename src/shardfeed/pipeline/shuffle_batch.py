@@ -49,6 +49,7 @@ class ShuffledBatches:
         self.src = src
         self.counters = counters
         self.errors = errors
+        self.file_ids: dict[str, int] = {}  # for each batch's file mix
         self.size = shuffle_ds.buffer_size
         self.k = batch_ds.batch_size
         self.drop = batch_ds.drop_remainder
@@ -231,7 +232,9 @@ class ShuffledBatches:
         if n > 1:
             np.cumsum(lens[:-1], out=offs[1:])
         urls = [kept[k][2] if w < 0 else chunks[w].url for k, w in enumerate(which.tolist())]
-        return FrameChunk(b"".join(pieces), offs, lens, file_pos), urls
+        ids = self.file_ids
+        sources = np.fromiter((ids.setdefault(u, len(ids)) for u in urls), dtype=np.int64, count=n)
+        return FrameChunk(b"".join(pieces), offs, lens, file_pos, sources), urls
 
     def _buffered(self) -> np.ndarray:
         t = self.table

@@ -35,7 +35,7 @@ class _PlainBatches:
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
                  counters: Any = None, errors: Any = None) -> None:
         self.src = src
-        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors)
+        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors, track_sources=True)
         self._chunk_iter = iter(self.chunks)
         self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.replayable = src.replayable
@@ -173,6 +173,8 @@ class SourceBatchNode(Node):
                 return self._next()
         self.producer.delivered(token)
         self.state = state
+        if batch.sources is not None and batch.count:
+            self.stats.add_mix(batch.sources)
         # the serialized bytes parsed: exact, and free (measuring the columns costs more
         # than a tenth of the parse when they hold many small bytes values)
         self.stats.bytes += int(batch.lengths.sum())

@@ -15,6 +15,8 @@ import functools
 import logging
 from typing import Any, Iterator, Mapping, NamedTuple
 
+import numpy as np
+
 from ..formats.chunks import FrameChunk, iter_frame_chunks
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
@@ -64,8 +66,12 @@ class SpanChunks:
     """
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int,
-                 counters: IOCounters | None = None, errors: Any = None) -> None:
+                 counters: IOCounters | None = None, errors: Any = None, track_sources: bool = False) -> None:
         self.src = src
+        # chunks say which file each record came from (FrameChunk.sources), for batch mixing
+        self.track_sources = track_sources
+        self.file_ids: dict[str, int] = {}
+        self.plan_ids: dict[int, np.ndarray] = {}
         self.o = src.options
         policy = self.o.policy
         # each frame skipped goes to the policy (a handler may stop the pass) and the log
@@ -138,11 +144,33 @@ class SpanChunks:
     def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
         o = self.o
         if isinstance(span.handle, GatherPlan):
-            return gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
-                                 self.cached_seen)
-        return iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
-                                 chunk_size=self.chunk_size, stats=stats, start_offset=start, end_offset=span.end,
-                                 counters=self.counters, cache=self.cache)
+            chunks = gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
+                                   self.cached_seen)
+        else:
+            chunks = iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
+                                       chunk_size=self.chunk_size, stats=stats, start_offset=start,
+                                       end_offset=span.end, counters=self.counters, cache=self.cache)
+        return self._with_sources(span, chunks) if self.track_sources else chunks
+
+    def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
+        """``chunks`` with ``sources`` set: this pass's number of each record's file."""
+        ids = self.file_ids
+        plan = span.handle if isinstance(span.handle, GatherPlan) else None
+        if plan is not None:
+            table = self.plan_ids.get(id(plan.urls))
+            if table is None:
+                table = np.array([ids.setdefault(u, len(ids)) for u in plan.urls], dtype=np.int64)
+                self.plan_ids = {id(plan.urls): table}  # one plan's urls at a time
+        else:
+            file_id = ids.setdefault(span.url, len(ids))
+        try:
+            for chunk in chunks:
+                if plan is not None:
+                    yield chunk._replace(sources=table[chunk.sources]) if chunk.sources is not None else chunk
+                else:
+                    yield chunk._replace(sources=np.full(chunk.count, file_id, dtype=np.int64))
+        finally:
+            close_generator(chunks)
 
     def __iter__(self) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         ahead = self.ahead

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..storage.counters import IOCounters
 from .policy import ErrorLog
 
@@ -41,6 +43,8 @@ class StageStats:
 
     queue_fill_sum: float = 0.0
     queue_samples: int = 0
+    mix_share_sum: float = 0.0  # per batch: the largest share of its records from one file
+    mix_batches: int = 0
 
     def add_work(self, seconds: float) -> None:
         with self.lock:
@@ -50,6 +54,19 @@ class StageStats:
         """Record how full this stage's queue was when its consumer came for more."""
         self.queue_fill_sum += fraction
         self.queue_samples += 1
+
+    def add_mix(self, sources: Any) -> None:
+        """Record how mixed one batch is: ``sources`` says which file each record came from."""
+        counts = np.bincount(sources)
+        self.mix_share_sum += float(counts.max()) / len(sources)
+        self.mix_batches += 1
+
+    @property
+    def largest_file_share(self) -> float | None:
+        """Mean over batches of the largest fraction of a batch's records that came from one
+        file (``None``: not measured): 1.0 means every batch came from a single file (not
+        mixed at all); a well-shuffled pass over F equal files tends to about 1/F plus noise."""
+        return self.mix_share_sum / self.mix_batches if self.mix_batches else None
 
     @property
     def fraction_of_queue_full(self) -> float | None:
@@ -73,6 +90,8 @@ class StageStats:
         }
         if self.queue_samples:
             out["fraction_of_queue_full"] = round(self.fraction_of_queue_full, 4)
+        if self.mix_batches:
+            out["largest_file_share"] = round(self.largest_file_share, 4)
         return out
 
 
@@ -172,6 +191,10 @@ class PipelineStats:
             lines.append(f"storage: {st.bytes_fetched / 1e6:.1f} MB in {st.requests} GETs ({st.retries} retries, "
                          f"{st.mb_per_s:.1f} MB/s); cache {st.cache_hits} hits, {st.cache_misses} misses, "
                          f"{st.cache_bypassed} read around it")
+        for s in self.stages:
+            if s.mix_batches:
+                lines.append(f"mixing ({s.name}): on average {s.largest_file_share:.0%} of a batch's records came "
+                             f"from one file ({s.mix_batches} batches)")
         if self.errors.total:
             by = ", ".join(f"{n} in {stage}" for stage, n in sorted(self.errors.by_stage.items()))
             lines.append(f"skipped: {self.errors.total} errors ({by}); see to_dict()['skipped']")
