@@ -41,6 +41,7 @@ class StageStats:
 
     queue_fill_sum: float = 0.0
     queue_samples: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific counters (mix: "drawn" per input)
 
     def add_work(self, seconds: float) -> None:
         with self.lock:
@@ -73,6 +74,7 @@ class StageStats:
         }
         if self.queue_samples:
             out["fraction_of_queue_full"] = round(self.fraction_of_queue_full, 4)
+        out.update((k, list(v) if isinstance(v, list) else v) for k, v in self.extra.items())
         return out
 
 
