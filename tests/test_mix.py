@@ -308,3 +308,33 @@ def test_tfrecord_inputs_with_different_error_policies_parse_their_own_records(t
     assert ds._deferred_spec() is None
     same = sf.mix([sf.read_tfrecord(files_a, SPEC, on_error="skip"), sf.read_tfrecord(files_b, SPEC, on_error="skip")])
     assert same._deferred_spec() == SPEC and same._deferred_policy().mode == "skip"
+
+
+# -- readers ------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [None, 5])
+def test_readers_split_each_input_and_together_deliver_every_element_once(seed):
+    ds = sf.mix([tagged(0, 10), tagged(1, 7).map(tuple).shuffle(3, seed=1)], [0.7, 0.3], seed=seed, on_empty="drop")
+    parts = [ds.shard(i, 3) for i in range(3)]
+    assert all(isinstance(p, type(ds)) for p in parts)  # a mix of shares, not the mixed elements dealt
+    got = [x for p in parts for x in p]
+    assert sorted(got) == sorted(list(ds))  # unseeded, dealing one mix's elements would lose and repeat some
+    assert len(got) == 17
+    if seed is not None:
+        assert len({p.seed for p in parts}) == 3 and parts[1].seed == ds.shard(1, 3).seed  # per reader, stable
+        assert check_resume_everywhere(parts[1]) >= 6
+
+
+def test_readers_of_tfrecord_inputs_read_only_their_own_files(tmp_path):
+    from shardfeed.adapters.torch import split_for_reader
+
+    files_a = write_sized_shards(tmp_path, [3, 3, 3, 3], prefix="a")
+    files_b = write_sized_shards(tmp_path, [4, 4], prefix="b")
+    ds = sf.mix([sf.read_tfrecord(files_a, SPEC), sf.read_tfrecord(files_b, SPEC)], seed=2, on_empty="drop").batch(2)
+    ids = []
+    for i in range(2):
+        part = split_for_reader(ds, i, 2)
+        mixed = part.parent
+        assert [src.files for src in mixed.datasets] == [files_a[i::2], files_b[i::2]]
+        ids += [int(x) for batch in part for x in batch["id"]]
+    assert sorted(ids) == sorted([f * 1000 + j for f in range(4) for j in range(3)] + [f * 1000 + j for f in range(2)
+                                                                                      for j in range(4)])

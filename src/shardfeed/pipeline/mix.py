@@ -139,6 +139,19 @@ class MixDataset(Dataset):
     def _deferred_policy(self) -> Any:
         return self.datasets[0]._deferred_policy() if self._deferred_spec() is not None else None
 
+    def _split(self, index: int, count: int, threads: int | None = None) -> "MixDataset":
+        """Reader ``index`` of ``count``'s share: the mix of each input's share, each split
+        near its source (on spans where it reads them), never the mixed elements dealt
+        (which would have every reader read every input). The same weights and mode; the
+        choices seeded per reader from ``seed`` (each reader makes its own without one)."""
+        from .slicing import split_near_source  # noqa: PLC0415 - slicing imports nothing of this
+
+        seed = self.seed
+        if seed is not None and count > 1:
+            seed = int(np.random.SeedSequence([seed, index, count]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+        return MixDataset([split_near_source(ds, index, count, threads) for ds in self.datasets], self.weights, seed,
+                          self.on_empty, None, self.rerandomize_each_iteration)
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return _MixNode(b, self, state)
 
