@@ -221,6 +221,14 @@ def test_resume_past_a_block_of_draws():
             assert list(resumed) == rest, k
 
 
+def test_a_state_of_another_number_of_inputs_is_refused():
+    with iter(sf.mix([tagged(0, 5), tagged(1, 5)], seed=1)) as it:
+        next(it)
+        state = it.get_state()
+    with pytest.raises(ValueError, match="mix of 2 datasets; this mix has 3"):
+        sf.mix([tagged(0, 5), tagged(1, 5), tagged(2, 5)], seed=1).iter_from_state(state)
+
+
 # -- cardinality and statistics ----------------------------------------------------------
 def test_cardinality_is_known_only_when_it_can_be_computed():
     a, b, empty = tagged(0, 7), tagged(1, 5), tagged(2, 0)

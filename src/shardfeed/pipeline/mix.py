@@ -167,6 +167,9 @@ class _MixNode(Node):
         self.b = b.but(raw=b.raw and ds._deferred_spec() is not None)
         self.cycle = ds.on_empty == "cycle"
         if state is not None:
+            if len(state["inputs"]) != n:
+                raise ValueError(f"this state is of a mix of {len(state['inputs'])} datasets; this mix has {n}: "
+                                 "resume with the datasets it was saved with")
             self.seed = int(state["seed"])
             self.draws = int(state["draws"])
             self.exhausted = [bool(x) for x in state["exhausted"]]
