@@ -3,6 +3,7 @@
 from .csv import CsvError, read_csv
 from .dataset import Dataset
 from .iterator import PipelineIterator
+from .mix import mix
 from .node import AUTOTUNE
 from .records import ReadOptions, TFRecordDataset, TFRecordSource, read_tfrecord
 from .sources import SourceDataset, SourceReader, from_iterable, from_list
@@ -14,6 +15,6 @@ from .text import read_text
 __all__ = [
     "AUTOTUNE", "CsvError", "Dataset", "PipelineIterator", "PipelineStats", "SourceDataset", "SourceReader",
     "StageStats", "TFRecordDataset", "TFRecordSource", "ReadOptions", "Span", "SpanProvider", "SpanStream",
-    "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "read_csv",
+    "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "mix", "read_csv",
     "read_text", "read_tfrecord",
 ]

@@ -178,9 +178,10 @@ class Dataset:
     def shard(self, index: int, count: int) -> "Dataset":
         """Reader ``index`` of ``count``'s part. On a source that reads spans (TFRecord
         files and record ranges) the split is made on the spans, so each reader fetches
-        only its own bytes (whole files, or record ranges through index files); elsewhere
-        elements ``index, index + count, index + 2*count, ...``. Either way every element
-        is in exactly one part."""
+        only its own bytes (whole files, or record ranges through index files); on a
+        ``mix``, the mix of each input's part; elsewhere elements
+        ``index, index + count, index + 2*count, ...``. Either way every element is in
+        exactly one part."""
         from .slicing import ShardDataset  # noqa: PLC0415
 
         ShardDataset(self, index, count)  # validates the arguments

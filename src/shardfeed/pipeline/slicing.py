@@ -195,3 +195,27 @@ class _RepeatNode(Node):
     def close(self) -> None:
         if self.parent is not None:
             self.parent.close()
+
+
+def split_near_source(ds: Dataset, index: int, count: int, threads: int | None = None) -> Dataset:
+    """``ds`` with its source replaced by reader ``index`` of ``count``'s share (split on
+    spans, see ``Dataset._split``), or, when the source cannot split, with a ``shard``
+    just above the source (elements dealt before they are shuffled or parsed); the
+    stages above are copied onto it. ``threads`` caps the source's own threads."""
+    import copy  # noqa: PLC0415
+
+    chain = []
+    node = ds
+    while isinstance(node, UnaryDataset):
+        chain.append(node)
+        node = node.parent
+    split = node._split(index, count, threads)
+    if split is None:
+        split = node if count == 1 else ShardDataset(node, index, count)
+    for stage in reversed(chain):
+        clone = copy.copy(stage)
+        clone.__dict__.pop("_passes", None)
+        clone.__dict__.pop("_last_stats", None)
+        clone.parent = split
+        split = clone
+    return split

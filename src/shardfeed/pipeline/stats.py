@@ -45,6 +45,7 @@ class StageStats:
     queue_samples: int = 0
     mix_share_sum: float = 0.0  # per batch: the largest share of its records from one file
     mix_batches: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific counters (mix: "drawn" per input)
 
     def add_work(self, seconds: float) -> None:
         with self.lock:
@@ -92,6 +93,7 @@ class StageStats:
             out["fraction_of_queue_full"] = round(self.fraction_of_queue_full, 4)
         if self.mix_batches:
             out["largest_file_share"] = round(self.largest_file_share, 4)
+        out.update((k, list(v) if isinstance(v, list) else v) for k, v in self.extra.items())
         return out
 
 
