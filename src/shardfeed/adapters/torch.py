@@ -20,11 +20,11 @@ protocol: each worker saves the state of its own pipeline and resumes from it.
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any
 
-from ..pipeline.dataset import Dataset, UnaryDataset
+from ..pipeline.dataset import Dataset
+from ..pipeline.slicing import split_near_source
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -50,33 +50,12 @@ def reader_index(rank: int = 0, world_size: int = 1) -> tuple[int, int]:
 
 
 def split_for_reader(ds: Dataset, index: int, count: int, threads: int | None = None) -> Dataset:
-    """``ds`` with its source replaced by reader ``index`` of ``count``'s share (split on
-    spans, see ``Dataset._split``), or, when the source cannot split, with
-    ``.shard(index, count)`` inserted just above it (elements dealt before they are parsed
-    or shuffled). ``threads`` caps the source's own threads (several readers share the cores)."""
+    """``ds`` with its source replaced by reader ``index`` of ``count``'s share (see
+    :func:`~shardfeed.pipeline.slicing.split_near_source`); ``ds`` itself for one reader
+    with no thread cap."""
     if count == 1 and threads is None:
         return ds
-    chain = []
-    node = ds
-    while isinstance(node, UnaryDataset):
-        chain.append(node)
-        node = node.parent
-    split = node._split(index, count, threads)
-    if split is None:
-        if count == 1:
-            return ds
-        if not chain:
-            return ds.shard(index, count)
-        from ..pipeline.slicing import ShardDataset  # noqa: PLC0415
-
-        split = ShardDataset(node, index, count)
-    for stage in reversed(chain):
-        clone = copy.copy(stage)
-        clone.__dict__.pop("_passes", None)
-        clone.__dict__.pop("_last_stats", None)
-        clone.parent = split
-        split = clone
-    return split
+    return split_near_source(ds, index, count, threads)
 
 
 shard_near_source = split_for_reader  # the earlier name
