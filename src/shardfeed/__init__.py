@@ -36,6 +36,7 @@ from .pipeline import (
     PipelineStats,
     SourceDataset,
     TFRecordDataset,
+    decode_csv,
     from_iterable,
     from_list,
     mix,
@@ -43,6 +44,7 @@ from .pipeline import (
     read_text,
     read_tfrecord,
 )
+from .pai import PaiFlags, pai_flags
 from .storage import retry_stats
 from .transforms import (
     csv_id2dense,
@@ -72,7 +74,7 @@ from .distributed import (
 # Table support needs pyarrow (the `tables` extra): imported on first use, so that
 # `import shardfeed` needs only numpy, fsspec and a CRC package.
 _LAZY = {name: "tables" for name in
-         ("TableRecordDataset", "TableTypeError", "TableWriter", "WriterConflictError", "read_table")}
+         ("TableRecordDataset", "TableRecordReader", "TableTypeError", "TableWriter", "WriterConflictError", "read_table")}
 
 
 def __getattr__(name: str):
@@ -113,7 +115,7 @@ __all__ = [
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
-    "mix", "read_csv", "read_text", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
+    "mix", "decode_csv", "read_csv", "read_text", "PaiFlags", "pai_flags", "TableRecordReader", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
     "read_shard", "resolve_slice", "shard_works", "TableRecordDataset", "TableTypeError", "TableWriter",
     "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",
     "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",

@@ -65,6 +65,24 @@ def _diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "item list (index files or row counts changed)"
 
 
+class WorkProducer:
+    """What :meth:`WorkQueue.input_producer` returns: the work URLs this worker takes, in
+    order, each acknowledged when the next is asked for; ``queue`` is the queue itself (a
+    reader that knows queues, such as ``TableRecordReader``, takes its items directly)."""
+
+    def __init__(self, queue: "WorkQueue") -> None:
+        self.queue = queue
+        self._it: Any = None
+
+    def __iter__(self) -> "WorkProducer":
+        return self
+
+    def __next__(self) -> str:
+        if self._it is None:
+            self._it = iter(self.queue)
+        return str(next(self._it))
+
+
 class WorkQueue:
     """A queue of work items (files, tables, or record/row ranges of them) shared by workers.
 
@@ -270,10 +288,11 @@ class WorkQueue:
 
         return QueueSpans(self, storage_options)
 
-    def input_producer(self) -> Any:
+    def input_producer(self) -> "WorkProducer":
         """PAI's name: an iterator of the work URLs this worker takes (acknowledged as the
-        next is asked for)."""
-        return (str(item) for item in self)
+        next is asked for); a ``TableRecordReader`` given it reads the queue's items (row
+        ranges included) itself."""
+        return WorkProducer(self)
 
     # -- checkpoint ------------------------------------------------------------------------------
     def get_state(self) -> dict:

@@ -1,6 +1,6 @@
 """The ``Dataset`` chain: sources and stages that stream records to training."""
 
-from .csv import CsvError, read_csv
+from .csv import CsvError, decode_csv, read_csv
 from .dataset import Dataset
 from .iterator import PipelineIterator
 from .mix import mix
@@ -15,6 +15,6 @@ from .text import read_text
 __all__ = [
     "AUTOTUNE", "CsvError", "Dataset", "PipelineIterator", "PipelineStats", "SourceDataset", "SourceReader",
     "StageStats", "TFRecordDataset", "TFRecordSource", "ReadOptions", "Span", "SpanProvider", "SpanStream",
-    "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "mix", "read_csv",
+    "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "mix", "decode_csv", "read_csv",
     "read_text", "read_tfrecord",
 ]

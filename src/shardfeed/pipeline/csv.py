@@ -100,6 +100,94 @@ def _column(i: int, d: Any) -> Column:
     raise TypeError(f"record_defaults[{i}] is {d!r}; use a value (0, 0.0, '', b''), a type, or None/[] for required")
 
 
+def typed_row(fields: Sequence[str], columns: Sequence[Column], select_cols: Sequence[int] | None, na_value: str,
+              url: str, line: int) -> tuple:
+    """The fields of one row typed by ``columns`` (after picking ``select_cols``); raises
+    :class:`CsvError` naming ``url``, ``line`` and the column."""
+    if select_cols is None:
+        if len(fields) != len(columns):
+            raise CsvError(f"expected {len(columns)} fields (len(record_defaults)), found {len(fields)}", url, line)
+        picked = fields
+    else:
+        if len(fields) <= select_cols[-1]:
+            raise CsvError(f"row has {len(fields)} fields, select_cols needs column {select_cols[-1]}", url, line)
+        picked = [fields[c] for c in select_cols]
+    out = []
+    for j, (col, field) in enumerate(zip(columns, picked)):
+        file_col = select_cols[j] if select_cols is not None else j
+        if field == na_value:
+            if col.default is None:
+                raise CsvError("required field is empty (its record_default is None/[]/a type)", url, line, file_col)
+            out.append(col.default)
+            continue
+        try:
+            out.append(col.convert(field))
+        except (ValueError, OverflowError):
+            name = getattr(col.dtype, "name", getattr(col.dtype, "__name__", str(col.dtype)))
+            raise CsvError(f"cannot parse {field!r} as {name}", url, line, file_col) from None
+    return tuple(out)
+
+
+def _check_select_cols(select_cols: Sequence[int] | None, ncols: int) -> list[int] | None:
+    if select_cols is None:
+        return None
+    cols = list(select_cols)
+    if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cols):
+        raise ValueError(f"select_cols must be column indices >= 0, got {select_cols!r}")
+    if cols != sorted(set(cols)):
+        raise ValueError(f"select_cols must be strictly increasing, got {select_cols!r}")
+    if len(cols) != ncols:
+        raise ValueError(f"select_cols has {len(cols)} columns but record_defaults has {ncols}")
+    return cols
+
+
+def _columns_of(record_defaults: Sequence[Any]) -> list[Column]:
+    if isinstance(record_defaults, (str, bytes)) or not isinstance(record_defaults, Sequence) or not record_defaults:
+        raise ValueError("record_defaults must be a non-empty list, one entry per column, e.g. [0, 0.0, '']")
+    return [_column(i, d) for i, d in enumerate(record_defaults)]
+
+
+def decode_csv(records: Any, record_defaults: Sequence[Any], field_delim: str = ",", use_quote_delim: bool = True,
+               na_value: str = "", select_cols: Sequence[int] | None = None) -> list[np.ndarray]:
+    """``tf.io.decode_csv``: each record (one CSV line, ``str`` or ``bytes``) split on
+    ``field_delim`` and typed by ``record_defaults`` (as in :func:`read_csv`); returns one
+    numpy array per column, in the shape of ``records`` (object arrays for text columns).
+    ``use_quote_delim=False`` treats ``"`` as an ordinary character. Raises
+    :class:`CsvError` naming the record (``line`` is its 1-based position) and column."""
+    if not isinstance(field_delim, str) or len(field_delim) != 1:
+        raise ValueError(f"field_delim must be one character, got {field_delim!r}")
+    columns = _columns_of(record_defaults)
+    cols = _check_select_cols(select_cols, len(columns))
+    arr = np.asarray(records, dtype=object)
+    flat = arr.reshape(-1)
+    rows = []
+    for i, rec in enumerate(flat.tolist()):
+        if isinstance(rec, (bytes, bytearray)):
+            try:
+                rec = bytes(rec).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise CsvError(f"not valid utf-8: {exc.reason}", "<records>", i + 1) from None
+        elif not isinstance(rec, str):
+            raise TypeError(f"record #{i} is {type(rec).__name__}; decode_csv takes str or bytes lines")
+        try:
+            fields = next(_csv.reader([rec], delimiter=field_delim, quotechar='"' if use_quote_delim else None,
+                                      quoting=_csv.QUOTE_MINIMAL if use_quote_delim else _csv.QUOTE_NONE,
+                                      strict=True), [])
+        except _csv.Error as exc:
+            raise CsvError(f"malformed CSV: {exc}", "<records>", i + 1) from None
+        rows.append(typed_row(fields or [""], columns, cols, na_value, "<records>", i + 1))
+    out = []
+    for j, col in enumerate(columns):
+        values = [r[j] for r in rows]
+        if col.dtype in (str, bytes):
+            a = np.empty(len(values), dtype=object)
+            a[:] = values
+        else:
+            a = np.array(values, dtype=col.dtype)
+        out.append(a.reshape(arr.shape))
+    return out
+
+
 class _CsvReader(LineReader):
     def __init__(self, ds: "CsvDataset", state: Mapping[str, Any] | None) -> None:
         super().__init__(ds.files, ds.compression, ds.storage_options, state, header=ds.header, cache=ds.cache)
@@ -124,31 +212,7 @@ class _CsvReader(LineReader):
             fields = next(_csv.reader([text], delimiter=ds.field_delim, quotechar=ds.quote or None, strict=True))
         except _csv.Error as exc:
             raise CsvError(f"malformed CSV: {exc}", storage.mask(url), start) from None
-        if ds.select_cols is None:
-            if len(fields) != len(ds.columns):
-                raise CsvError(f"expected {len(ds.columns)} fields (len(record_defaults)), found {len(fields)}",
-                               storage.mask(url), start)
-            picked = fields
-        else:
-            if len(fields) <= ds.select_cols[-1]:
-                raise CsvError(f"row has {len(fields)} fields, select_cols needs column {ds.select_cols[-1]}",
-                               storage.mask(url), start)
-            picked = [fields[c] for c in ds.select_cols]
-        out = []
-        for j, (col, field) in enumerate(zip(ds.columns, picked)):
-            file_col = ds.select_cols[j] if ds.select_cols is not None else j
-            if field == ds.na_value:
-                if col.default is None:
-                    raise CsvError("required field is empty (its record_default is None/[]/a type)",
-                                   storage.mask(url), start, file_col)
-                out.append(col.default)
-                continue
-            try:
-                out.append(col.convert(field))
-            except (ValueError, OverflowError):
-                name = getattr(col.dtype, "name", getattr(col.dtype, "__name__", str(col.dtype)))
-                raise CsvError(f"cannot parse {field!r} as {name}", storage.mask(url), start, file_col) from None
-        return tuple(out)
+        return typed_row(fields, ds.columns, ds.select_cols, ds.na_value, storage.mask(url), start)
 
     def _decode(self, raw: bytes, url: str) -> str:
         try:
@@ -167,24 +231,12 @@ class CsvDataset(SourceDataset):
                  compression: str | None = "auto", encoding: str = "utf-8",
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
                  cache_limit: int | str | None = None) -> None:
-        if isinstance(record_defaults, (str, bytes)) or not isinstance(record_defaults, Sequence) or not record_defaults:
-            raise ValueError("record_defaults must be a non-empty list, one entry per column, e.g. [0, 0.0, '']")
         if not isinstance(field_delim, str) or len(field_delim) != 1:
             raise ValueError(f"field_delim must be one character, got {field_delim!r}")
         if quote and (not isinstance(quote, str) or len(quote) != 1):
             raise ValueError(f"quote must be one character or '' for none, got {quote!r}")
-        self.columns = [_column(i, d) for i, d in enumerate(record_defaults)]
-        if select_cols is not None:
-            cols = list(select_cols)
-            if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in cols):
-                raise ValueError(f"select_cols must be column indices >= 0, got {select_cols!r}")
-            if cols != sorted(set(cols)):
-                raise ValueError(f"select_cols must be strictly increasing, got {select_cols!r}")
-            if len(cols) != len(self.columns):
-                raise ValueError(f"select_cols has {len(cols)} columns but record_defaults has {len(self.columns)}")
-            self.select_cols: list[int] | None = cols
-        else:
-            self.select_cols = None
+        self.columns = _columns_of(record_defaults)
+        self.select_cols: list[int] | None = _check_select_cols(select_cols, len(self.columns))
         normalize_compression(compression)
         self.files = storage.expand(files, storage_options)
         self.field_delim = field_delim

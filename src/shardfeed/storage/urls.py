@@ -7,6 +7,7 @@ secret registered with :func:`register_secret` (keys given as arguments) is repl
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
@@ -115,7 +116,38 @@ def parse_url(url: str) -> ParsedURL:
             raise ValueError(
                 f"{mask(url)}: put credentials in storage_options or environment variables, not in the URL"
             )
+    if protocol == "oss":
+        rest, query = _pai_oss_form(url, rest, query)
     return ParsedURL(protocol, rest, query, url)
+
+
+_role_arn_told = False
+
+
+def _pai_oss_form(url: str, rest: str, query: tuple) -> tuple[str, tuple]:
+    """PAI's OSS URL forms as plain ``bucket/key`` plus ``endpoint``: the endpoint in the
+    host (``oss://bucket.oss-cn-hangzhou.aliyuncs.com/key``; OSS bucket names hold no
+    dot, so the first dot ends the bucket) and ``role_arn`` in the query (accepted and
+    dropped: a RAM role is assumed only inside PAI)."""
+    global _role_arn_told
+    netloc, sep, key = rest.partition("/")
+    if "." in netloc:
+        bucket, host = netloc.split(".", 1)
+        given = dict(query).get("endpoint") or dict(query).get("host")
+        if given and given.split("://")[-1].rstrip("/") != host:
+            raise ValueError(f"{mask(url)}: the endpoint in the host ({host}) and in the query ({given}) differ")
+        if not given:
+            query = query + (("endpoint", host),)
+        rest = bucket + sep + key
+    if any(k == "role_arn" for k, _ in query):
+        query = tuple((k, v) for k, v in query if k != "role_arn")
+        if not _role_arn_told:
+            _role_arn_told = True
+            logging.getLogger(__name__).warning(
+                "%s: role_arn is accepted but not used: a RAM role is assumed only inside PAI; give OSS keys "
+                "through OSS_ACCESS_KEY_ID / OSS_ACCESS_KEY_SECRET or storage_options={'key': ..., 'secret': ...}",
+                mask(url))
+    return rest, query
 
 
 def has_magic(url: str) -> bool:

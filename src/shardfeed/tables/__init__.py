@@ -7,10 +7,11 @@ writes rows that appear only after a clean close. Table URLs: :mod:`.urls`.
 from .backend import WriterConflictError
 from .convert import TableTypeError
 from .reader import TableRecordDataset, count_rows, read_table, slice_range
+from .record_reader import TableRecordReader
 from .urls import TableURL, parse_table_url
 from .writer import TableWriter
 
 __all__ = [
-    "TableRecordDataset", "TableTypeError", "TableURL", "TableWriter", "WriterConflictError", "count_rows",
+    "TableRecordDataset", "TableRecordReader", "TableTypeError", "TableURL", "TableWriter", "WriterConflictError", "count_rows",
     "parse_table_url", "read_table", "slice_range",
 ]
