@@ -142,3 +142,26 @@ def test_verbose_logging_masks_secrets_from_every_library_and_vv_opens_them(tmp_
     assert "retry" not in out[0] and "retry" in out[1] and "botocore" not in out[1]  # -v: shardfeed only
     assert "botocore.endpoint" in out[2] and "X-Amz-Signature=***" in out[2]  # -vv: every library, masked
     assert "boom" in out[0] and "Traceback" in out[0]  # errors always, their tracebacks masked too
+
+
+def test_commands_on_a_folder_read_its_record_files_and_say_what_they_skipped(shards, capsys):
+    sf.write_records(str(shards / "part-2"), [sf.encode_example({"id": [99]})])  # no extension, as TF writes
+    sf.write_records(str(shards / "part-3.tfrecord.gz"), [sf.encode_example({"id": [7]})] * 4)
+    sf.build_index(str(shards / "part-0.tfrecord"))
+    (shards / "schema.pbtxt").write_text('feature { name: "id" type: INT }\n')
+    (shards / "manifest.json").write_text("{}")
+    (shards / "discarded.csv").write_text("row,reason\n")
+    (shards / "README").write_text("converted with shardfeed\n")
+    assert main(["count", "--json", str(shards)]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["total"] == 10 + 10 + 1 + 4 and len(report["files"]) == 4
+    assert "skipped 5 file(s) that are not TFRecords" in out.err
+    for name in ("README", "schema.pbtxt", "manifest.json", "discarded.csv", "part-0.tfrecord.idx"):
+        assert name in out.err
+    assert main(["verify", str(shards)]) == 0
+    assert "OK: 25 good records in 4 files" in capsys.readouterr().out
+    assert main(["head", "-n", "30", str(shards)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 25
+    # a file named explicitly is read as given, and a bad one is still an error
+    assert main(["count", str(shards / "README")]) != 0

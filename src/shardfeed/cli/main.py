@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import logging
+import os
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -33,8 +34,19 @@ def _json_value(v: Any) -> Any:
     return v
 
 
+def _record_files(args) -> list[str]:
+    """The TFRecord files the arguments name; what a folder or glob held besides them
+    (index files, manifests, schema.pbtxt, reports) is left out, and said on stderr."""
+    urls, skipped = tfr.record_files(args.urls)
+    if skipped and not getattr(args, "quiet", False):
+        names = ", ".join(os.path.basename(u.split("?", 1)[0]) for u in skipped[:8])
+        more = f" and {len(skipped) - 8} more" if len(skipped) > 8 else ""
+        print(f"skipped {len(skipped)} file(s) that are not TFRecords: {names}{more}", file=sys.stderr)
+    return urls
+
+
 def _records(args) -> Iterator[tuple[str, tfr.TFRecordReader]]:
-    for url in tfr.expand_files(args.urls):
+    for url in _record_files(args):
         reader = tfr.TFRecordReader(url, compression=args.compression, on_corrupt="raise")
         yield url, reader
 
@@ -68,7 +80,7 @@ def _total_bytes(urls: Sequence[str]) -> int | None:
 
 
 def cmd_count(args) -> int:
-    urls = tfr.expand_files(args.urls)
+    urls = _record_files(args)
     compressed = any(tfr.normalize_compression(args.compression, u) for u in urls)
     total = None if compressed else _total_bytes(urls)
     counts = {}
@@ -93,7 +105,7 @@ def cmd_count(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    urls = tfr.expand_files(args.urls)
+    urls = _record_files(args)
     compressed = any(tfr.normalize_compression(args.compression, u) for u in urls)
     total = None if compressed else _total_bytes(urls)
     stats = tfr.ReadStats()
@@ -131,7 +143,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_index(args) -> int:
-    urls = tfr.expand_files(args.urls)
+    urls = _record_files(args)
     for url in progress_bar(urls, desc="index", unit="file", disable=args.quiet or len(urls) < 2):
         idx = tfr.build_index(url, (url + args.suffix))
         if not args.quiet:
@@ -146,7 +158,7 @@ def cmd_inspect(args) -> int:
     if len(args.urls) == 1 and is_converted_output(args.urls[0]):
         return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json)
 
-    urls = tfr.expand_files(args.urls)
+    urls = _record_files(args)
 
     def sample() -> Iterator[bytes]:
         n = 0

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO, Iterable, Iterator, Mapping
 
 from .. import storage
 from ..errors import CorruptRecordError
-from ..storage.urls import mask
+from ..storage.urls import has_magic, mask
 from .crc import masked_crc32c, masked_length_crc
 
 logger = logging.getLogger(__name__)
@@ -451,6 +451,45 @@ def expand_files(urls: str | Iterable[str], storage_options: Mapping[str, Any] |
     return storage.expand(urls, storage_options, skip_suffixes=SIDECAR_SUFFIXES)
 
 
+def looks_like_tfrecord(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``url`` starts like a TFRecord file: nothing at all (no records), a frame
+    header whose length CRC checks, or a GZIP or ZLIB stream."""
+    head = storage.read_bytes(url, 0, HEADER_SIZE, storage_options=storage_options)
+    if not head or head[:2] == b"\x1f\x8b" or (len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0):
+        return True
+    if len(head) < HEADER_SIZE:
+        return False
+    length, crc = _HEADER.unpack_from(head)
+    return masked_length_crc(length) == crc
+
+
+def record_files(urls: str | Iterable[str], storage_options: Mapping[str, Any] | None = None
+                 ) -> tuple[list[str], list[str]]:
+    """``(files, skipped)``: the TFRecord files ``urls`` name, and the files a directory or
+    a glob held that are not (index files, manifests, ``schema.pbtxt``, reports: anything
+    that does not start like a TFRecord file). Files named explicitly are kept as given."""
+    items = [os.fspath(urls)] if isinstance(urls, (str, os.PathLike)) else [os.fspath(u) for u in urls]
+    files: list[str] = []
+    skipped: list[str] = []
+    for item in items:
+        parsed = storage.parse_url(item)
+        listing = has_magic(item) or (parsed.is_local and os.path.isdir(parsed.path)) or (
+            not parsed.is_local and item.split("?", 1)[0].endswith("/"))
+        if not listing:
+            files.extend(storage.expand(item, storage_options))
+            continue
+        for u in storage.expand(item, storage_options):
+            name = u.split("?", 1)[0]
+            if name.endswith(SIDECAR_SUFFIXES) or not looks_like_tfrecord(u, storage_options):
+                skipped.append(u)
+            else:
+                files.append(u)
+        if not files:
+            raise FileNotFoundError(f"{mask(item)}: no TFRecord files there (left out: "
+                                    f"{', '.join(os.path.basename(u.split('?', 1)[0]) for u in skipped[:10])})")
+    return files, skipped
+
+
 def frame(record: bytes) -> bytes:
     """One TFRecord frame around ``record``."""
     n = len(record)
@@ -571,6 +610,6 @@ from .index import IndexedTFRecord, build_index, read_index  # noqa: E402  (re-e
 
 __all__ = [
     "TFRecordReader", "TFRecordWriter", "ReadStats", "read_records", "write_records", "frame",
-    "normalize_compression", "open_stream", "expand_files", "IndexedTFRecord", "build_index", "read_index",
+    "normalize_compression", "open_stream", "expand_files", "record_files", "looks_like_tfrecord", "IndexedTFRecord", "build_index", "read_index",
     "format_index",
 ]
