@@ -1,4 +1,5 @@
-"""The native core (C): CRC-32C, TFRecord framing scan, batched Example parsing.
+"""The native core (C): CRC-32C, TFRecord framing scan, batched Example parsing
+(SequenceExamples: :mod:`.sequence_native`).
 
 Everything here has a pure-Python twin that is the reference (:mod:`.crc`,
 :mod:`.tfrecord`, :mod:`.example`); the native versions give identical values and raise
