@@ -31,9 +31,8 @@ import numpy as np
 
 from ..errors import DecodeError, ParseError
 from .example import _DTYPE_KIND, _KIND_NAMES, _concat, _fixed_default, _flat_values, _parse, decode_sequence_raw
-from .native import native_available
 from .padding import pad_rows
-from .sequence_native import parse_sequence_batch
+from .sequence_native import parse_sequence_batch, sequence_native_available
 from .spec import FeatureSpec, FixedLen, FixedLenSequence, RaggedColumn, SparseColumn, VarLen, normalize_spec
 
 Column = Union[np.ndarray, RaggedColumn, SparseColumn]
@@ -84,7 +83,7 @@ def _parse_sequences(records: Sequence[Any], context_features: Mapping[str, Feat
     if isinstance(records, (bytes, bytearray, memoryview, str)):
         raise TypeError("records must be a sequence of serialized SequenceExamples; for one record use "
                         "parse_single_sequence_example")
-    if use_native and native_available():
+    if use_native and sequence_native_available():
         return parse_sequence_batch(records, ctx_spec, seq_spec, single)
     n = len(records)
     contexts, lists = [], []

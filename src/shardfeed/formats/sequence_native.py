@@ -112,6 +112,12 @@ def _sparse_steps(values: np.ndarray, record_steps: np.ndarray, step_values: np.
     return SparseColumn(np.stack([rows, steps, pos], axis=1), values, np.array([n, most_steps, most_values], np.int64))
 
 
+def sequence_native_available() -> bool:
+    """True when the built extension has the SequenceExample parser (an extension built
+    from older sources has not: then the pure-Python reference is used)."""
+    return native._ext is not None and hasattr(native._ext, "parse_sequence_batch")
+
+
 def parse_sequence_batch(records: Sequence[Any], context: Mapping[str, FeatureSpec],
                          sequence: Mapping[str, FeatureSpec], single: bool = False):
     """``(context, feature_lists, lengths)`` of serialized SequenceExamples, as
@@ -146,4 +152,4 @@ def parse_sequence_batch(records: Sequence[Any], context: Mapping[str, FeatureSp
     return ctx, lists, lengths
 
 
-__all__ = ["CompiledSequenceSpec", "compile_sequence_spec", "parse_sequence_batch"]
+__all__ = ["CompiledSequenceSpec", "compile_sequence_spec", "parse_sequence_batch", "sequence_native_available"]
