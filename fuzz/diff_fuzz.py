@@ -1,9 +1,12 @@
 """Differential fuzzing: mutate seed records and check that the native parser and the
 pure-Python reference agree (same columns, or the same error type, message, feature and
 record). Pure Python driver, no atheris needed; memory safety is the libFuzzer harnesses'
-job. Run from the repository root::
+job. Examples and SequenceExamples (``--kind``; both by default, alternating): for
+SequenceExamples, ``parse_sequence_example`` (and, for one record, the single-record
+form) against ``parse_sequence_example_py``, and the decoders' verdicts
+(``validate_sequence_example``). Run from the repository root::
 
-    python fuzz/diff_fuzz.py --seconds 300 [--seed 1]
+    python fuzz/diff_fuzz.py --seconds 300 [--seed 1] [--kind example|sequence|both]
 
 Prints any disagreement (with the input as a Python bytes literal) and exits 1.
 """
@@ -17,12 +20,19 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+import shardfeed as sf  # noqa: E402
+from shardfeed.formats import native as nv  # noqa: E402
 from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, check_same, ctr_record  # noqa: E402
+from tests.test_native_sequence import (  # noqa: E402
+    HOSTILE_SEQ, ODD_SEQ, SPEC_RANDOM, SPECS, _reference_decode_error, check_same_seq, random_sequence_example,
+)
 
 TOKENS = [b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x0b", b"\x0c", b"\x0d", b"\x09", b"\x80", b"\xff", b"\x00",
-          b"\x7f", b"\x0a\x01a", b"\x0a\x01b", b"\x0a\x01c", b"\x0a\x03ids"]
+          b"\x7f", b"\x0a\x01a", b"\x0a\x01b", b"\x0a\x01c", b"\x0a\x03ids", b"\x0a\x02zz", b"\x0a\x03tok",
+          b"\x0a\x00", b"\x12\x00"]
 
 
 def mutate(rng: random.Random, rec: bytes, pool: list[bytes]) -> bytes:
@@ -47,17 +57,58 @@ def mutate(rng: random.Random, rec: bytes, pool: list[bytes]) -> bytes:
     return bytes(b)
 
 
+def sequence_record(rng: random.Random, pool: list[bytes], valid: list[bytes]) -> bytes:
+    """A fresh random record, a valid seed, or a seed mutated; most mutations break the
+    record, so valid ones are drawn often enough that values get compared too."""
+    r = rng.random()
+    if r < 0.15:
+        return sf.encode_sequence_example(*random_sequence_example(rng))
+    seed = rng.choice(valid if r < 0.75 else pool)
+    return seed if rng.random() < 0.3 else mutate(rng, seed, pool)
+
+
+def sequence_case(rng: random.Random, pool: list[bytes], valid: list[bytes], n: int) -> None:
+    """One batch of SequenceExamples through both paths (AssertionError if they differ)."""
+    recs = [sequence_record(rng, pool, valid) for _ in range(rng.randrange(1, 5))]
+    ctx, seq = rng.choice(SPECS + [SPEC_RANDOM])
+    try:
+        check_same_seq(recs, ctx, seq)
+        if len(recs) == 1:
+            check_same_seq(recs, ctx, seq, single=True)
+        if n % 4 == 0:
+            assert nv.validate_sequence_example(recs[0]) == _reference_decode_error(recs[0])
+    except AssertionError as e:
+        raise AssertionError(f"records={recs!r} context={ctx!r} sequence={seq!r}\n{e}") from None
+    if rng.random() < 0.02:
+        pool.append(recs[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kind", choices=("example", "sequence", "both"), default="both")
     args = ap.parse_args()
+    if not nv.native_available():
+        print(f"the native extension is not built: {nv.native_info()}")
+        return 2
     rng = random.Random(args.seed)
     pool = list(ODD.values()) + list(HOSTILE.values()) + [ctr_record(rng) for _ in range(10)]
+    seq_valid = list(ODD_SEQ.values()) + [sf.encode_sequence_example(*random_sequence_example(rng)) for _ in range(20)]
+    seq_pool = seq_valid + list(HOSTILE_SEQ.values())
     specs = ODD_SPECS + [CTR_SPEC]
     deadline = time.monotonic() + args.seconds
-    n = 0
+    n = n_seq = 0
     while time.monotonic() < deadline:
+        if args.kind == "sequence" or (args.kind == "both" and n % 2):
+            try:
+                sequence_case(rng, seq_pool, seq_valid, n_seq)
+            except AssertionError as e:
+                print(f"DISAGREEMENT after {n} cases (SequenceExample): {e}")
+                return 1
+            n += 1
+            n_seq += 1
+            continue
         recs = [mutate(rng, rng.choice(pool), pool) for _ in range(rng.randrange(1, 4))]
         spec = rng.choice(specs)
         try:
@@ -68,7 +119,7 @@ def main() -> int:
         n += 1
         if rng.random() < 0.02:
             pool.append(recs[0])
-    print(f"ok: {n} cases, no disagreement")
+    print(f"ok: {n} cases ({n - n_seq} Example batches, {n_seq} SequenceExample batches), no disagreement")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Write the seed corpus for the fuzzers (fuzz/corpus/{frames,example}/), deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
-one byte choosing the harness's spec; records of one batch are separated by FF FE FD.
+one byte choosing the harness's spec (bit 2 set: parsed as SequenceExamples, the
+``seq-*`` seeds); records of one batch are separated by FF FE FD.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from shardfeed.formats.crc import masked_crc32c, masked_length_crc  # noqa: E402
-from shardfeed.formats.example import encode_example  # noqa: E402
+from shardfeed.formats.example import encode_example, encode_sequence_example  # noqa: E402
 from shardfeed.formats.wire import encode_varint  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,6 +66,28 @@ def examples() -> list[bytes]:
     return out
 
 
+def sequences() -> list[bytes]:
+    """SequenceExamples for the harness's feature-list columns (a, f, s, the empty key)."""
+    def lists(key: bytes, *steps: bytes) -> bytes:
+        return ld(1, ld(1, key) + ld(2, b"".join(ld(1, s) for s in steps)))
+
+    return [
+        encode_sequence_example({"a": 1, "b": 2.5, "c": b"x"}, {"a": [[1], [2]], "f": [[0.5], []], "s": [[b"x", b""]]}),
+        encode_sequence_example({"ids": [1, 2]}, {"a": [[1, 2], [3, 4]], "f": [[1.0, 2.0]], "": [[7], [], [8, 9]]}),
+        encode_sequence_example({}, {"a": [], "s": [], "f": [[float("nan")]]}),
+        encode_sequence_example({"a": [1, 2]}, {"other": [[1], [b"x"]], "a": [[5]]}),
+        # value before key, value twice, duplicate lists, kindless steps, unknown fields and groups
+        ld(2, ld(1, ld(2, ld(1, ld(3, ld(1, b"\x01")))) + ld(1, b"a") + ld(2, ld(1, b"")))),
+        ld(2, lists(b"a", ld(3, ld(1, b"\x01"))) + lists(b"a", ld(3, b"\x08\x02"), b"")) + ld(1, entry(b"a", ld(3, b"\x08\x03"))),
+        b"\x18\x01" + ld(2, b"\x1b\x1c" + lists(b"f", ld(2, b"\x0d\0\0\x80\x3f" + b"\x1b\x1c"), b"\x10\x01") + b"\x25\0\0\0\0"),
+        # broken ones
+        ld(2, lists(b"a", ld(3, ld(1, b"\x80")))),
+        ld(2, lists(b"\xff", b"")),
+        ld(2, b"\x0a\x05\x0a\x01a"),
+        ld(2, lists(b"s", ld(1, b"\x0c"))),
+    ]
+
+
 def main() -> None:
     ex_dir = os.path.join(HERE, "corpus", "example")
     fr_dir = os.path.join(HERE, "corpus", "frames")
@@ -77,6 +100,12 @@ def main() -> None:
     for i in range(0, len(recs) - 2, 3):
         with open(os.path.join(ex_dir, f"batch-{i:02d}"), "wb") as f:
             f.write(bytes([i % 4]) + SEP.join(recs[i:i + 3]))
+    seqs = sequences()
+    for i, r in enumerate(seqs):
+        with open(os.path.join(ex_dir, f"seq-{i:02d}"), "wb") as f:
+            f.write(bytes([4 + i % 4]) + r)
+    with open(os.path.join(ex_dir, "seq-batch"), "wb") as f:
+        f.write(bytes([4]) + SEP.join(seqs[:4]))
     good = b"".join(frame(r) for r in recs[:6])
     seeds = {
         "empty": b"",

@@ -1,5 +1,6 @@
 """FixedLenSequence and SequenceExample parsing agree with TensorFlow's own parsers on the
-same bytes, value for value (tf.io.parse_example, tf.io.parse_sequence_example)."""
+same bytes, value for value (tf.io.parse_example, tf.io.parse_sequence_example), on both
+paths: the pure-Python reference and the native core."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ tf = pytest.importorskip("tensorflow")
 import shardfeed as sf  # noqa: E402
 from shardfeed.errors import ParseError  # noqa: E402
 from shardfeed.formats import example as reference  # noqa: E402
+from shardfeed.formats import sequence as sequence_reference  # noqa: E402
 from shardfeed.formats.native import native_available, parse_example_batch  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -22,6 +24,14 @@ pytestmark = pytest.mark.tf
 PARSERS = [pytest.param(reference.parse_example, id="python"),
            pytest.param(parse_example_batch, id="native",
                         marks=pytest.mark.skipif(not native_available(), reason="the C extension is not built"))]
+NATIVE_ONLY = pytest.mark.skipif(not native_available(), reason="the C extension is not built")
+# (batch parser, single-record parser) of SequenceExamples: the reference, and the public
+# functions, which take the native path when the extension is built
+SEQUENCE_PARSERS = [
+    pytest.param((sequence_reference.parse_sequence_example_py,
+                  lambda r, c, s: sequence_reference.parse_sequence_example_py([r], c, s, single=True)[:2]), id="python"),
+    pytest.param((sf.parse_sequence_example, sf.parse_single_sequence_example), id="native", marks=NATIVE_ONLY),
+]
 
 
 def same(ours, theirs):
@@ -129,10 +139,11 @@ def _same_context(ours, theirs):
             same(ours[k], t)
 
 
+@pytest.mark.parametrize("parsers", SEQUENCE_PARSERS)
 @pytest.mark.parametrize("batch", [SEQUENCES, SEQUENCES[1:2], SEQUENCES[::-1]], ids=["all", "one-empty", "reversed"])
-def test_parse_sequence_example_matches_tf(batch):
+def test_parse_sequence_example_matches_tf(parsers, batch):
     recs = [sf.encode_sequence_example(c, fl) for c, fl in batch]
-    ctx, lists, lengths = sf.parse_sequence_example(recs, CONTEXT[0], SEQUENCE[0])
+    ctx, lists, lengths = parsers[0](recs, CONTEXT[0], SEQUENCE[0])
     t_ctx, t_lists, t_lengths = tf.io.parse_sequence_example(recs, context_features=CONTEXT[1],
                                                              sequence_features=SEQUENCE[1])
     _same_context(ctx, t_ctx)
@@ -144,10 +155,11 @@ def test_parse_sequence_example_matches_tf(batch):
         same(lengths[k], t_lengths[k])
 
 
-def test_parse_single_sequence_example_matches_tf():
+@pytest.mark.parametrize("parsers", SEQUENCE_PARSERS)
+def test_parse_single_sequence_example_matches_tf(parsers):
     for c, fl in SEQUENCES:
         rec = sf.encode_sequence_example(c, fl)
-        ctx, lists = sf.parse_single_sequence_example(rec, CONTEXT[0], SEQUENCE[0])
+        ctx, lists = parsers[1](rec, CONTEXT[0], SEQUENCE[0])
         t_ctx, t_lists = tf.io.parse_single_sequence_example(rec, context_features=CONTEXT[1],
                                                              sequence_features=SEQUENCE[1])
         for k, t in t_ctx.items():
@@ -168,27 +180,64 @@ def test_parse_single_sequence_example_matches_tf():
      "feature list is missing"),
     ({"tok": [[1], [b"x"]]}, sf.VarLen("int64"), tf.io.VarLenFeature(tf.int64), "step 1 .*bytes_list"),
 ], ids=["count", "empty-step", "missing", "kind"])
-def test_sequence_violations_fail_in_both(lists, spec, tf_spec, what):
+@pytest.mark.parametrize("parsers", SEQUENCE_PARSERS)
+def test_sequence_violations_fail_in_both(parsers, lists, spec, tf_spec, what):
     recs = [sf.encode_sequence_example({}, {"tok": [[5]] if not isinstance(spec, sf.FixedLenSequence)
                                             or spec.shape == () else [[5, 6]]}),
             sf.encode_sequence_example({}, lists)]
     tf.io.parse_sequence_example(recs[:1], sequence_features={"tok": tf_spec})  # the good record is fine in both
-    sf.parse_sequence_example(recs[:1], sequence_features={"tok": spec})
+    parsers[0](recs[:1], sequence_features={"tok": spec})
     with pytest.raises(tf.errors.InvalidArgumentError):
         tf.io.parse_sequence_example(recs, sequence_features={"tok": tf_spec})
     with pytest.raises(ParseError, match=what) as e:
-        sf.parse_sequence_example(recs, sequence_features={"tok": spec})
+        parsers[0](recs, sequence_features={"tok": spec})
     assert e.value.feature == "tok" and e.value.record_index == 1
 
 
-def test_sequence_specs_tf_refuses_are_refused():
+@pytest.mark.parametrize("parsers", SEQUENCE_PARSERS)
+def test_sequence_specs_tf_refuses_are_refused(parsers):
+    parse = parsers[0]
     rec = [sf.encode_sequence_example({}, {"f": [[1.0]]})]
     with pytest.raises(ValueError, match="must be None"):
         tf.io.parse_sequence_example(rec, sequence_features={
             "f": tf.io.FixedLenSequenceFeature([], tf.float32, default_value=-1.0)})
     with pytest.raises(ValueError, match="takes no default"):
-        sf.parse_sequence_example(rec, sequence_features={"f": sf.FixedLenSequence("float32", default=-1.0)})
+        parse(rec, sequence_features={"f": sf.FixedLenSequence("float32", default=-1.0)})
     with pytest.raises(TypeError, match="FixedLenSequence or VarLen"):
-        sf.parse_sequence_example(rec, sequence_features={"f": sf.FixedLen("float32")})
+        parse(rec, sequence_features={"f": sf.FixedLen("float32")})
     with pytest.raises(sf.DecodeError):
-        sf.parse_sequence_example([b"\x0a\x05ab"], sequence_features={"f": sf.VarLen("float32")})
+        parse([b"\x0a\x05ab"], sequence_features={"f": sf.VarLen("float32")})
+
+
+def _random_sequence(rng: np.random.Generator) -> tuple[dict, dict]:
+    ctx = {"id": [int(rng.integers(-(2**63), 2**63 - 1))]}
+    if rng.random() < 0.7:
+        ctx["ctx_ids"] = rng.integers(-(2**40), 2**40, rng.integers(0, 4)).tolist()
+    lists = {"tok": [rng.integers(-(2**62), 2**62, 2).tolist() for _ in range(rng.integers(0, 5))],
+             "f": [np.float32(rng.standard_normal(1)) for _ in range(rng.integers(0, 4))],
+             "w": [[bytes(rng.integers(0, 256, rng.integers(0, 4)).astype(np.uint8)) for _ in range(rng.integers(0, 3))]
+                   for _ in range(rng.integers(0, 4))],
+             "v": [rng.integers(-9, 9, rng.integers(0, 4)).tolist() for _ in range(rng.integers(0, 4))]}
+    if rng.random() < 0.3:
+        lists["m"] = [[int(rng.integers(0, 100))] for _ in range(rng.integers(0, 3))]
+    for k in ("w", "v"):
+        if rng.random() < 0.2:
+            del lists[k]
+    # a step [] has no kind; TF reads it as an empty list of any kind, as we do
+    return ctx, lists
+
+
+@pytest.mark.parametrize("parsers", SEQUENCE_PARSERS)
+def test_random_sequence_batches_match_tf(parsers):
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        recs = [sf.encode_sequence_example(*_random_sequence(rng), sort_keys=bool(rng.random() < 0.5))
+                for _ in range(int(rng.integers(1, 12)))]
+        ctx, lists, lengths = parsers[0](recs, CONTEXT[0], SEQUENCE[0])
+        t_ctx, t_lists, t_lengths = tf.io.parse_sequence_example(recs, context_features=CONTEXT[1],
+                                                                 sequence_features=SEQUENCE[1])
+        _same_context(ctx, t_ctx)
+        for k in t_lists:
+            same(lists[k], t_lists[k])
+        for k in t_lengths:
+            same(lengths[k], t_lengths[k])

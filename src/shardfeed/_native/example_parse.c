@@ -1,10 +1,10 @@
-/* Batched tf.train.Example parsing: see example_parse.h.
+/* Batched tf.train.Example and SequenceExample parsing: see example_parse.h.
  *
  * Per record, one pass over the bytes validates everything the reference decoder checks
  * (in the same order, so the first error is the same one with the same message) and, for
  * every map entry whose key is in the spec, records where its Feature's last list run
- * starts and how many values it holds. A second pass copies the values of the spec's
- * features straight into the outputs. Nothing is allocated from a length read from the
+ * starts and how many values it holds (for a feature list: that, per step). A second pass
+ * copies the values of the spec's features straight into the outputs. Nothing is allocated from a length read from the
  * input: outputs grow by values actually present, and every length is checked against
  * the bytes left in its enclosing message before use.
  */
@@ -46,6 +46,7 @@ typedef struct {
     size_t slot; /* FIXED/VAR: the key's slot; SPARSE: the value key's slot */
     size_t size;
     int has_default;
+    int required;         /* SEQ_FIXED */
     void *default_values; /* int64/float: size values; bytes: size sf_bytes */
     uint8_t *default_blob;
     size_t nindex;
@@ -62,7 +63,10 @@ struct sf_spec {
     size_t nslots;
     slot_def *slots;
     size_t table_mask; /* open addressing: table[h & mask] = slot + 1, 0 empty */
-    uint32_t *table;
+    uint32_t *table;     /* the context's (an Example's) feature keys */
+    uint32_t *seq_table; /* a SequenceExample's feature-list keys (another namespace) */
+    size_t *seqcols;     /* the SEQ_* column indices, in spec order */
+    size_t nseq;
 };
 
 static uint64_t hash_key(const uint8_t *p, size_t n) {
@@ -74,11 +78,11 @@ static uint64_t hash_key(const uint8_t *p, size_t n) {
     return h ^ (h >> 29);
 }
 
-static long find_slot(const sf_spec *s, const uint8_t *key, size_t len) {
+static long find_in(const sf_spec *s, const uint32_t *table, const uint8_t *key, size_t len) {
     uint64_t h = hash_key(key, len);
     size_t i = (size_t)h & s->table_mask;
     for (;;) {
-        uint32_t t = s->table[i];
+        uint32_t t = table[i];
         if (!t) return -1;
         const slot_def *d = &s->slots[t - 1];
         if (d->hash == h && d->key_len == len && memcmp(d->key, key, len) == 0) return (long)(t - 1);
@@ -86,10 +90,12 @@ static long find_slot(const sf_spec *s, const uint8_t *key, size_t len) {
     }
 }
 
-/* The slot for `key` (adding one if new); SIZE_MAX for a never-matching key. */
-static size_t add_slot(sf_spec *s, const uint8_t *key, size_t len, size_t max_slots) {
+static long find_slot(const sf_spec *s, const uint8_t *key, size_t len) { return find_in(s, s->table, key, len); }
+
+/* The slot for `key` in `table` (adding one if new); SIZE_MAX for a never-matching key. */
+static size_t add_slot(sf_spec *s, uint32_t *table, const uint8_t *key, size_t len, size_t max_slots) {
     if (len == SIZE_MAX) return SIZE_MAX;
-    long f = find_slot(s, key, len);
+    long f = find_in(s, table, key, len);
     if (f >= 0) return (size_t)f;
     if (s->nslots >= max_slots) return SIZE_MAX - 1; /* cannot happen: sized for all keys */
     slot_def *d = &s->slots[s->nslots];
@@ -99,8 +105,8 @@ static size_t add_slot(sf_spec *s, const uint8_t *key, size_t len, size_t max_sl
     d->key_len = len;
     d->hash = hash_key(key, len);
     size_t i = (size_t)d->hash & s->table_mask;
-    while (s->table[i]) i = (i + 1) & s->table_mask;
-    s->table[i] = (uint32_t)(s->nslots + 1);
+    while (table[i]) i = (i + 1) & s->table_mask;
+    table[i] = (uint32_t)(s->nslots + 1);
     return s->nslots++;
 }
 
@@ -119,6 +125,8 @@ void sf_spec_free(sf_spec *s) {
     free(s->rest);
     free(s->slots);
     free(s->table);
+    free(s->seq_table);
+    free(s->seqcols);
     free(s);
 }
 
@@ -137,11 +145,13 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
     while (tsize < 2 * max_slots + 2) tsize <<= 1;
     s->table_mask = tsize - 1;
     s->table = calloc(tsize, sizeof(uint32_t));
+    s->seq_table = calloc(tsize, sizeof(uint32_t));
+    s->seqcols = calloc(ncols ? ncols : 1, sizeof(size_t));
     s->slots = calloc(max_slots ? max_slots : 1, sizeof(slot_def));
     s->cols = calloc(ncols ? ncols : 1, sizeof(col_def));
     s->order = calloc(ncols ? ncols : 1, sizeof(size_t));
     s->rest = calloc(ncols ? ncols : 1, sizeof(size_t));
-    if (!s->table || !s->slots || !s->cols || !s->order || !s->rest) goto fail;
+    if (!s->table || !s->seq_table || !s->seqcols || !s->slots || !s->cols || !s->order || !s->rest) goto fail;
     for (size_t i = 0; i < ncols; i++) {
         const sf_colspec *in = &cols[i];
         col_def *c = &s->cols[i];
@@ -149,7 +159,8 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
         c->col = in->col;
         c->kind = in->kind;
         if (c->kind < SF_KIND_BYTES || c->kind > SF_KIND_INT64) goto fail;
-        c->slot = add_slot(s, in->key, in->key_len, max_slots);
+        int seq = in->col == SF_COL_SEQ_FIXED || in->col == SF_COL_SEQ_VAR;
+        c->slot = add_slot(s, seq ? s->seq_table : s->table, in->key, in->key_len, max_slots);
         if (c->slot == SIZE_MAX - 1) goto fail;
         if (in->col == SF_COL_FIXED) {
             c->size = in->size;
@@ -184,16 +195,21 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
             c->index_sizes = calloc(in->nindex ? in->nindex : 1, sizeof(int64_t));
             if (!c->index_slots || !c->index_sizes) goto fail;
             for (size_t d = 0; d < in->nindex; d++) {
-                c->index_slots[d] = add_slot(s, in->index_keys[d].p, in->index_keys[d].n, max_slots);
+                c->index_slots[d] = add_slot(s, s->table, in->index_keys[d].p, in->index_keys[d].n, max_slots);
                 if (c->index_slots[d] == SIZE_MAX - 1) goto fail;
                 c->index_sizes[d] = in->index_sizes[d];
             }
+        } else if (seq) {
+            c->size = in->size;
+            c->required = in->col == SF_COL_SEQ_FIXED && in->required;
+            s->seqcols[s->nseq++] = i;
         } else if (in->col != SF_COL_VAR) {
             goto fail;
         }
     }
     for (size_t i = 0; i < ncols; i++) {
         const col_def *c = &s->cols[i];
+        if (c->col == SF_COL_SEQ_FIXED || c->col == SF_COL_SEQ_VAR) continue;
         if (c->slot < s->nslots) {
             s->slots[c->slot].uses++;
             s->slots[c->slot].eager_col = (long)i;
@@ -524,13 +540,28 @@ typedef struct {
     size_t done; /* == gen when its eager column's values are already written */
 } slot_state;
 
+/* One step of a feature list: a Feature, as a slot's is kept. */
+typedef struct {
+    feat_sum sum;
+    size_t chunk_end;
+} step_t;
+
+/* A feature list of the spec in the current record: its last entry's steps. */
+typedef struct {
+    size_t gen; /* record index + 1 when set in the current record */
+    size_t first, end;
+} list_state;
+
 #define PRED_MAX 1024
 
 typedef struct {
     const sf_spec *spec;
     slot_state *slots;
+    list_state *lists; /* by slot, for the feature-list keys */
     chunk_t *chunks;
     size_t nchunks, chunk_cap;
+    step_t *steps;
+    size_t nsteps, step_cap;
     uint32_t pred[PRED_MAX]; /* slot + 1 seen at this entry position in the previous record */
     size_t entry_no;
     size_t gen;
@@ -538,7 +569,7 @@ typedef struct {
     size_t done_count; /* eager columns written for the current record */
 } state;
 
-static void extract_slot(const state *st, const uint8_t *b, const slot_state *ss, void *out);
+static void extract_run(const state *st, const uint8_t *b, const feat_sum *sum, size_t chunk_end, void *out);
 static size_t kind_elem(int kind);
 
 /* An entry for `slot` is complete: it replaces any earlier entry with the same key (the
@@ -553,7 +584,8 @@ static inline void entry_done(state *st, const uint8_t *b, long slot, const feat
     if (ec >= 0 && st->outs) {
         const col_def *c = &st->spec->cols[ec];
         if (sum->kind == c->kind && sum->count == c->size) {
-            extract_slot(st, b, ss, (char *)st->outs[ec].fixed + (st->gen - 1) * c->size * kind_elem(c->kind));
+            extract_run(st, b, &ss->sum, ss->chunk_end,
+                        (char *)st->outs[ec].fixed + (st->gen - 1) * c->size * kind_elem(c->kind));
             if (!was_done) st->done_count++;
             ss->done = st->gen;
             return;
@@ -870,6 +902,153 @@ static int check_example(state *st, dec *d, size_t len) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ SequenceExample
+ *
+ * SequenceExample { Features context = 1; FeatureLists feature_lists = 2; }
+ * FeatureLists { map<string, FeatureList> feature_list = 1; }  FeatureList { repeated Feature feature = 1; }
+ * Depth budgets as the reference's: feature lists 99, entry 98, list 97, Feature 96.
+ */
+
+static NOINLINE int steps_grow(state *st) {
+    size_t cap = st->step_cap ? st->step_cap * 2 : 256;
+    step_t *p = realloc(st->steps, cap * sizeof(step_t));
+    if (!p) return -1;
+    st->steps = p;
+    st->step_cap = cap;
+    return 0;
+}
+
+/* A FeatureList [pos, end): every Feature is one step (pushed, whatever its key turns out to be). */
+static int check_feature_list(state *st, dec *d, size_t pos, size_t end, int depth) {
+    while (pos < end) {
+        size_t tag_pos = pos;
+        rv t = rd_tag(d, pos, end);
+        if (!t.next) return -1;
+        uint32_t f = (uint32_t)(t.v >> 3);
+        int wt = (int)(t.v & 7);
+        pos = t.next;
+        if (f == 1 && wt == WT_LEN) {
+            rv l = rd_len(d, pos, end);
+            if (!l.next) return -1;
+            feat_sum sum = {SF_KIND_NONE, 0, st->nchunks};
+            if (check_feature(st, d, l.next, l.next + (size_t)l.v, depth - 1, &sum)) return -1;
+            if (UNLIKELY(st->nsteps == st->step_cap) && steps_grow(st)) {
+                d->err->kind = SF_ERR_NOMEM;
+                return -1;
+            }
+            step_t *s = &st->steps[st->nsteps++];
+            s->sum = sum;
+            s->chunk_end = st->nchunks;
+            pos = l.next + (size_t)l.v;
+        } else if (wt == WT_EGROUP) {
+            return end_group_err(d, f, tag_pos), -1;
+        } else {
+            pos = skip_field(d, pos, end, f, wt, depth);
+            if (!pos) return -1;
+        }
+    }
+    return 0;
+}
+
+/* One FeatureLists map entry [pos, end). A value field twice appends to one list (a
+ * repeated field merges); the entry's steps are kept only when its final key is wanted. */
+static int check_list_entry(state *st, dec *d, size_t pos, size_t end, int depth) {
+    long slot = -1;
+    int key_seen = 0;
+    size_t first_step = st->nsteps, first_chunk = st->nchunks;
+    while (pos < end) {
+        size_t tag_pos = pos;
+        rv t = rd_tag(d, pos, end);
+        if (!t.next) return -1;
+        uint32_t f = (uint32_t)(t.v >> 3);
+        int wt = (int)(t.v & 7);
+        pos = t.next;
+        if (wt == WT_LEN && (f == 1 || f == 2)) {
+            rv l = rd_len(d, pos, end);
+            if (!l.next) return -1;
+            size_t a = l.next, b = l.next + (size_t)l.v;
+            if (f == 1) {
+                key_seen = 1;
+                slot = find_in(st->spec, st->spec->seq_table, d->b + a, b - a);
+                if (slot < 0) {
+                    const char *why = utf8_error(d->b + a, b - a);
+                    if (why) return fail(d, "feature name at byte %zu is not valid UTF-8 (%s)", a, why), -1;
+                }
+            } else if (check_feature_list(st, d, a, b, depth - 1)) {
+                return -1;
+            }
+            pos = b;
+        } else if (wt == WT_EGROUP) {
+            return end_group_err(d, f, tag_pos), -1;
+        } else {
+            pos = skip_field(d, pos, end, f, wt, depth);
+            if (!pos) return -1;
+        }
+    }
+    if (!key_seen) slot = find_in(st->spec, st->spec->seq_table, (const uint8_t *)"", 0);
+    if (slot < 0) { /* validated, then forgotten */
+        st->nsteps = first_step;
+        st->nchunks = first_chunk;
+        return 0;
+    }
+    list_state *q = &st->lists[slot]; /* a later entry with the same key replaces this one, whole */
+    q->gen = st->gen;
+    q->first = first_step;
+    q->end = st->nsteps;
+    return 0;
+}
+
+static int check_feature_lists(state *st, dec *d, size_t pos, size_t end, int depth) {
+    while (pos < end) {
+        size_t tag_pos = pos;
+        rv t = rd_tag(d, pos, end);
+        if (!t.next) return -1;
+        uint32_t f = (uint32_t)(t.v >> 3);
+        int wt = (int)(t.v & 7);
+        pos = t.next;
+        if (f == 1 && wt == WT_LEN) {
+            rv l = rd_len(d, pos, end);
+            if (!l.next) return -1;
+            if (check_list_entry(st, d, l.next, l.next + (size_t)l.v, depth - 1)) return -1;
+            pos = l.next + (size_t)l.v;
+        } else if (wt == WT_EGROUP) {
+            return end_group_err(d, f, tag_pos), -1;
+        } else {
+            pos = skip_field(d, pos, end, f, wt, depth);
+            if (!pos) return -1;
+        }
+    }
+    return 0;
+}
+
+/* Context (field 1) as an Example's features, feature lists (field 2); each may repeat and
+ * merges, in byte order, so the first error is the reference's. */
+static int check_sequence_example(state *st, dec *d, size_t len) {
+    size_t pos = 0;
+    while (pos < len) {
+        size_t tag_pos = pos;
+        rv t = rd_tag(d, pos, len);
+        if (!t.next) return -1;
+        uint32_t f = (uint32_t)(t.v >> 3);
+        int wt = (int)(t.v & 7);
+        pos = t.next;
+        if (wt == WT_LEN && (f == 1 || f == 2)) {
+            rv l = rd_len(d, pos, len);
+            if (!l.next) return -1;
+            size_t a = l.next, e = l.next + (size_t)l.v;
+            if (f == 1 ? check_features(st, d, a, e, SF_MAX_DEPTH - 1) : check_feature_lists(st, d, a, e, SF_MAX_DEPTH - 1))
+                return -1;
+            pos = e;
+        } else if (wt == WT_EGROUP) {
+            return end_group_err(d, f, tag_pos), -1;
+        } else {
+            pos = skip_field(d, pos, len, f, wt, SF_MAX_DEPTH);
+            if (!pos) return -1;
+        }
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ value extraction */
 
 static inline uint32_t quiet_nan(uint32_t bits) {
@@ -904,11 +1083,11 @@ static inline size_t decode_varints(const uint8_t *b, size_t a, size_t z, int64_
     return w;
 }
 
-/* Copy the values of slot state `ss` (kind already checked) into out[0:count]. */
-static void extract_slot(const state *st, const uint8_t *b, const slot_state *ss, void *out) {
-    size_t room = ss->sum.count, w = 0;
-    const chunk_t *ch = st->chunks + ss->sum.run_chunk, *end = st->chunks + ss->chunk_end;
-    switch (ss->sum.kind) {
+/* Copy the values of a Feature's last run (kind already checked) into out[0:count]. */
+static void extract_run(const state *st, const uint8_t *b, const feat_sum *sum, size_t chunk_end, void *out) {
+    size_t room = sum->count, w = 0;
+    const chunk_t *ch = st->chunks + sum->run_chunk, *end = st->chunks + chunk_end;
+    switch (sum->kind) {
         case SF_KIND_FLOAT: {
             float *o = out;
             for (; ch < end && w < room; ch++) {
@@ -950,6 +1129,10 @@ static void extract_slot(const state *st, const uint8_t *b, const slot_state *ss
     }
 }
 
+static inline void extract_slot(const state *st, const uint8_t *b, const slot_state *ss, void *out) {
+    extract_run(st, b, &ss->sum, ss->chunk_end, out);
+}
+
 /* ------------------------------------------------------------------ the batch */
 
 static int perr(sf_error *err, int code, size_t rec, size_t col, int64_t a, int64_t b, int64_t c) {
@@ -981,15 +1164,18 @@ static int nomem(sf_error *err) {
     return -1;
 }
 
-static int parse_record(state *st, const uint8_t *b, size_t len, size_t i, sf_colout *outs, sf_error *err) {
-    const sf_spec *spec = st->spec;
-    dec d = {b, err};
+static inline void begin_record(state *st, size_t i, sf_error *err) {
     st->gen = i + 1;
     st->nchunks = 0;
+    st->nsteps = 0;
     st->entry_no = 0;
     st->done_count = 0;
     err->record = i;
-    if (check_example(st, &d, len)) return -1;
+}
+
+/* The (context) columns of record i, after its entry pass: checked, then copied out. */
+static int finish_record(state *st, const uint8_t *b, size_t i, sf_colout *outs, sf_error *err) {
+    const sf_spec *spec = st->spec;
     /* FixedLen columns, then VarLen, then Sparse: the reference's order of checks. When
      * every eager column was written during the entry pass, only the others are left. */
     const size_t *order = spec->order;
@@ -1056,12 +1242,51 @@ static int parse_record(state *st, const uint8_t *b, size_t len, size_t i, sf_co
     return 0;
 }
 
+static int parse_record(state *st, const uint8_t *b, size_t len, size_t i, sf_colout *outs, sf_error *err) {
+    dec d = {b, err};
+    begin_record(st, i, err);
+    if (check_example(st, &d, len)) return -1;
+    return finish_record(st, b, i, outs, err);
+}
+
+/* Feature-list column ci of record i: every step checked (kind, and count for SEQ_FIXED)
+ * in step order; with `collect`, its values and step ends appended to `o`. */
+static int finish_list(state *st, const uint8_t *b, size_t i, size_t ci, sf_colout *o, int collect, sf_error *err) {
+    const col_def *c = &st->spec->cols[ci];
+    const list_state *q = c->slot < st->spec->nslots ? &st->lists[c->slot] : NULL;
+    if (!q || q->gen != st->gen) {
+        if (c->required) return perr(err, SF_P_SEQ_MISSING, i, ci, 0, 0, 0);
+    } else {
+        int fixed = c->col == SF_COL_SEQ_FIXED;
+        for (size_t j = q->first; j < q->end; j++) {
+            const step_t *s = &st->steps[j];
+            if (s->sum.kind != SF_KIND_NONE && s->sum.kind != c->kind)
+                return perr(err, SF_P_SEQ_KIND, i, ci, (int64_t)(j - q->first), s->sum.kind, c->kind);
+            size_t cnt = s->sum.kind == SF_KIND_NONE ? 0 : s->sum.count;
+            if (fixed && cnt != c->size) return perr(err, SF_P_SEQ_COUNT, i, ci, (int64_t)(j - q->first), (int64_t)cnt, 0);
+            if (!collect) continue;
+            if (cnt) {
+                if (vec_reserve(&o->values, cnt)) return nomem(err);
+                extract_run(st, b, &s->sum, s->chunk_end, (char *)o->values.data + o->values.len * o->values.elem);
+                o->values.len += cnt;
+            }
+            if (vec_reserve(&o->steps, 1)) return nomem(err);
+            ((int64_t *)o->steps.data)[o->steps.len++] = (int64_t)o->values.len;
+        }
+    }
+    if (collect) o->splits[i + 1] = (int64_t)(o->steps.len - 1);
+    return 0;
+}
+
 static state *state_new(const sf_spec *spec) {
     state *st = calloc(1, sizeof(state));
     if (!st) return NULL;
     st->spec = spec;
     st->slots = calloc(spec->nslots ? spec->nslots : 1, sizeof(slot_state));
-    if (!st->slots) {
+    st->lists = calloc(spec->nslots ? spec->nslots : 1, sizeof(list_state));
+    if (!st->slots || !st->lists) {
+        free(st->slots);
+        free(st->lists);
         free(st);
         return NULL;
     }
@@ -1071,16 +1296,14 @@ static state *state_new(const sf_spec *spec) {
 static void state_free(state *st) {
     if (!st) return;
     free(st->chunks);
+    free(st->steps);
     free(st->slots);
+    free(st->lists);
     free(st);
 }
 
-int sf_parse_batch(const sf_spec *spec, const sf_bytes *records, size_t n, sf_colout *outs, sf_error *err) {
-    int rc = 0;
-    memset(err, 0, sizeof(*err));
-    state *st = state_new(spec);
-    if (!st) return nomem(err);
-    st->outs = outs;
+/* Output set-up shared by both batch parsers; -1 when out of memory. */
+static int outs_init(const sf_spec *spec, sf_colout *outs) {
     for (size_t ci = 0; ci < spec->ncols; ci++) {
         const col_def *c = &spec->cols[ci];
         sf_colout *o = &outs[ci];
@@ -1089,12 +1312,27 @@ int sf_parse_batch(const sf_spec *spec, const sf_bytes *records, size_t n, sf_co
         o->splits[0] = 0;
         if (c->col == SF_COL_SPARSE && c->nindex) {
             o->index = calloc(c->nindex, sizeof(sf_vec));
-            if (!o->index) {
-                state_free(st);
-                return nomem(err);
-            }
+            if (!o->index) return -1;
             for (size_t dd = 0; dd < c->nindex; dd++) o->index[dd].elem = 8;
         }
+        if (c->col == SF_COL_SEQ_FIXED || c->col == SF_COL_SEQ_VAR) {
+            o->steps.elem = 8;
+            if (vec_reserve(&o->steps, 1)) return -1;
+            ((int64_t *)o->steps.data)[o->steps.len++] = 0;
+        }
+    }
+    return 0;
+}
+
+int sf_parse_batch(const sf_spec *spec, const sf_bytes *records, size_t n, sf_colout *outs, sf_error *err) {
+    int rc = 0;
+    memset(err, 0, sizeof(*err));
+    state *st = state_new(spec);
+    if (!st) return nomem(err);
+    st->outs = outs;
+    if (outs_init(spec, outs)) {
+        state_free(st);
+        return nomem(err);
     }
     for (size_t i = 0; i < n; i++) {
         if (parse_record(st, records[i].p, records[i].n, i, outs, err)) {
@@ -1111,6 +1349,8 @@ void sf_out_free(const sf_spec *spec, sf_colout *outs) {
         sf_colout *o = &outs[ci];
         free(o->values.data);
         o->values.data = NULL;
+        free(o->steps.data);
+        o->steps.data = NULL;
         if (o->index) {
             for (size_t dd = 0; dd < spec->cols[ci].nindex; dd++) free(o->index[dd].data);
             free(o->index);
@@ -1129,6 +1369,85 @@ int sf_validate_example(const uint8_t *buf, size_t len, sf_error *err) {
     } else {
         dec d = {buf, err};
         rc = check_example(st, &d, len);
+    }
+    state_free(st);
+    sf_spec_free(spec);
+    return rc;
+}
+
+int sf_parse_sequence_batch(const sf_spec *spec, const sf_bytes *records, size_t n, sf_colout *outs,
+                            sf_error *err) {
+    memset(err, 0, sizeof(*err));
+    state *st = state_new(spec);
+    if (!st) return nomem(err);
+    st->outs = outs;
+    if (outs_init(spec, outs)) {
+        state_free(st);
+        return nomem(err);
+    }
+    /* The reference decodes every record before it checks any against the spec, then
+     * checks the context (record by record), then each feature list (column by column).
+     * So after the first spec error the rest is still decoded, and only an error that the
+     * reference would meet earlier replaces it: a decoding error anywhere, a context error
+     * after a feature-list one, a feature-list error in an earlier column. */
+    sf_error best, e;
+    int have = 0; /* 0: none, 1: a context error, 2: a feature-list error in column seqcols[best_k] */
+    size_t best_k = SIZE_MAX;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *b = records[i].p;
+        dec d = {b, err};
+        begin_record(st, i, err);
+        if (check_sequence_example(st, &d, records[i].n)) {
+            rc = -1;
+            break;
+        }
+        if (have == 1) continue;
+        memset(&e, 0, sizeof(e));
+        if (finish_record(st, b, i, outs, &e)) {
+            if (e.kind == SF_ERR_NOMEM) {
+                *err = e;
+                rc = -1;
+                break;
+            }
+            best = e;
+            have = 1;
+            continue;
+        }
+        for (size_t k = 0; k < spec->nseq && k < best_k; k++) {
+            size_t ci = spec->seqcols[k];
+            if (finish_list(st, b, i, ci, &outs[ci], have == 0, &e)) {
+                if (e.kind == SF_ERR_NOMEM) {
+                    *err = e;
+                    rc = -1;
+                    goto out;
+                }
+                best = e;
+                have = 2;
+                best_k = k;
+                break;
+            }
+        }
+    }
+out:
+    if (!rc && have) {
+        *err = best;
+        rc = -1;
+    }
+    state_free(st);
+    return rc;
+}
+
+int sf_validate_sequence_example(const uint8_t *buf, size_t len, sf_error *err) {
+    memset(err, 0, sizeof(*err));
+    sf_spec *spec = sf_spec_new(NULL, 0);
+    state *st = spec ? state_new(spec) : NULL;
+    int rc;
+    if (!st) {
+        rc = nomem(err);
+    } else {
+        dec d = {buf, err};
+        rc = check_sequence_example(st, &d, len);
     }
     state_free(st);
     sf_spec_free(spec);

@@ -1,4 +1,5 @@
-/* Batched tf.train.Example parsing into flat arrays (plain C, no Python).
+/* Batched tf.train.Example and tf.train.SequenceExample parsing into flat arrays (plain C,
+ * no Python).
  *
  * Semantics are those of the pure-Python reference, shardfeed/formats/example.py
  * (decode rules of shardfeed/formats/wire.py, protobuf merge rules, tf.io.parse_example
@@ -21,6 +22,10 @@
 #define SF_COL_FIXED 0
 #define SF_COL_VAR 1
 #define SF_COL_SPARSE 2
+/* Feature lists of a SequenceExample (their keys are looked up among the feature lists,
+ * not the context): every step holds `size` values / any number of values. */
+#define SF_COL_SEQ_FIXED 3
+#define SF_COL_SEQ_VAR 4
 
 #define SF_MAX_DEPTH 100
 #define SF_MAX_LENGTH 0x7FFFFFFFull
@@ -43,6 +48,7 @@ typedef struct {
     size_t nindex;         /* SPARSE: number of index keys */
     const sf_bytes *index_keys;   /* SPARSE */
     const int64_t *index_sizes;   /* SPARSE: dense size per index key */
+    int required;          /* SEQ_FIXED: a record without this feature list is an error */
 } sf_colspec;
 
 typedef struct sf_spec sf_spec;
@@ -58,15 +64,17 @@ typedef struct {
 } sf_vec;
 
 /* Per-column output of one batch. The caller provides `fixed` (FIXED: n*size values of
- * int64_t, float or sf_bytes) and `splits` (VAR and SPARSE: n+1 int64, SPARSE: per-record
- * value counts as offsets); the parser fills `values` (VAR, SPARSE) and `index[nindex]`
- * (SPARSE, int64), which sf_out_free releases. sf_bytes values point into the records or
- * into the spec's default values. */
+ * int64_t, float or sf_bytes) and `splits` (VAR, SPARSE and SEQ_*: n+1 int64; VAR and SPARSE:
+ * per-record value counts as offsets, SEQ_*: per-record step counts as offsets); the parser
+ * fills `values` (VAR, SPARSE, SEQ_*), `index[nindex]` (SPARSE, int64) and `steps` (SEQ_*,
+ * int64: 0, then the running value count after each step), which sf_out_free releases.
+ * sf_bytes values point into the records or into the spec's default values. */
 typedef struct {
     void *fixed;
     int64_t *splits;
     sf_vec values;
     sf_vec *index;
+    sf_vec steps;
 } sf_colout;
 
 #define SF_ERR_NONE 0
@@ -80,6 +88,9 @@ typedef struct {
 #define SF_P_COUNT 3     /* a = got */
 #define SF_P_SPARSE_LEN 4   /* a = index d, b = index count, c = value count */
 #define SF_P_SPARSE_RANGE 5 /* a = index d, b = the bad value */
+#define SF_P_SEQ_MISSING 6  /* SEQ_FIXED, required, and the record has no such feature list */
+#define SF_P_SEQ_KIND 7     /* a = step, b = got, c = want */
+#define SF_P_SEQ_COUNT 8    /* SEQ_FIXED: a = step, b = values in it */
 
 typedef struct {
     int kind;       /* SF_ERR_* */
@@ -98,5 +109,16 @@ void sf_out_free(const sf_spec *spec, sf_colout *outs);
 
 /* Validate one record as a tf.train.Example (every rule of the decoder). 0 or -1. */
 int sf_validate_example(const uint8_t *buf, size_t len, sf_error *err);
+
+/* Parse records[0:n] as SequenceExamples: the spec's FIXED/VAR columns read the context,
+ * its SEQ_* columns the feature lists. Errors come in the reference's order: the first
+ * record that does not decode; else the first context error (record by record, as
+ * sf_parse_batch orders them); else the first feature-list error, column by column in
+ * spec order, then record, then step. Returns 0 or -1 as sf_parse_batch does. */
+int sf_parse_sequence_batch(const sf_spec *spec, const sf_bytes *records, size_t n, sf_colout *outs,
+                            sf_error *err);
+
+/* Validate one record as a tf.train.SequenceExample. 0 or -1. */
+int sf_validate_sequence_example(const uint8_t *buf, size_t len, sf_error *err);
 
 #endif

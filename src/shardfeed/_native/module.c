@@ -1,5 +1,5 @@
 /* shardfeed._native: Python bindings of the native core (CRC-32C, framing scan, Example
- * batch parsing). The work itself is plain C (crc32c.c, frames.c, example_parse.c) and
+ * and SequenceExample batch parsing). The work itself is plain C (crc32c.c, frames.c, example_parse.c) and
  * runs with the GIL released. The friendly API, argument checks and error messages live
  * in shardfeed/formats/native.py; this module is private.
  */
@@ -161,7 +161,8 @@ static int get_key(PyObject *o, const uint8_t **p, size_t *n) {
 }
 
 /* columns: sequence of (col, kind, key, size, default, index_keys, index_sizes) with
- * default None, a contiguous int64/float32 array of `size` values, or a list of bytes. */
+ * default None, a contiguous int64/float32 array of `size` values, or a list of bytes;
+ * for a SEQ_FIXED column `default` says whether the feature list is required (a bool). */
 static int cs_init(CompiledSpecObject *self, PyObject *args, PyObject *kwds) {
     PyObject *cols;
     if (!PyArg_ParseTuple(args, "O:CompiledSpec", &cols)) return -1;
@@ -190,6 +191,10 @@ static int cs_init(CompiledSpecObject *self, PyObject *args, PyObject *kwds) {
         }
         c->size = (size_t)size;
         if (get_key(key, &c->key, &c->key_len)) goto done;
+        if (col == SF_COL_SEQ_FIXED) {
+            c->required = PyObject_IsTrue(dflt);
+            if (c->required < 0) goto done;
+        }
         if (col == SF_COL_FIXED && dflt != Py_None) {
             c->has_default = 1;
             if (kind == SF_KIND_BYTES) {
@@ -382,15 +387,18 @@ static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer) {
  * records: a sequence of bytes-like (offsets None), or one buffer holding the records at
  * offsets[i]:offsets[i]+lengths[i]. columns: one entry per spec column:
  *   FIXED numeric: array (n, size); FIXED bytes: object array (n, size) or (data, offsets)
- *   VAR: (values, splits); SPARSE: (values, splits, [index arrays]).
+ *   VAR: (values, splits); SPARSE: (values, splits, [index arrays]);
+ *   SEQ_*: (values, record step splits, step value splits).
  * error: None, or (kind, code, record, column, a, b, c, message) with kind "decode",
- * "parse", or "type" (a record of a type that is not bytes-like; message = type name). */
-static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
+ * "parse", or "type" (a record of a type that is not bytes-like; message = type name).
+ * parse_sequence_batch: the same for SequenceExamples; a type error there comes before a
+ * parse error in an earlier record (the reference decodes every record first). */
+static PyObject *parse_common(PyObject *args, int sequence) {
     CompiledSpecObject *cso;
     PyObject *records, *offsets_obj, *lengths_obj;
     int as_buffer = 0;
-    if (!PyArg_ParseTuple(args, "O!OOO|p:parse_batch", &CompiledSpecType, &cso, &records, &offsets_obj, &lengths_obj,
-                          &as_buffer))
+    if (!PyArg_ParseTuple(args, sequence ? "O!OOO|p:parse_sequence_batch" : "O!OOO|p:parse_batch", &CompiledSpecType,
+                          &cso, &records, &offsets_obj, &lengths_obj, &as_buffer))
         return NULL;
     const sf_spec *spec = cso->spec;
     if (!spec) {
@@ -510,8 +518,14 @@ static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
 
     sf_error err;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = sf_parse_batch(spec, recs, n, outs, &err);
+    Py_BEGIN_ALLOW_THREADS
+    rc = sequence ? sf_parse_sequence_batch(spec, recs, n, outs, &err) : sf_parse_batch(spec, recs, n, outs, &err);
     Py_END_ALLOW_THREADS
+    if (rc && err.kind == SF_ERR_NOMEM) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (type_err_name && sequence && !(rc && err.kind == SF_ERR_DECODE)) rc = 0; /* reported below */
     if (rc) {
         if (err.kind == SF_ERR_NOMEM) {
             PyErr_NoMemory();
@@ -546,6 +560,10 @@ static PyObject *py_parse_batch(PyObject *self, PyObject *args) {
             PyObject *vals = vec_array(&outs[ci].values, kind, as_buffer);
             if (vals && col == SF_COL_VAR) {
                 item = Py_BuildValue("NO", vals, fixed_arrays[ci]);
+            } else if (vals && (col == SF_COL_SEQ_FIXED || col == SF_COL_SEQ_VAR)) {
+                PyObject *steps = vec_array(&outs[ci].steps, SF_KIND_INT64, 0);
+                item = steps ? Py_BuildValue("NON", vals, fixed_arrays[ci], steps) : NULL;
+                if (!steps) Py_DECREF(vals);
             } else if (vals) {
                 size_t nidx = (size_t)PySequence_Size(PyTuple_GET_ITEM(t, 5));
                 PyObject *ix = PyList_New((Py_ssize_t)nidx);
@@ -595,17 +613,27 @@ done:
     return result;
 }
 
-/* validate_example(buf) -> None or the DecodeError message (for tests and fuzzing) */
-static PyObject *py_validate_example(PyObject *self, PyObject *arg) {
+static PyObject *py_parse_batch(PyObject *self, PyObject *args) { return parse_common(args, 0); }
+
+static PyObject *py_parse_sequence_batch(PyObject *self, PyObject *args) { return parse_common(args, 1); }
+
+static PyObject *validate(PyObject *arg, int (*check)(const uint8_t *, size_t, sf_error *)) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     sf_error err;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = sf_validate_example(view.buf, (size_t)view.len, &err);
+    Py_BEGIN_ALLOW_THREADS rc = check(view.buf, (size_t)view.len, &err);
     Py_END_ALLOW_THREADS PyBuffer_Release(&view);
     if (!rc) Py_RETURN_NONE;
     if (err.kind == SF_ERR_NOMEM) return PyErr_NoMemory();
     return PyUnicode_FromString(err.msg);
+}
+
+/* validate_example(buf) -> None or the DecodeError message (for tests and fuzzing) */
+static PyObject *py_validate_example(PyObject *self, PyObject *arg) { return validate(arg, sf_validate_example); }
+
+static PyObject *py_validate_sequence_example(PyObject *self, PyObject *arg) {
+    return validate(arg, sf_validate_sequence_example);
 }
 
 /* ------------------------------------------------------------------ gather */
@@ -667,7 +695,11 @@ static PyMethodDef methods[] = {
      "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1) -> (offsets, lengths, consumed, error, error_offset)"},
     {"parse_batch", py_parse_batch, METH_VARARGS,
      "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
+    {"parse_sequence_batch", py_parse_sequence_batch, METH_VARARGS,
+     "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
     {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
+    {"validate_sequence_example", py_validate_sequence_example, METH_O,
+     "validate_sequence_example(buf) -> None or a DecodeError message"},
     {"gather", py_gather, METH_VARARGS,
      "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
     {NULL, NULL, 0, NULL},

@@ -1,4 +1,5 @@
-"""The native core (C): CRC-32C, TFRecord framing scan, batched Example parsing.
+"""The native core (C): CRC-32C, TFRecord framing scan, batched Example parsing
+(SequenceExamples: :mod:`.sequence_native`).
 
 Everything here has a pure-Python twin that is the reference (:mod:`.crc`,
 :mod:`.tfrecord`, :mod:`.example`); the native versions give identical values and raise
@@ -57,7 +58,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "gather",
     "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
-    "compile_spec", "CompiledSpec", "BytesBuffer", "validate_example", "FRAME_CHECKS",
+    "compile_spec", "CompiledSpec", "BytesBuffer", "validate_example", "validate_sequence_example", "FRAME_CHECKS",
 ]
 
 # frame check names, as tfrecord.py and CorruptRecordError name them
@@ -290,7 +291,12 @@ def _raise(err: tuple, cs: CompiledSpec) -> None:
     if kind == "decode":
         raise DecodeError(f"not a valid tf.train.Example: {msg}", record_index=ri)
     name = cs.names[ci]
-    s = cs.spec[name]
+    raise ParseError(parse_error_message(code, a, b, c, cs.spec[name]), feature=name, record_index=ri)
+
+
+def parse_error_message(code: int, a: int, b: int, c: int, s: FeatureSpec) -> str:
+    """The reference's ParseError message for a native error ``code`` (``SF_P_*`` in
+    example_parse.h) with its numbers ``a``, ``b``, ``c``, about a column of spec ``s``."""
     if code == 1:  # kind mismatch
         if a == 0:
             what = "the feature"
@@ -307,9 +313,16 @@ def _raise(err: tuple, cs: CompiledSpec) -> None:
         message = f"index feature {s.index_key[a]!r} has {b} values but value feature {s.value_key!r} has {c}"
     elif code == 5:
         message = f"index feature {s.index_key[a]!r} holds {b}, outside [0, {s.size[a]})"
+    elif code == 6:
+        message = "required feature list is missing (FixedLenSequence without allow_missing)"
+    elif code == 7:
+        message = (f"step {a} of the feature list holds {_KIND_NAMES[b]} values but the spec expects "
+                   f"{_KIND_NAMES[c]}")
+    elif code == 8:
+        message = f"step {a} of the feature list has {b} values, expected {s.size}"
     else:  # pragma: no cover - the C side has no other codes
         message = f"parse error code {code}"
-    raise ParseError(message, feature=name, record_index=ri)
+    return message
 
 
 def _sparse_column(s: Sparse, n: int, values: Any, splits: np.ndarray, idx: list, as_buffer: bool) -> SparseColumn:
@@ -440,3 +453,17 @@ def validate_example(record: Any) -> str | None:
             return str(e)
         return None
     return _ext.validate_example(record)
+
+
+def validate_sequence_example(record: Any) -> str | None:
+    """None if ``record`` is a valid serialized SequenceExample, else the DecodeError
+    message (the reference decoder's). For tests and fuzzing."""
+    if _ext is None:
+        from .example import decode_sequence_example
+
+        try:
+            decode_sequence_example(record)
+        except DecodeError as e:
+            return str(e)
+        return None
+    return _ext.validate_sequence_example(record)

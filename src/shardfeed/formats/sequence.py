@@ -13,8 +13,14 @@ and feature lists: per name, one Feature per step. Sequence specs:
   ``[record, step, position]`` and dense shape ``[n, most steps, most values]``, the
   layout of TensorFlow's ``SparseTensor``.
 
-A step of another kind than the spec's is a ParseError even when empty. This is the
-pure-Python parser (the native core parses Examples only).
+A step of another kind than the spec's is a ParseError even when empty. Errors come in
+one order: the first record that does not decode (every record is decoded before any is
+checked against the specs), else the first context error (record by record), else the
+first feature-list error (feature by feature in spec order, then record, then step).
+
+This module holds the pure-Python reference, :func:`parse_sequence_example_py`; the public
+functions use the native core when it is built (:mod:`.sequence_native`, the same values
+and errors) and this reference otherwise.
 """
 
 from __future__ import annotations
@@ -24,21 +30,26 @@ from typing import Any, Mapping, Sequence, Union
 import numpy as np
 
 from ..errors import DecodeError, ParseError
-from .example import _DTYPE_KIND, _KIND_NAMES, _concat, _flat_values, _parse, decode_sequence_raw
+from .example import _DTYPE_KIND, _KIND_NAMES, _concat, _fixed_default, _flat_values, _parse, decode_sequence_raw
 from .padding import pad_rows
+from .sequence_native import parse_sequence_batch, sequence_native_available
 from .spec import FeatureSpec, FixedLen, FixedLenSequence, RaggedColumn, SparseColumn, VarLen, normalize_spec
 
 Column = Union[np.ndarray, RaggedColumn, SparseColumn]
 
 
-def _check_specs(context_features: Mapping[str, FeatureSpec] | None,
-                 sequence_features: Mapping[str, FeatureSpec] | None) -> tuple[dict, dict]:
+def check_sequence_specs(context_features: Mapping[str, FeatureSpec] | None,
+                         sequence_features: Mapping[str, FeatureSpec] | None) -> tuple[dict, dict]:
+    """Both specs checked (kinds, defaults) and normalized; TypeError/ValueError saying
+    what to change, before any record is read."""
     ctx = normalize_spec(context_features or {})
     seq = normalize_spec(sequence_features or {})
     for name, s in ctx.items():
         if not isinstance(s, (FixedLen, VarLen)):
             raise TypeError(f"context_features[{name!r}] is {type(s).__name__}; context features are FixedLen or "
                             "VarLen (as tf.io.parse_sequence_example's)")
+        if isinstance(s, FixedLen):
+            _fixed_default(name, s)
     for name, s in seq.items():
         if not isinstance(s, (FixedLenSequence, VarLen)):
             raise TypeError(f"sequence_features[{name!r}] is {type(s).__name__}; sequence features are "
@@ -67,11 +78,13 @@ def _step_values(steps: list, kind: int, name: str, ri: int | None, size: int | 
 
 
 def _parse_sequences(records: Sequence[Any], context_features: Mapping[str, FeatureSpec] | None,
-                     sequence_features: Mapping[str, FeatureSpec] | None, single: bool):
-    ctx_spec, seq_spec = _check_specs(context_features, sequence_features)
+                     sequence_features: Mapping[str, FeatureSpec] | None, single: bool, use_native: bool):
+    ctx_spec, seq_spec = check_sequence_specs(context_features, sequence_features)
     if isinstance(records, (bytes, bytearray, memoryview, str)):
         raise TypeError("records must be a sequence of serialized SequenceExamples; for one record use "
                         "parse_single_sequence_example")
+    if use_native and sequence_native_available():
+        return parse_sequence_batch(records, ctx_spec, seq_spec, single)
     n = len(records)
     contexts, lists = [], []
     for i, rec in enumerate(records):
@@ -151,7 +164,21 @@ def parse_sequence_example(
     ParseError (``feature``, ``record_index``) for a record that does not fit the specs,
     TypeError/ValueError for bad specs.
     """
-    return _parse_sequences(records, context_features, sequence_features, single=False)
+    return _parse_sequences(records, context_features, sequence_features, single=False, use_native=True)
+
+
+def parse_sequence_example_py(
+    records: Sequence[bytes],
+    context_features: Mapping[str, FeatureSpec] | None = None,
+    sequence_features: Mapping[str, FeatureSpec] | None = None,
+    *,
+    single: bool = False,
+):
+    """:func:`parse_sequence_example` in pure Python, whether or not the native core is
+    built: the reference the native path is checked against. With ``single`` (one record
+    in ``records``) it returns what :func:`parse_single_sequence_example` returns, and
+    ``lengths``."""
+    return _parse_sequences(records, context_features, sequence_features, single=single, use_native=False)
 
 
 def parse_single_sequence_example(
@@ -166,8 +193,10 @@ def parse_single_sequence_example(
     record index."""
     if not isinstance(record, (bytes, bytearray, memoryview)):
         raise TypeError(f"record must be bytes, bytearray or memoryview, got {type(record).__name__}")
-    context, feature_lists, _ = _parse_sequences([record], context_features, sequence_features, single=True)
+    context, feature_lists, _ = _parse_sequences([record], context_features, sequence_features, single=True,
+                                                 use_native=True)
     return context, feature_lists
 
 
-__all__ = ["parse_sequence_example", "parse_single_sequence_example"]
+__all__ = ["check_sequence_specs", "parse_sequence_example", "parse_sequence_example_py",
+           "parse_single_sequence_example"]
