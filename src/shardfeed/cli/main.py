@@ -140,7 +140,7 @@ def cmd_index(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from ..formats.inspect import inspect_records  # noqa: PLC0415
+    from ..formats.inspect import feature_table, inspect_records  # noqa: PLC0415
     from .convert_cmd import inspect_output, is_converted_output  # noqa: PLC0415
 
     if len(args.urls) == 1 and is_converted_output(args.urls[0]):
@@ -163,10 +163,8 @@ def cmd_inspect(args) -> int:
         print(json.dumps(report))
         return 0
     print(f"{report['records']} records sampled from {len(urls)} file(s)")
-    print(f"{'feature':<32} {'kind':<11} {'present':>8} {'min':>6} {'max':>6} {'mean':>8}  suggested spec")
-    for name, f in report["features"].items():
-        print(f"{name:<32} {f['kind']:<11} {f['present']:>8.1%} {f['min_len']:>6} {f['max_len']:>6} "
-              f"{f['mean_len']:>8.2f}  {f['suggested_spec']}")
+    for line in feature_table(report):
+        print(line)
     return 0
 
 
