@@ -1,10 +1,11 @@
-"""Reading TFRecorder's output: ``read_dataset`` on a job folder written the way TFRecorder
-writes one (TensorFlow's own Example encoder and GZIP writer)."""
+"""Reading TFRecorder's output: ``read_dataset`` and ``shardfeed inspect`` on a job folder
+written the way TFRecorder writes one (TensorFlow's own Example encoder and GZIP writer)."""
 
 from __future__ import annotations
 
 import base64
 import collections
+import json
 import os
 
 import numpy as np
@@ -14,6 +15,7 @@ pytest.importorskip("PIL")
 from PIL import Image
 
 import shardfeed as sf
+from shardfeed.cli.main import main as cli_main
 
 JOB = "tfrecorder-20240102-030405-to-tfr"
 
@@ -218,3 +220,33 @@ def test_tensorflow_reads_the_same_pixels_back(tfrecorder_out):
     assert set(theirs) == set(ours)
     for name, raw in theirs.items():
         assert raw == ours[name]["image"].tobytes()
+
+
+def test_inspect_summarises_splits_schema_and_draws_images(tfrecorder_out, tmp_path, capsys):
+    out, job, vocab, rows = tfrecorder_out
+    dest = str(tmp_path / "inspect")
+    assert cli_main(["inspect", out, "--out", dest, "--images", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "TFRecorder output" in text
+    assert "train=5" in text and "validation=2" in text and "test=1" in text and "discarded-data=1" in text
+    assert "image_height" in text and "FixedLen('int64')" in text
+    assert "labels: cat, dog, goat" in text
+    pngs = sorted(f for f in os.listdir(dest) if f.endswith(".png"))
+    assert pngs == ["discarded-data-000.png", "test-000.png", "train-000.png", "train-001.png",
+                    "validation-000.png", "validation-001.png"]
+    first_train = sf.read_dataset(out).take(1)
+    want = next(iter(first_train))["image"]
+    drawn = np.asarray(Image.open(os.path.join(dest, "train-000.png")).convert("RGB"))
+    assert drawn.shape[:2] == want.shape[:2]
+    with open(os.path.join(dest, "samples.csv"), encoding="utf-8") as f:
+        csv_text = f.read()
+    assert "label_name" in csv_text and "cat" in csv_text and "base64" not in csv_text
+    assert "train,train-00000-of-00002.tfrecord.gz,train-000.png" in csv_text  # the split, then the record's
+    assert "record_split" in csv_text and "HOLDOUT" in csv_text
+
+    assert cli_main(["inspect", job, "--out", dest, "--images", "1", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["layout"] == "tfrecorder"
+    assert summary["splits"] == {"train": 5, "validation": 2, "test": 1, "discarded-data": 1}
+    assert summary["labels"] == vocab
+    assert summary["schema"]["features"]["image"]["suggested_spec"] == "FixedLen('bytes')"

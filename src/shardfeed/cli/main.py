@@ -144,7 +144,7 @@ def cmd_inspect(args) -> int:
     from .convert_cmd import inspect_output, is_converted_output  # noqa: PLC0415
 
     if len(args.urls) == 1 and is_converted_output(args.urls[0]):
-        return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json)
+        return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json, sample=args.sample)
 
     urls = tfr.expand_files(args.urls)
 
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_index)
 
     sp = files(sub.add_parser("inspect", help="feature names, kinds and lengths seen in a sample; for a converted "
-                                              "folder, sample images with boxes and masks drawn, and a CSV"))
+                                              "folder (shardfeed's or TFRecorder's), sample images with boxes and "
+                                              "masks drawn, and a CSV"))
     sp.add_argument("--sample", type=int, default=1000, help="records to sample (default 1000)")
     sp.add_argument("--out", default="inspect-out", help="for a converted folder: where sample images and "
                                                          "samples.csv go (default ./inspect-out)")
