@@ -1,5 +1,6 @@
 """Reading TFRecorder's output: ``read_dataset`` and ``shardfeed inspect`` on a job folder
-written the way TFRecorder writes one (TensorFlow's own Example encoder and GZIP writer)."""
+written the way TFRecorder writes one (TensorFlow's own Example encoder and GZIP writer),
+and the ``df.tensorflow`` accessor alias."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import base64
 import collections
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -250,3 +253,83 @@ def test_inspect_summarises_splits_schema_and_draws_images(tfrecorder_out, tmp_p
     assert summary["splits"] == {"train": 5, "validation": 2, "test": 1, "discarded-data": 1}
     assert summary["labels"] == vocab
     assert summary["schema"]["features"]["image"]["suggested_spec"] == "FixedLen('bytes')"
+
+
+def _png(path, h, w, seed):
+    a = _pixels(h, w, 3, seed)
+    Image.fromarray(a).save(path)
+    return a
+
+
+def test_seed_one_liner_runs_through_the_tensorflow_accessor(tmp_path):
+    pd = pytest.importorskip("pandas")
+    images = {}
+    rows = []
+    for i, (split, label) in enumerate([("TRAIN", "cat"), ("TRAIN", "dog"), ("TRAIN", "cat"),
+                                        ("VALIDATION", "dog"), ("TEST", "cat")]):
+        path = str(tmp_path / f"img{i}.png")
+        images[path] = _png(path, 6 + i, 5, i)
+        rows.append((split, path, label))
+    df = pd.DataFrame(rows, columns=["split", "image_uri", "label"])
+    out = str(tmp_path / "bucket")
+    result = df.tensorflow.to_tfrecord(output_dir=out, image_format="png")
+    assert result.records_written == 5
+    assert {k: v["records"] for k, v in result.splits.items()} == {"train": 3, "validation": 1, "test": 1}
+    train = list(sf.read_dataset(out, split="train"))
+    assert len(train) == 3
+    from io import BytesIO
+
+    decoded = sorted(np.asarray(Image.open(BytesIO(r["image/encoded"]))).tobytes() for r in train)
+    assert decoded == sorted(a.tobytes() for p, a in images.items() if p.endswith(("img0.png", "img1.png",
+                                                                                   "img2.png")))
+    again = df.tensorflow.to_tfr(output_dir=str(tmp_path / "b2"), runner="DirectRunner", compression="gzip")
+    assert again.records_written == 5 and again.manifest["compression"] == "GZIP"
+
+
+def test_tensorflow_accessor_translates_dataflow_options():
+    from shardfeed.convert.pandas_accessor import tfrecorder_options
+
+    assert tfrecorder_options({"runner": "DataFlowRunner", "project": "p", "region": "us-central1"}) == {
+        "runner": "beam", "beam_runner": "DataflowRunner", "beam_options": {"project": "p", "region": "us-central1"}}
+    assert tfrecorder_options({"runner": "DirectRunner", "num_shards": 0}) == {"runner": "local"}
+    with pytest.raises(ValueError, match="num_samples_per_tfrecord"):
+        tfrecorder_options({"num_shards": 4})
+    with pytest.raises(ValueError, match="schema="):
+        tfrecorder_options({"schema_map": {}})
+
+
+def _accessor_type(code_before: str, env=None) -> str:
+    code = code_before + ("import shardfeed, pandas as pd\n"
+                          "print(type(pd.DataFrame({'a': [1]}).tensorflow).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_tensorflow_accessor_is_registered_lazily_when_free():
+    pytest.importorskip("pandas")
+    assert _accessor_type("") == "TFRecorderAccessor"
+
+
+def test_an_existing_tensorflow_accessor_is_left_alone():
+    pytest.importorskip("pandas")
+    before = ("import pandas as pd\n"
+              "@pd.api.extensions.register_dataframe_accessor('tensorflow')\n"
+              "class Theirs:\n"
+              "    def __init__(self, df): pass\n")
+    assert _accessor_type(before) == "Theirs"
+
+
+def test_no_alias_when_tfrecorder_is_installed(tmp_path):
+    pytest.importorskip("pandas")
+    (tmp_path / "tfrecorder").mkdir()
+    (tmp_path / "tfrecorder" / "__init__.py").write_text("")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    code = ("import shardfeed, pandas as pd\n"
+            "print(hasattr(pd.DataFrame({'a': [1]}), 'tensorflow'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
