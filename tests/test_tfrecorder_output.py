@@ -255,6 +255,13 @@ def test_inspect_summarises_splits_schema_and_draws_images(tfrecorder_out, tmp_p
     assert summary["schema"]["features"]["image"]["suggested_spec"] == "FixedLen('bytes')"
 
 
+def test_inspect_of_one_tfrecorder_shard_reports_its_features(tfrecorder_out, capsys):
+    out, job, _, _ = tfrecorder_out
+    assert cli_main(["inspect", os.path.join(job, "test-00000-of-00001.tfrecord.gz")]) == 0
+    text = capsys.readouterr().out
+    assert "1 records sampled from 1 file(s)" in text and "image_width" in text
+
+
 def _png(path, h, w, seed):
     a = _pixels(h, w, 3, seed)
     Image.fromarray(a).save(path)

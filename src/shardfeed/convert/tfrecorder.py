@@ -92,9 +92,12 @@ def find_layout(url: str, storage_options: Mapping[str, Any] | None = None) -> T
     """
     root = url.rstrip("/") or url
     try:
-        names = [u.rsplit("/", 1)[-1] for u in storage.list_dir(root, storage_options)]
+        listed = storage.list_dir(root, storage_options)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ValueError):
         return None
+    if any(u.rstrip("/") == root for u in listed):
+        return None  # a file (a listing of a file is the file): one shard, not a job folder
+    names = [u.rsplit("/", 1)[-1] for u in listed]
     layout = _layout_of(root, sorted(names))
     if layout is None:
         try:
