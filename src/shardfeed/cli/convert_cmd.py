@@ -169,15 +169,30 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def inspect_output(output_dir: str, out: str = "inspect-out", n: int = 8, split: str | None = None,
-                   as_json: bool = False) -> int:
+                   as_json: bool = False, sample: int = 1000) -> int:
     """``shardfeed inspect DIR`` for a converted output folder: writes ``n`` decoded sample
     images per split (boxes, polygons and masks drawn) and ``samples.csv`` into ``out``,
-    prints a summary; returns the exit code."""
+    prints a summary; returns the exit code. For TFRecorder's output the summary has the
+    records per split, the schema of ``sample`` records and the label vocabulary."""
     from ..convert.inspect import inspect_output as _inspect
 
-    summary = _inspect(output_dir, out, n=n, split=split)
+    summary = _inspect(output_dir, out, n=n, split=split, sample=sample)
     if as_json:
         print(json.dumps(summary, ensure_ascii=False))
+        return 0
+    if summary.get("layout") == "tfrecorder":
+        from ..formats.inspect import feature_table
+
+        tft = "with" if summary["transform_fn"] else "without"
+        print(f"{mask(summary['root'])}: TFRecorder output ({tft} tf.Transform's transform_fn); records per split: "
+              + ", ".join(f"{k}={v}" for k, v in summary["splits"].items()))
+        if summary["labels"]:
+            print("labels: " + ", ".join(summary["labels"]) + " (label ids 0.." + str(len(summary["labels"]) - 1) + ")")
+        print(f"schema of {summary['schema']['records']} sampled records (image: base64 of raw pixels; "
+              f"read_dataset decodes it to height x width x channels uint8):")
+        for line in feature_table(summary["schema"]):
+            print("  " + line)
+        print(f"wrote {len(summary['images'])} sample images and {summary['csv']} ({summary['samples']} rows) to {out}")
         return 0
     c = summary["counts"]
     print(f"{mask(output_dir)}: {c['rows_read']} rows read, {c['records_written']} records written, "

@@ -152,11 +152,11 @@ def cmd_index(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from ..formats.inspect import inspect_records  # noqa: PLC0415
+    from ..formats.inspect import feature_table, inspect_records  # noqa: PLC0415
     from .convert_cmd import inspect_output, is_converted_output  # noqa: PLC0415
 
     if len(args.urls) == 1 and is_converted_output(args.urls[0]):
-        return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json)
+        return inspect_output(args.urls[0], out=args.out, n=args.images, as_json=args.json, sample=args.sample)
 
     urls = _record_files(args)
 
@@ -175,10 +175,8 @@ def cmd_inspect(args) -> int:
         print(json.dumps(report))
         return 0
     print(f"{report['records']} records sampled from {len(urls)} file(s)")
-    print(f"{'feature':<32} {'kind':<11} {'present':>8} {'min':>6} {'max':>6} {'mean':>8}  suggested spec")
-    for name, f in report["features"].items():
-        print(f"{name:<32} {f['kind']:<11} {f['present']:>8.1%} {f['min_len']:>6} {f['max_len']:>6} "
-              f"{f['mean_len']:>8.2f}  {f['suggested_spec']}")
+    for line in feature_table(report):
+        print(line)
     return 0
 
 
@@ -222,7 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_index)
 
     sp = files(sub.add_parser("inspect", help="feature names, kinds and lengths seen in a sample; for a converted "
-                                              "folder, sample images with boxes and masks drawn, and a CSV"))
+                                              "folder (shardfeed's or TFRecorder's), sample images with boxes and "
+                                              "masks drawn, and a CSV"))
     sp.add_argument("--sample", type=int, default=1000, help="records to sample (default 1000)")
     sp.add_argument("--out", default="inspect-out", help="for a converted folder: where sample images and "
                                                          "samples.csv go (default ./inspect-out)")

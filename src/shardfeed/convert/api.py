@@ -251,13 +251,32 @@ def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix:
     The manifest's record counts make the dataset's ``cardinality()`` known (so
     ``to_tf()`` tells Keras the epoch length) even for compressed shards.
 
-    Raises ``ValueError`` naming the splits there are when ``split`` has no shards.
+    ``output_dir`` may also be what TFRecorder wrote (no manifest; ``train-*``,
+    ``validation-*``, ``test-*`` GZIP shards, directly or in the one ``tfrecorder-*`` job
+    folder under it): the split's records are parsed with a spec inferred from a sample of
+    them, and ``image`` (TFRecorder's base64 of raw pixels) comes decoded into a uint8
+    array of shape ``(image_height, image_width, image_channels)``;
+    ``split="discarded-data"`` reads the rows TFRecorder discarded
+    (:mod:`shardfeed.convert.tfrecorder`).
+
+    Raises ``ValueError`` naming the splits there are when ``split`` has no shards,
+    ``FileNotFoundError`` when ``output_dir`` holds neither layout.
     """
     from ..pipeline import read_tfrecord
     from ..pipeline.spans import StaticSpans, file_spans
 
     out = fspath(output_dir)
-    manifest = load_manifest(out, prefix, storage_options)
+    try:
+        manifest = load_manifest(out, prefix, storage_options)
+    except FileNotFoundError:
+        if prefix is not None:
+            raise
+        from .tfrecorder import find_layout, read_split
+
+        layout = find_layout(out, storage_options)
+        if layout is None:
+            raise
+        return read_split(layout, split, storage_options, **read_kwargs)
     split = split.lower()
     info = manifest["splits"].get(split)
     if not info or not info["shards"]:

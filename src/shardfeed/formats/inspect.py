@@ -7,6 +7,7 @@ from typing import Iterable
 import numpy as np
 
 from .example import decode_example
+from .spec import FixedLen, VarLen
 
 
 def _kind(v) -> str:
@@ -52,3 +53,28 @@ def inspect_records(records: Iterable[bytes]) -> dict:
             "suggested_spec": suggested,
         }
     return {"records": n, "features": features}
+
+
+def spec_of(report: dict) -> dict:
+    """The spec an :func:`inspect_records` report suggests, as ``FixedLen``/``VarLen``
+    objects: ``FixedLen`` for a feature every sampled record holds with the same count,
+    else ``VarLen``; features seen only empty or with mixed kinds are left out."""
+    out = {}
+    for name, f in report["features"].items():
+        dtype = {"int64_list": "int64", "float_list": "float32", "bytes_list": "bytes"}.get(f["kind"])
+        if dtype is None:
+            continue
+        if f["present"] == 1.0 and f["min_len"] == f["max_len"]:
+            out[name] = FixedLen(dtype, shape=() if f["min_len"] == 1 else (f["min_len"],))
+        else:
+            out[name] = VarLen(dtype)
+    return out
+
+
+def feature_table(report: dict) -> list[str]:
+    """The lines ``shardfeed inspect`` prints for an :func:`inspect_records` report."""
+    lines = [f"{'feature':<32} {'kind':<11} {'present':>8} {'min':>6} {'max':>6} {'mean':>8}  suggested spec"]
+    for name, f in report["features"].items():
+        lines.append(f"{name:<32} {f['kind']:<11} {f['present']:>8.1%} {f['min_len']:>6} {f['max_len']:>6} "
+                     f"{f['mean_len']:>8.2f}  {f['suggested_spec']}")
+    return lines
