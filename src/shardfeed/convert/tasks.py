@@ -261,6 +261,7 @@ class InstanceSegmentationConverter(BoxConverter):
     def convert(self, row: Row, split: str) -> dict[str, Any]:
         kept = self.kept_objects(row.annotation)
         img = self.ctx.image(row, split)
+        feats = self.box_features(img, row, kept)  # discards an object outside the image first
         sx, sy = img.scale
         masks, areas = [], []
         for i, (obj, c, _) in enumerate(kept):
@@ -273,7 +274,6 @@ class InstanceSegmentationConverter(BoxConverter):
                 raise Discard(f"object {i + 1} ({c[1]}) covers no pixel of the stored {img.width}x{img.height} image")
             masks.append(encode_mask(m))
             areas.append(area)
-        feats = self.box_features(img, row, kept)
         feats["image/object/polygon/num_points"] = np.asarray([len(o["points"]) for o, _, _ in kept], np.int64)
         feats["image/object/mask"] = masks
         feats["image/object/mask/format"] = "png"
