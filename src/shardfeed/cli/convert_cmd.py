@@ -79,8 +79,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sp = subparsers.add_parser(
         "convert", help="convert a CSV, an image folder or an annotation file to sharded TFRecords",
         description="Convert a CSV (split,image_uri,label or --schema), an image folder, a PAI annotation "
-                    "CSV or an iTAG .manifest to sharded, indexed TFRecords with a manifest and a discard "
-                    "report. Bad rows are reported, never fatal.")
+                    "CSV or an iTAG .manifest (of images, or of videos for VIDEO_CLASSIFICATION) to sharded, "
+                    "indexed TFRecords with a manifest and a discard report. Bad rows (and unreadable or "
+                    "truncated videos) are reported, never fatal.")
     sp.add_argument("input", help="CSV, image folder, annotation CSV or .manifest (any storage URL)")
     sp.add_argument("output", help="output folder (any storage URL)")
     sp.add_argument("--annotations", action="store_true",
