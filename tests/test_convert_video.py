@@ -237,3 +237,16 @@ def test_cli_converts_videos_and_read_dataset_parses_clips(tmp_path, videos, cap
     assert len(got) == counts["records_written"]
     assert all(1 <= len(r["video/encoded"]) <= 8 for r in got)
     assert os.path.exists(os.path.join(out, sc.load_manifest(out)["splits"]["train"]["shards"][0]["file"] + ".idx"))
+
+
+def test_video_from_a_storage_url_is_read_in_ranges(tmp_path, videos):
+    from shardfeed import storage
+
+    url = "memory://shardfeed-test-video/clips/a.mp4"
+    storage.write_bytes(url, open(videos["h264"], "rb").read())
+    try:
+        res, out = convert(tmp_path, [url], "memory", decode_batch_size=100)
+        (r,) = records(out)
+        assert r["video/source_id"] == [url.encode()] and r["video/frame_count"][0] == 15
+    finally:
+        storage.remove(url)
