@@ -14,7 +14,8 @@ from typing import Any
 
 from ..storage.urls import mask
 
-_ANNOTATION_TYPES = ("DETECTION", "SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION", "TEXT_END2END")
+_ANNOTATION_TYPES = ("DETECTION", "SEGMENTATION", "INSTANCE_SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION",
+                     "TEXT_END2END", "VIDEO_CLASSIFICATION")
 
 
 def _opt(sp: argparse.ArgumentParser, name: str, **kw: Any) -> None:
@@ -78,15 +79,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sp = subparsers.add_parser(
         "convert", help="convert a CSV, an image folder or an annotation file to sharded TFRecords",
         description="Convert a CSV (split,image_uri,label or --schema), an image folder, a PAI annotation "
-                    "CSV or an iTAG .manifest to sharded, indexed TFRecords with a manifest and a discard "
-                    "report. Bad rows are reported, never fatal.")
+                    "CSV or an iTAG .manifest (of images, or of videos for VIDEO_CLASSIFICATION) to sharded, "
+                    "indexed TFRecords with a manifest and a discard report. Bad rows (and unreadable or "
+                    "truncated videos) are reported, never fatal.")
     sp.add_argument("input", help="CSV, image folder, annotation CSV or .manifest (any storage URL)")
     sp.add_argument("output", help="output folder (any storage URL)")
     sp.add_argument("--annotations", action="store_true",
                     help="the input is a PAI annotation CSV or iTAG manifest (implied by .manifest and by "
                          "model types other than CLASSIFICATION)")
     _opt(sp, "model_type", default="CLASSIFICATION", type=str.upper,
-         help="CLASSIFICATION, DETECTION, SEGMENTATION, TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END, SELF_DEFINED")
+         help="CLASSIFICATION, DETECTION, SEGMENTATION, INSTANCE_SEGMENTATION (polygons to PNG instance masks), "
+              "TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END, VIDEO_CLASSIFICATION (videos to clips of JPEG "
+              "frames; needs shardfeed[video]), SELF_DEFINED")
     sp.add_argument("--schema", help="column types: 'col:type,col:type' (types: split, image_uri, int, float, "
                                      "string, int list, float list, string list, integer label, string label), "
                                      "a JSON object, or @file.json")
@@ -110,6 +114,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(sp, "default_char_dict_path")
     _opt(sp, "converter_class", help="SELF_DEFINED: 'package.module:Class' or a shardfeed.converters entry point")
     _opt(sp, "converter_option", action="append", metavar="KEY=VALUE", help="option passed to the user converter")
+    video = sp.add_argument_group("VIDEO_CLASSIFICATION (PAI's video options)")
+    _opt(video, "decode_type", type=int, default=4, choices=[1, 2, 3, 4],
+         help="frames decoded: 1 intra only, 2 key frames only, 3 without bidirectional (B) frames, "
+              "4 all (default 4)")
+    _opt(video, "sample_fps", type=float, default=5.0, help="frames kept per second of video (default 5)")
+    _opt(video, "reshape_size", type=int, default=224,
+         help="shorter side of the stored frames in pixels, aspect kept (default 224; 0 keeps the decoded size)")
+    _opt(video, "decode_batch_size", type=int, default=10, help="frames per clip, one record per clip (default 10)")
+    _opt(video, "decode_keep_size", type=int, default=0,
+         help="frames a clip shares with the previous one (default 0)")
     sp.add_argument("--executor", choices=["thread", "process"], default="thread")
     sp.add_argument("--runner", choices=["local", "beam"], default="local")
     _opt(sp, "beam_runner", help="Beam runner (default DirectRunner)")
@@ -144,6 +158,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         compression=compression, prefix=args.output_prefix, char_replace_map_path=args.char_replace_map_path,
         default_char_dict_path=args.default_char_dict_path, converter_class=args.converter_class,
         converter_options={k: _beam_value(v) for k, v in _key_values(args.converter_option, "--converter_option").items()},
+        decode_type=args.decode_type, sample_fps=args.sample_fps, reshape_size=args.reshape_size or None,
+        decode_batch_size=args.decode_batch_size, decode_keep_size=args.decode_keep_size,
         executor=args.executor, runner=args.runner, resume=args.resume, progress=not args.quiet,
         beam_runner=args.beam_runner,
         beam_options={k: _beam_value(v) for k, v in _key_values(args.beam_option, "--beam_option").items()} or None,

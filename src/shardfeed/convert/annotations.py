@@ -3,9 +3,12 @@ iTAG ``.manifest`` JSON lines, for each ``model_type``.
 
 The answer is parsed here, when the plan is made, into a plain ``annotation`` dict:
 
-- CLASSIFICATION: ``{"classes": [name, ...]}`` (one name, or several for multi-label)
+- CLASSIFICATION, VIDEO_CLASSIFICATION: ``{"classes": [name, ...]}`` (one name, or several
+  for multi-label; the row's URL is the image's or the video's)
 - DETECTION, TEXT_DETECTION, TEXT_END2END: ``{"objects": [{"points": [[x, y] * 4],
   "class": str | None, "text": str | None, "direction": str | None}], "direction": str | None}``
+- INSTANCE_SEGMENTATION: the same with polygons of any number (at least 3) of points:
+  ``coord`` holds ``x1, y1, ..., xn, yn`` in the CSV, ``value`` ``[[x, y], ...]`` in iTAG
 - SEGMENTATION: ``{"mask_url": str}``
 - TEXT_RECOGNITION: ``{"text": str}``
 - SELF_DEFINED: ``{"raw": ..., "answer": ...}`` (parsed JSON where it parses, else the text)
@@ -30,6 +33,7 @@ from .sources import _dirname, resolve_uri
 _CLASS_KEYS = ("class*", "class", "单选", "label", "类别", "category")
 _TEXT_KEYS = ("text", "OCR识别结果", "ocr", "文本")
 BOX_TYPES = ("DETECTION", "TEXT_DETECTION", "TEXT_END2END")
+LABEL_TYPES = ("CLASSIFICATION", "VIDEO_CLASSIFICATION")  # answers that are class names
 
 
 def _json(text: Any, what: str) -> Any:
@@ -41,20 +45,28 @@ def _json(text: Any, what: str) -> Any:
         raise Discard(f"{what} is not valid JSON ({exc.msg} at char {exc.pos})") from None
 
 
-def _points_from_coord(coord: Any) -> list[list[float]]:
-    if not isinstance(coord, list) or len(coord) != 8:
-        n = len(coord) if isinstance(coord, list) else type(coord).__name__
-        raise Discard(f"coord must hold 8 numbers (x1,y1,...,x4,y4), got {n}")
+def _points_from_coord(coord: Any, any_polygon: bool = False) -> list[list[float]]:
+    """4 points from ``x1,y1,...,x4,y4``; with ``any_polygon`` any even count of at least 6."""
+    n = len(coord) if isinstance(coord, list) else None
+    if any_polygon:
+        if n is None or n < 6 or n % 2:
+            raise Discard(f"coord must hold an even number (at least 6) of numbers x1,y1,...,xn,yn, got "
+                          f"{n if n is not None else type(coord).__name__}")
+    elif n != 8:
+        raise Discard(f"coord must hold 8 numbers (x1,y1,...,x4,y4), got {n if n is not None else type(coord).__name__}")
     try:
         vals = [float(v) for v in coord]
     except (TypeError, ValueError):
         raise Discard(f"coord holds a value that is not a number: {coord!r:.80}") from None
-    return [[vals[i], vals[i + 1]] for i in range(0, 8, 2)]
+    return [[vals[i], vals[i + 1]] for i in range(0, len(vals), 2)]
 
 
-def _points_from_polygon(value: Any) -> list[list[float]]:
-    if not isinstance(value, list) or len(value) != 4 or not all(isinstance(p, list) and len(p) == 2 for p in value):
-        raise Discard(f"polygon must have 4 [x, y] points, got {json.dumps(value)[:80]}")
+def _points_from_polygon(value: Any, any_polygon: bool = False) -> list[list[float]]:
+    """4 ``[x, y]`` points; with ``any_polygon`` at least 3."""
+    pairs = isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value)
+    if not pairs or (len(value) < 3 if any_polygon else len(value) != 4):
+        want = "at least 3" if any_polygon else "4"
+        raise Discard(f"polygon must have {want} [x, y] points, got {json.dumps(value)[:80]}")
     try:
         return [[float(x), float(y)] for x, y in value]
     except (TypeError, ValueError):
@@ -73,13 +85,14 @@ def _pick(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
     return None
 
 
-def _csv_object(obj: Any) -> dict[str, Any]:
+def _csv_object(obj: Any, any_polygon: bool = False) -> dict[str, Any]:
     if not isinstance(obj, dict) or "coord" not in obj:
         raise Discard(f"object must be {{'text': ..., 'coord': [...]}}, got {json.dumps(obj, ensure_ascii=False)[:80]}")
     attrs = _json(obj.get("text", "{}"), "object text") if obj.get("text") is not None else {}
     if not isinstance(attrs, dict):
         attrs = {"text": str(attrs)}
-    return {"points": _points_from_coord(obj["coord"]), "class": _str_or_none(_pick(attrs, ("class*", "class"))),
+    return {"points": _points_from_coord(obj["coord"], any_polygon),
+            "class": _str_or_none(_pick(attrs, ("class*", "class"))),
             "text": _str_or_none(attrs.get("text")), "direction": _str_or_none(attrs.get("direction"))}
 
 
@@ -95,7 +108,7 @@ def parse_answer(model_type: str, answer: Any) -> dict[str, Any]:
         except ValueError:
             return {"answer": answer}
     a = _json(answer, "answer")
-    if model_type == "CLASSIFICATION":
+    if model_type in LABEL_TYPES:
         if not isinstance(a, dict) or "option" not in a:
             raise Discard("classification answer must be {'option': name} or {'option': [names]}")
         opt = a["option"]
@@ -111,10 +124,11 @@ def parse_answer(model_type: str, answer: Any) -> dict[str, Any]:
         if not isinstance(a, dict) or not isinstance(a.get("text"), str):
             raise Discard("text recognition answer must be {'text': string}")
         return {"text": a["text"]}
-    if model_type == "DETECTION":
+    if model_type in ("DETECTION", "INSTANCE_SEGMENTATION"):
         if not isinstance(a, list):
-            raise Discard("detection answer must be a list of {'text', 'coord'} objects")
-        return {"objects": [_csv_object(o) for o in a], "direction": None}
+            raise Discard(f"{model_type.lower().replace('_', ' ')} answer must be a list of {{'text', 'coord'}} objects")
+        polygons = model_type == "INSTANCE_SEGMENTATION"
+        return {"objects": [_csv_object(o, polygons) for o in a], "direction": None}
     if model_type in ("TEXT_DETECTION", "TEXT_END2END"):
         if not isinstance(a, list) or not a or not isinstance(a[0], list):
             raise Discard("text answer must be [[{'text', 'coord'}, ...], {'option': direction}]")
@@ -198,7 +212,7 @@ def parse_itag(model_type: str, line: Mapping[str, Any]) -> dict[str, Any]:
     results = _itag_results(line)
     if model_type == "SELF_DEFINED":
         return {"answer": results, "raw": line.get("data")}
-    if model_type == "CLASSIFICATION":
+    if model_type in LABEL_TYPES:
         for r in results:
             d = r.get("data") if isinstance(r, dict) else None
             names = d if isinstance(d, list) else [d] if isinstance(d, (str, int)) else None
@@ -220,8 +234,8 @@ def parse_itag(model_type: str, line: Mapping[str, Any]) -> dict[str, Any]:
         for item in items:
             if isinstance(item, dict) and item.get("type") == "image/polygon":
                 cls, text = _itag_labels(item.get("labels"))
-                objects.append({"points": _points_from_polygon(item.get("value")), "class": cls, "text": text,
-                                "direction": None})
+                points = _points_from_polygon(item.get("value"), model_type == "INSTANCE_SEGMENTATION")
+                objects.append({"points": points, "class": cls, "text": text, "direction": None})
     if model_type == "TEXT_RECOGNITION":
         texts = [o["text"] for o in objects if o["text"] is not None]
         if not texts:

@@ -40,6 +40,12 @@ class ConvertResult:
         return self.manifest["counts"]["records_written"]
 
     @property
+    def rows_converted(self) -> int:
+        """Rows that gave records (a video gives one record per clip)."""
+        c = self.manifest["counts"]
+        return c.get("rows_converted", c["rows_read"] - c["rows_discarded"])
+
+    @property
     def rows_discarded(self) -> int:
         return self.manifest["counts"]["rows_discarded"]
 
@@ -60,7 +66,8 @@ class ConvertResult:
 
     def __str__(self) -> str:
         per = ", ".join(f"{k}: {v['records']} records in {len(v['shards'])} shards" for k, v in self.splits.items())
-        return (f"{self.rows_read} rows read, {self.records_written} records written, {self.rows_discarded} "
+        made = "" if self.rows_converted == self.records_written else f" from {self.rows_converted} rows"
+        return (f"{self.rows_read} rows read, {self.records_written} records written{made}, {self.rows_discarded} "
                 f"discarded ({per or 'no shards'}) -> {mask(self.output_dir)}")
 
 
@@ -189,9 +196,17 @@ def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.Path
                         options: ConvertOptions | None = None, **kwargs: Any) -> ConvertResult:
     """Convert a PAI annotation CSV (``id, raw JSON {url}, answer JSON``) or an iTAG
     ``.manifest`` (JSON lines) for ``model_type`` (CLASSIFICATION, DETECTION, SEGMENTATION,
-    TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END, SELF_DEFINED with ``converter_class``)
-    into sharded TFRecords; options and outputs as :func:`convert`. Rows are split by
-    ``test_ratio`` (seeded by ``seed``). Malformed rows are reported and discarded.
+    INSTANCE_SEGMENTATION, TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END,
+    VIDEO_CLASSIFICATION, SELF_DEFINED with ``converter_class``) into sharded TFRecords;
+    options and outputs as :func:`convert`. Rows are split by ``test_ratio`` (seeded by
+    ``seed``). Malformed rows are reported and discarded.
+
+    INSTANCE_SEGMENTATION reads polygons (any number of points) and writes boxes, classes
+    and one PNG mask per object. VIDEO_CLASSIFICATION reads a video per row (its URL in
+    ``url`` / ``data.source``), decodes it with PyAV (``decode_type``, ``sample_fps``,
+    ``reshape_size``, ``decode_batch_size``, ``decode_keep_size``) and writes one record per
+    clip; an unreadable or truncated video is discarded with the reason. Raises
+    ``ImportError`` for VIDEO_CLASSIFICATION without PyAV (``shardfeed[video]``).
     """
     opts = _options(options, {**kwargs, "model_type": model_type})
     url = fspath(label_file)

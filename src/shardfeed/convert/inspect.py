@@ -87,6 +87,13 @@ def render(feats: Mapping[str, Any], caption: str | None = None):
         colours = np.array([(0, 0, 0)] + _PALETTE * 22, np.uint8)[: 256]
         overlay = Image.fromarray(colours[m])
         im = Image.blend(im, overlay, 0.45)
+    labels_all = feats.get("image/object/class/label", np.zeros(0, np.int64))
+    for i, m in enumerate(feats.get("image/object/mask") or []):  # instance masks, coloured by class
+        inst = np.asarray(Image.open(io.BytesIO(m)).convert("L").resize((w, h), Image.Resampling.NEAREST)) > 0
+        colour = _PALETTE[int(labels_all[i]) % len(_PALETTE)] if len(labels_all) > i else _PALETTE[0]
+        a = np.asarray(im).copy()
+        a[inst] = (0.55 * a[inst] + 0.45 * np.array(colour)).astype(np.uint8)
+        im = Image.fromarray(a)
     draw = ImageDraw.Draw(im)
     xmin = feats.get("image/object/bbox/xmin")
     if xmin is not None and len(xmin):
@@ -95,12 +102,15 @@ def render(feats: Mapping[str, Any], caption: str | None = None):
         texts = feats.get("image/object/class/text") or []
         ignored = feats.get("image/object/ignored", np.zeros(len(xmin), np.int64))
         poly = feats.get("image/object/polygon")
+        counts = feats.get("image/object/polygon/num_points")
+        counts = [int(c) for c in counts] if counts is not None else [4] * len(xmin)
+        starts = np.concatenate([[0], np.cumsum(counts)]) * 2 if counts else [0]
         for i in range(len(xmin)):
             colour = _PALETTE[int(labels[i]) % len(_PALETTE)] if len(labels) > i else _PALETTE[0]
             box = [xmin[i] * w, ymin[i] * h, xmax[i] * w, ymax[i] * h]
             draw.rectangle(box, outline=colour, width=1 if (len(ignored) > i and ignored[i]) else 2)
-            if poly is not None and len(poly) >= 8 * (i + 1):
-                pts = [(poly[8 * i + 2 * j] * w, poly[8 * i + 2 * j + 1] * h) for j in range(4)]
+            if poly is not None and i < len(counts) and len(poly) >= starts[i + 1]:
+                pts = [(poly[starts[i] + 2 * j] * w, poly[starts[i] + 2 * j + 1] * h) for j in range(counts[i])]
                 draw.polygon(pts, outline=(255, 255, 255))
             if len(texts) > i:
                 draw.text((box[0] + 2, box[1] + 1), texts[i].decode("utf-8", "replace"), fill=colour)
@@ -147,7 +157,8 @@ def inspect_output(output_dir: str, out: str, n: int = 8, split: str | None = No
                         images.append(name)
                     fields = {"split": sp, "file": shard["file"], "image": name if im is not None else ""}
                     fields.update({k: _text(v) for k, v in feats.items()
-                                   if k not in ("image/encoded", "image/segmentation/class/encoded")})
+                                   if k not in ("image/encoded", "image/segmentation/class/encoded",
+                                                "image/object/mask", "video/encoded")})
                     rows.append(fields)
                     taken += 1
     _write_csv(out, rows)

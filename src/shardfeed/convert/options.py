@@ -10,7 +10,7 @@ from typing import Any
 
 MODEL_TYPES = (
     "CLASSIFICATION", "DETECTION", "SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION",
-    "TEXT_END2END", "SELF_DEFINED",
+    "TEXT_END2END", "INSTANCE_SEGMENTATION", "VIDEO_CLASSIFICATION", "SELF_DEFINED",
 )
 SPLITS = ("train", "validation", "test")
 IMAGE_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png"}
@@ -65,8 +65,16 @@ class ConvertOptions:
     ``max_image_size``). ``image_format``: ``"jpg"`` or ``"png"``. ``test_ratio``: share of
     rows without a split that go to ``test`` (seeded by ``seed``).
     ``num_samples_per_tfrecord``: input rows per shard (a shard holds fewer records when
-    rows of it are discarded). ``compression``: ``None`` or ``"GZIP"`` (index files only
+    rows of it are discarded; for VIDEO_CLASSIFICATION it counts videos, and a shard holds
+    every clip of its videos). ``compression``: ``None`` or ``"GZIP"`` (index files only
     for uncompressed shards).
+
+    VIDEO_CLASSIFICATION only (PAI names and defaults): ``decode_type`` 1 intra frames only,
+    2 key frames only, 3 without bidirectional frames, 4 all (default); ``sample_fps`` frames
+    kept per second (5.0); ``reshape_size`` shorter side of the frames in pixels, aspect kept
+    (224; ``None`` keeps the decoded size); ``decode_batch_size`` frames per clip (10);
+    ``decode_keep_size`` frames a clip shares with the previous one (0). See
+    :mod:`shardfeed.convert.video`.
     """
 
     model_type: str = "CLASSIFICATION"
@@ -92,6 +100,11 @@ class ConvertOptions:
     converter_options: dict[str, Any] = field(default_factory=dict)
     separator: str = ";"
     executor: str = "thread"
+    decode_type: int = 4
+    sample_fps: float = 5.0
+    reshape_size: int | None = 224
+    decode_batch_size: int = 10
+    decode_keep_size: int = 0
 
     def __post_init__(self) -> None:
         self.model_type = str(self.model_type).upper()
@@ -122,6 +135,7 @@ class ConvertOptions:
                 self.compression = c
             else:
                 raise ValueError(f"compression must be None, 'GZIP' or 'ZLIB', got {self.compression!r}")
+        self._check_video()
         if self.executor not in ("thread", "process"):
             raise ValueError(f"executor must be 'thread' or 'process', got {self.executor!r}")
         if not self.prefix or "/" in self.prefix:
@@ -129,6 +143,26 @@ class ConvertOptions:
         if self.model_type == "SELF_DEFINED" and not self.converter_class:
             raise ValueError("model_type SELF_DEFINED needs converter_class: an import path "
                              "'package.module:ClassName' or the name of a 'shardfeed.converters' entry point")
+
+    def _check_video(self) -> None:
+        if self.decode_type not in (1, 2, 3, 4) or isinstance(self.decode_type, bool):
+            raise ValueError(f"decode_type must be 1 (intra only), 2 (keyframes only), 3 (without bidirectional "
+                             f"frames) or 4 (decode all), got {self.decode_type!r}")
+        try:
+            fps = float(self.sample_fps)
+        except (TypeError, ValueError):
+            fps = float("nan")
+        if not fps > 0 or fps == float("inf"):
+            raise ValueError(f"sample_fps must be a positive number of frames per second, got {self.sample_fps!r}")
+        self.sample_fps = fps
+        if self.reshape_size is not None and (not isinstance(self.reshape_size, int) or self.reshape_size < 1):
+            raise ValueError(f"reshape_size must be a positive int (pixels of the shorter side) or None, "
+                             f"got {self.reshape_size!r}")
+        if not isinstance(self.decode_batch_size, int) or self.decode_batch_size < 1:
+            raise ValueError(f"decode_batch_size must be a positive int (frames per clip), got {self.decode_batch_size!r}")
+        if (not isinstance(self.decode_keep_size, int) or not 0 <= self.decode_keep_size < self.decode_batch_size):
+            raise ValueError(f"decode_keep_size must be an int in [0, decode_batch_size={self.decode_batch_size}) "
+                             f"(frames shared by consecutive clips), got {self.decode_keep_size!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -115,7 +115,8 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
     assign_splits(rows, options.test_ratio, options.seed)
     mt = options.model_type
     label_type = schema.label_type if (schema is not None and not annotated) else None
-    needs_classes = (mt in ("CLASSIFICATION", "DETECTION", "TEXT_DETECTION", "TEXT_END2END")
+    needs_classes = (mt in ("CLASSIFICATION", "VIDEO_CLASSIFICATION", "DETECTION", "INSTANCE_SEGMENTATION",
+                            "TEXT_DETECTION", "TEXT_END2END")
                      and (annotated or label_type == "string label"))
     label_map = None
     if needs_classes:
@@ -126,7 +127,7 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
                                     error_class=options.error_class, ignore_class=options.ignore_class,
                                     storage_options=storage_options)
     chars = load_char_table(options.char_replace_map_path, options.default_char_dict_path, storage_options)
-    multi_label = annotated and mt == "CLASSIFICATION" and any(
+    multi_label = annotated and mt in ("CLASSIFICATION", "VIDEO_CLASSIFICATION") and any(
         isinstance(r.annotation, dict) and len(r.annotation.get("classes", ())) > 1 for r in rows)
     shards: list[Shard] = []
     per = options.num_samples_per_tfrecord

@@ -42,8 +42,8 @@ class _ConvertFn:
         name, pos, row = item
         if self.converter is None:
             self.converter = make_converter(self.plan.context(self.storage_options), self.plan.has_image)
-        record, reason = convert_row(self.converter, row)
-        return name, (pos, row, record, reason)
+        records, reason = convert_row(self.converter, row)
+        return name, (pos, row, records, reason)
 
 
 class _WriteFn:
@@ -56,8 +56,8 @@ class _WriteFn:
         shard = self.by_name[name]
         sink = ShardSink(self.plan, shard, self.output_dir, self.storage_options)
         try:
-            for _, row, record, reason in sorted(items, key=lambda t: t[0]):
-                sink.add(row, record, reason)
+            for _, row, records, reason in sorted(items, key=lambda t: t[0]):
+                sink.add(row, records, reason)
         except BaseException:
             sink.abort()
             raise

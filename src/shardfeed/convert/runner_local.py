@@ -70,8 +70,10 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         pool = ThreadPoolExecutor(o.read_parallel_num, thread_name_prefix="shardfeed-convert")
         submit = lambda rows: pool.submit(lambda: [convert_row(converter, r) for r in rows])
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
-    chunks = [(si, shard.rows[i:i + CHUNK_ROWS]) for si, shard in enumerate(todo)
-              for i in range(0, len(shard.rows), CHUNK_ROWS)]
+    # a video gives many records: hand videos over one by one so few are held at once
+    per = 1 if o.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
+    chunks = [(si, shard.rows[i:i + per]) for si, shard in enumerate(todo)
+              for i in range(0, len(shard.rows), per)]
     window = max(4, 4 * o.read_parallel_num)
     inflight: collections.deque[tuple[int, list, Future]] = collections.deque()
     commits: list[Future] = []
@@ -91,8 +93,8 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
-            for row, (record, reason) in zip(rows, results):
-                sink.add(row, record, reason)
+            for row, (records, reason) in zip(rows, results):
+                sink.add(row, records, reason)
             remaining[si] -= len(rows)
             bar.update(len(rows))
             if remaining[si] == 0:

@@ -24,6 +24,7 @@ from ..storage.urls import mask
 from .classes import CharTable, LabelMap
 from .images import EncodedImage, image_size, load_image, load_mask
 from .options import ConvertOptions, Discard, Row
+from .polygons import encode_mask, polygon_area, rasterize
 from .schema import Schema
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class BoxConverter:
         """(label, text, ignored) of an object, or None when it carries the error class."""
         o, lm = self.ctx.options, self.ctx.label_map
         if name is None:
-            name = o.default_class or ("text" if self.mt != "DETECTION" else None)
+            name = o.default_class or ("text" if self.mt in ("TEXT_DETECTION", "TEXT_END2END") else None)
             if name is None:
                 raise Discard("an object has no class and there is no default_class")
         if o.error_class is not None and name == o.error_class:
@@ -184,8 +185,9 @@ class BoxConverter:
             return None
         return (lm.label(target), target, 1 if target == o.ignore_class else 0)
 
-    def convert(self, row: Row, split: str) -> dict[str, Any]:
-        ann = row.annotation
+    def kept_objects(self, ann: Mapping[str, Any]) -> list[tuple[dict, tuple[int, str, int], str]]:
+        """``(object, (label, class text, ignored), text)`` of the objects that do not carry
+        the error class, in input order."""
         kept = []
         for obj in ann["objects"]:
             c = self._class(obj.get("class"))
@@ -195,7 +197,10 @@ class BoxConverter:
             if self.mt == "TEXT_END2END":
                 text = self.ctx.chars.normalize(text)
             kept.append((obj, c, text))
-        img = self.ctx.image(row, split)
+        return kept
+
+    def box_features(self, img: EncodedImage, row: Row, kept: list) -> dict[str, Any]:
+        """Image, normalized boxes (clipped to the image), polygons and classes of ``kept``."""
         W, H = img.original_width, img.original_height
         xs: dict[str, list[float]] = {"xmin": [], "ymin": [], "xmax": [], "ymax": []}
         poly: list[float] = []
@@ -215,6 +220,12 @@ class BoxConverter:
         feats["image/object/class/label"] = np.asarray([c[0] for _, c, _ in kept], np.int64)
         feats["image/object/class/text"] = [c[1] for _, c, _ in kept]
         feats["image/object/ignored"] = np.asarray([c[2] for _, c, _ in kept], np.int64)
+        return feats
+
+    def convert(self, row: Row, split: str) -> dict[str, Any]:
+        ann = row.annotation
+        kept = self.kept_objects(ann)
+        feats = self.box_features(self.ctx.image(row, split), row, kept)
         if self.mt != "DETECTION":
             feats["image/object/direction"] = [o.get("direction") or "" for o, _, _ in kept]
             feats["image/direction"] = ann.get("direction") or ""
@@ -225,6 +236,117 @@ class BoxConverter:
             feats["image/object/text/char_ids"] = np.asarray([i for t in texts for i in self.ctx.chars.ids(t)],
                                                              np.int64)
         return feats
+
+
+class InstanceSegmentationConverter(BoxConverter):
+    """INSTANCE_SEGMENTATION: polygons of any number of points to boxes, classes (class
+    options as for DETECTION) and one mask per object.
+
+    Masks are PNG (one channel, 0/1, the stored image's size), as the TensorFlow Object
+    Detection API reads them (``image/object/mask``, PNG masks): ``tf.io.decode_png`` in the
+    input pipeline decodes them, where COCO RLE would need pycocotools in Python; a 0/1 PNG
+    of a mask is about as small as its RLE. Rasterised at pixel centres
+    (:mod:`shardfeed.convert.polygons`). A polygon of zero area, or one that covers no pixel
+    of the stored image, discards the row with the object named.
+    """
+
+    def feature_spec(self) -> dict[str, Any]:
+        spec = super().feature_spec()
+        spec["image/object/polygon/num_points"] = VarLen("int64")
+        spec["image/object/mask"] = VarLen("bytes")
+        spec["image/object/mask/format"] = FixedLen("bytes", default=b"png")
+        spec["image/object/area"] = VarLen("float32")
+        return spec
+
+    def convert(self, row: Row, split: str) -> dict[str, Any]:
+        kept = self.kept_objects(row.annotation)
+        img = self.ctx.image(row, split)
+        feats = self.box_features(img, row, kept)  # discards an object outside the image first
+        sx, sy = img.scale
+        masks, areas = [], []
+        for i, (obj, c, _) in enumerate(kept):
+            pts = np.asarray(obj["points"], np.float64)
+            if polygon_area(pts) <= 0.0:
+                raise Discard(f"object {i + 1} ({c[1]}) has a degenerate polygon (zero area)")
+            m = rasterize(pts * (sx, sy), img.width, img.height)
+            area = int(m.sum())
+            if area == 0:
+                raise Discard(f"object {i + 1} ({c[1]}) covers no pixel of the stored {img.width}x{img.height} image")
+            masks.append(encode_mask(m))
+            areas.append(area)
+        feats["image/object/polygon/num_points"] = np.asarray([len(o["points"]) for o, _, _ in kept], np.int64)
+        feats["image/object/mask"] = masks
+        feats["image/object/mask/format"] = "png"
+        feats["image/object/area"] = np.asarray(areas, np.float32)
+        return feats
+
+
+class VideoClassificationConverter:
+    """VIDEO_CLASSIFICATION: a video (any storage URL) decoded with PyAV into clips
+    (:mod:`shardfeed.convert.video`), one record per clip with the video's label(s)."""
+
+    def __init__(self, ctx: ConvertContext):
+        from .video import _av
+
+        _av()  # no PyAV: say so before the job starts, not once per video
+        self.ctx = ctx
+        self.labels = TableConverter(ctx, has_image=False)
+
+    def feature_spec(self) -> dict[str, Any]:
+        kind = VarLen if self.ctx.multi_label else FixedLen
+        return {
+            "video/encoded": VarLen("bytes"),
+            "video/format": FixedLen("bytes"),
+            "video/frame_count": FixedLen("int64"),
+            "video/frame/timestamp": VarLen("float32"),
+            "video/clip/index": FixedLen("int64"),
+            "video/clip/start_time": FixedLen("float32"),
+            "video/fps": FixedLen("float32"),
+            "video/source_fps": FixedLen("float32"),
+            "video/height": FixedLen("int64"),
+            "video/width": FixedLen("int64"),
+            "video/source_id": FixedLen("bytes"),
+            "video/class/label": kind("int64"),
+            "video/class/text": kind("bytes"),
+        }
+
+    def convert(self, row: Row, split: str) -> list[dict[str, Any]]:
+        from .video import decode_video
+
+        if not row.image_uri:
+            raise Discard("row has no video")
+        ids, texts = self.labels.labels(row)
+        o = self.ctx.options
+        try:
+            f = storage.open_input(row.image_uri, self.ctx.storage_options)
+        except FileNotFoundError:
+            raise Discard("video not found") from None
+        except IsADirectoryError:
+            raise Discard("video path is a directory") from None
+        except (OSError, ValueError) as exc:
+            raise Discard(f"cannot read video: {type(exc).__name__}: {mask(str(exc))[:160]}") from None
+        with f:
+            v = decode_video(f, decode_type=o.decode_type, sample_fps=o.sample_fps, reshape_size=o.reshape_size,
+                             decode_batch_size=o.decode_batch_size, decode_keep_size=o.decode_keep_size,
+                             image_format=o.image_format, jpeg_quality=o.jpeg_quality)
+        multi = self.ctx.multi_label
+        label = np.asarray(ids, np.int64) if multi else ids[0]
+        text = texts if multi else texts[0]
+        return [{
+            "video/encoded": clip.frames,
+            "video/format": "png" if o.image_format == "png" else "jpeg",
+            "video/frame_count": len(clip.frames),
+            "video/frame/timestamp": np.asarray(clip.times, np.float32),
+            "video/clip/index": clip.index,
+            "video/clip/start_time": np.float32(clip.times[0]),
+            "video/fps": np.float32(v.sample_fps),
+            "video/source_fps": np.float32(v.source_fps),
+            "video/height": v.height,
+            "video/width": v.width,
+            "video/source_id": row.image_uri,
+            "video/class/label": label,
+            "video/class/text": text,
+        } for clip in v.clips]
 
 
 class SegmentationConverter:
@@ -321,6 +443,10 @@ def make_converter(ctx: ConvertContext, has_image: bool = True):
         return UserConverter(ctx)
     if mt in ("DETECTION", "TEXT_DETECTION", "TEXT_END2END"):
         return BoxConverter(ctx)
+    if mt == "INSTANCE_SEGMENTATION":
+        return InstanceSegmentationConverter(ctx)
+    if mt == "VIDEO_CLASSIFICATION":
+        return VideoClassificationConverter(ctx)
     if mt == "SEGMENTATION":
         return SegmentationConverter(ctx)
     if mt == "TEXT_RECOGNITION":

@@ -48,11 +48,20 @@ def state_url(output_dir: str, plan: Plan, shard: Shard) -> str:
     return join(output_dir, f".{plan.options.prefix}-state/{plan.shard_name(shard)}.json")
 
 
-def convert_row(converter: Any, row: Row) -> tuple[bytes | None, str | None]:
-    """``(record, None)`` for a converted row, ``(None, reason)`` for a discarded one."""
+def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | None]:
+    """``([record, ...], None)`` for a converted row, ``(None, reason)`` for a discarded one.
+
+    A converter returns one feature dict (one record) or a non-empty list of them (several
+    records from one row: the clips of a video).
+    """
     try:
         feats = converter.convert(row, row.split)
-        return encode_example(feats), None
+        if isinstance(feats, Mapping):
+            return [encode_example(feats)], None
+        records = [encode_example(f) for f in feats]
+        if not records:
+            raise Discard("the converter made no record from this row")
+        return records, None
     except Discard as d:
         return None, str(d)
     except Exception as exc:
@@ -72,9 +81,10 @@ class ShardSink:
                                      storage_options=storage_options)
         self.discards: list[DiscardRecord] = []
 
-    def add(self, row: Row, record: bytes | None, reason: str | None) -> None:
-        if record is not None:
-            self.writer.write(record)
+    def add(self, row: Row, records: list[bytes] | None, reason: str | None) -> None:
+        if records is not None:
+            for record in records:
+                self.writer.write(record)
         else:
             self.discards.append(DiscardRecord(row.number, row.source, reason or "discarded"))
 
@@ -91,9 +101,10 @@ class ShardSink:
         self.writer.abort()
 
 
-def write_shard(plan: Plan, shard: Shard, output_dir: str, results: Iterable[tuple[Row, bytes | None, str | None]],
+def write_shard(plan: Plan, shard: Shard, output_dir: str,
+                results: Iterable[tuple[Row, list[bytes] | None, str | None]],
                 storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Write a shard from ``(row, record, reason)`` in row order; returns its state."""
+    """Write a shard from ``(row, records, reason)`` in row order; returns its state."""
     sink = ShardSink(plan, shard, output_dir, storage_options)
     try:
         for row, record, reason in results:
@@ -171,6 +182,7 @@ def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
     w.writerows(discards)
     storage.write_bytes(discards_url(output_dir, o.prefix), buf.getvalue().encode("utf-8"), storage_options)
     written = sum(s["records"] for s in splits.values())
+    converted = sum(s["rows"] for s in splits.values()) - (len(discards) - len(plan.discards))
     options = {k: v for k, v in o.to_dict().items() if k not in RUNTIME_OPTIONS}
     runtime = {"runner": runner, **{k: getattr(o, k) for k in RUNTIME_OPTIONS}}
     if not isinstance(options.get("converter_class"), (str, type(None))):
@@ -192,11 +204,16 @@ def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
         "schema": plan.schema.to_dict() if plan.schema else None,
         "options": options,
         "runtime": runtime,
-        "counts": {"rows_read": plan.rows_read, "records_written": written, "rows_discarded": len(discards)},
+        "counts": {"rows_read": plan.rows_read, "rows_converted": converted, "records_written": written,
+                   "rows_discarded": len(discards)},
         "discard_report": f"{o.prefix}-discards.csv",
     }
-    if plan.rows_read != written + len(discards):  # a bug, never a data problem
-        raise AssertionError(f"counts do not add up: {plan.rows_read} read, {written} written, {len(discards)} discarded")
+    # a bug, never a data problem: every row is converted or discarded, and a converted row
+    # gives one record (several only for the clips of a video)
+    one_each = o.model_type != "VIDEO_CLASSIFICATION"
+    if plan.rows_read != converted + len(discards) or (written != converted if one_each else written < converted):
+        raise AssertionError(f"counts do not add up: {plan.rows_read} read, {converted} converted into {written} "
+                             f"records, {len(discards)} discarded")
     storage.write_bytes(manifest_url(output_dir, o.prefix),
                         json.dumps(manifest, ensure_ascii=False, indent=1, default=str).encode(), storage_options)
     return manifest
