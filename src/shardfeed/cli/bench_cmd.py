@@ -190,6 +190,18 @@ def _rows_native_micro(res: dict) -> list[Row]:
     return rows
 
 
+def _rows_sequence_parse(res: dict) -> list[Row]:
+    rows = {r["path"]: r for r in res["rows"]}
+    anchor = rows.get("python reference (anchor)")
+    out: list[Row] = []
+    for name, r in rows.items():
+        if r is anchor or anchor is None:
+            continue
+        out.append((f"parse_sequence_example, {name}", _rate(r["records_per_s"], "rec/s"),
+                    f"Python reference: {_rate(anchor['records_per_s'], 'rec/s')}", _ratio(r["speedup_vs_anchor"])))
+    return out
+
+
 @dataclass(frozen=True)
 class Benchmark:
     name: str
@@ -209,6 +221,7 @@ class Benchmark:
 # the order they run in: micro-benchmarks first, the long ones last
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("native_micro", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_native_micro),
+    Benchmark("sequence_parse", "--json", (), ("--records", "2000", "--rounds", "1"), _rows_sequence_parse),
     Benchmark("read_tfrecord", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_read_tfrecord, "--dir"),
     Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), _rows_read_paths,
               "--dir"),
