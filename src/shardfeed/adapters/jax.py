@@ -9,6 +9,7 @@ import numpy as np
 
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
+from ..registry import require
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +82,7 @@ def to_jax(ds: Dataset, device: Any = None) -> Iterator[Any]:
     feature once per pass), and a value that does not fit raises ``OverflowError`` naming
     the feature, instead of arriving wrapped (JAX's own ``device_put`` would turn
     ``2**40 + 5`` into ``5``). Raises ``ImportError`` when JAX is missing."""
-    try:
-        import jax  # noqa: PLC0415
-    except ImportError as exc:
-        raise ImportError("to_jax needs JAX: pip install jax") from exc
+    jax = require("jax", what="to_jax")
     x64 = bool(jax.config.jax_enable_x64)
     warned: set[str] = set()
 

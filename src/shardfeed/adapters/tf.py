@@ -9,6 +9,7 @@ import numpy as np
 
 from ..formats.spec import FixedLenSequence, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
+from ..registry import require
 
 
 def _padded_names(ds: Dataset) -> set[str]:
@@ -53,10 +54,7 @@ def to_tf(ds: Dataset, output_signature: Any = None) -> Any:
     cardinality is unknown and ``model.fit`` needs ``steps_per_epoch`` (docs/pipeline.md).
     Raises ``ImportError`` when TensorFlow is missing, ``TypeError`` for elements that are
     not dense arrays (or dicts/tuples of them)."""
-    try:
-        import tensorflow as tf  # noqa: PLC0415
-    except ImportError as exc:
-        raise ImportError("to_tf needs TensorFlow: pip install tensorflow-cpu (or tensorflow)") from exc
+    tf = require("tensorflow", what="to_tf")
     if output_signature is None:
         first = list(ds.take(1))
         if not first:

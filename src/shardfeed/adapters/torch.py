@@ -25,6 +25,7 @@ from typing import Any
 
 from ..pipeline.dataset import Dataset
 from ..pipeline.slicing import split_near_source
+from ..registry import require
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -73,10 +74,8 @@ def to_torch(ds: Dataset, rank: int | None = None, world_size: int | None = None
     ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialized, else
     ``RANK``/``WORLD_SIZE`` and the like, else 0/1; they are fixed here, in the calling
     process. Raises ``ImportError`` with an install hint when PyTorch is missing."""
-    try:
-        cls = _torch_dataset_class()
-    except ImportError as exc:
-        raise ImportError("to_torch needs PyTorch: pip install torch") from exc
+    require("torch", what="to_torch")
+    cls = _torch_dataset_class()
     r, w = _rank_and_world(rank, world_size)
     return cls(ds, r, w)
 

@@ -121,22 +121,22 @@ def open_backend(backend: "str | QueueBackend | None") -> QueueBackend:
         backend = default_backend_url()
     if not isinstance(backend, (str, os.PathLike)):
         raise TypeError(f"backend must be a URL string or a QueueBackend, got {type(backend).__name__}")
+    from .. import registry  # noqa: PLC0415 - backends are imported by name, when used
+
     url = os.fspath(backend)
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if url in ("memory", "memory://") or scheme == "memory":
-        from .memory import MemoryBackend  # noqa: PLC0415
-
-        return MemoryBackend(url)
-    if scheme == "sqlite" or (not scheme and url.endswith((".db", ".sqlite", ".sqlite3"))):
-        from .sqlite import SQLiteBackend  # noqa: PLC0415
-
-        return SQLiteBackend(url.split("://", 1)[1] if scheme else url)
-    if scheme in ("redis", "rediss", "unix"):
-        from .redis_backend import RedisBackend  # noqa: PLC0415
-
-        return RedisBackend(url)
-    raise ValueError(f"unknown work-queue backend {mask(url)!r}: use 'memory', 'sqlite:///path/queue.db' "
-                     "or 'redis://host:port/db'")
+        name, arg = "memory", url
+    elif scheme == "sqlite" or (not scheme and url.endswith((".db", ".sqlite", ".sqlite3"))):
+        name, arg = "sqlite", url.split("://", 1)[1] if scheme else url
+    elif scheme in ("redis", "rediss", "unix"):
+        name, arg = "redis", url
+    elif scheme and scheme in registry.names("queue"):
+        name, arg = scheme, url  # a registered third-party backend, given its URL
+    else:
+        raise ValueError(f"unknown work-queue backend {mask(url)!r}: use 'memory', 'sqlite:///path/queue.db' "
+                         f"or 'redis://host:port/db' (registered: {', '.join(registry.names('queue'))})")
+    return registry.load("queue", name)(arg)
 
 
 def split_id(item_id: str) -> tuple[int, int]:

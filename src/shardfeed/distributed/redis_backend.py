@@ -21,6 +21,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ShardfeedError, WorkQueueLostError
+from ..registry import require
 from ..storage.urls import mask, register_secret
 from .backend import COUNTERS, QueueBackend
 
@@ -203,11 +204,7 @@ class RedisBackend(QueueBackend):
     """Queues on the Redis server at ``url`` (``redis://[:password@]host:port/db``)."""
 
     def __init__(self, url: str, reconnect_s: float | None = None, **client_kwargs: Any) -> None:
-        try:
-            import redis  # noqa: PLC0415
-        except ImportError:
-            raise ImportError("the Redis work-queue backend needs the redis package: pip install 'shardfeed[redis]'") \
-                from None
+        redis = require("redis", what="the Redis work-queue backend")
         password = urlsplit(url).password
         if password:
             register_secret(password)

@@ -23,15 +23,9 @@ import os
 import threading
 from typing import Any, Mapping
 
+from .. import registry
 from .urls import ParsedURL, mask, parse_url, register_secret
 
-_INSTALL_HINT = {
-    "s3": "pip install 'shardfeed[s3]' (s3fs)",
-    "oss": "pip install 'shardfeed[s3]' (s3fs; OSS is reached through the S3 protocol)",
-    "gs": "pip install 'shardfeed[gcs]' (gcsfs)",
-    "http": "pip install 'shardfeed[http]' (aiohttp)",
-    "https": "pip install 'shardfeed[http]' (aiohttp)",
-}
 
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
@@ -42,10 +36,7 @@ def _s3_class(protocol: str) -> type:
     """An s3fs subclass with its own retries off; one per protocol name (s3, oss)."""
     cls = _s3_classes.get(protocol)
     if cls is None:
-        try:
-            import s3fs  # noqa: PLC0415 - optional dependency
-        except ImportError as exc:
-            raise ImportError(f"{protocol}:// URLs need s3fs: {_INSTALL_HINT[protocol]}") from exc
+        s3fs = registry.load("storage", protocol)  # the s3fs module, or ImportError with the pip command
 
         cls = type(
             f"Shardfeed{protocol.upper()}FileSystem",
@@ -225,7 +216,10 @@ def _make_filesystem(parsed: ParsedURL, storage_options: dict):
     try:
         cls = fsspec.get_filesystem_class(protocol)
     except ImportError as exc:
-        hint = _INSTALL_HINT.get(protocol, f"install the fsspec backend for {protocol}://")
+        try:
+            hint = registry.entry("storage", protocol).hint
+        except KeyError:
+            hint = f"install the fsspec backend for {protocol}://"
         raise ImportError(f"{protocol}:// URLs need an extra package: {hint}") from exc
     except ValueError as exc:
         raise ValueError(f"{mask(parsed.original)}: unknown storage protocol {protocol!r}") from exc

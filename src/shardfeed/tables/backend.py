@@ -65,22 +65,11 @@ class SliceWriter:
 
 
 def open_backend(turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> TableBackend:
-    """The backend for ``turl`` (drivers are imported here, with an install hint when missing)."""
-    if turl.kind == "duckdb":
-        from .duckdb_backend import DuckDBBackend
+    """The backend for ``turl``, by its kind, from the registry (:mod:`shardfeed.registry`:
+    drivers are imported here, with an install hint when missing)."""
+    from .. import registry  # noqa: PLC0415 - the registry imports backends lazily, by name
 
-        return DuckDBBackend(turl)
-    if turl.kind == "postgresql":
-        from .postgres import PostgresBackend
-
-        return PostgresBackend(turl)
-    if turl.kind == "odps":
-        from .odps import ODPSBackend
-
-        return ODPSBackend(turl)
-    from .parquet import FilesBackend
-
-    return FilesBackend(turl, storage_options)
+    return registry.load("table", turl.kind)(turl, storage_options)
 
 
 def slice_batches(batches: Iterator[pa.RecordBatch], skip: int, limit: int | None) -> Iterator[pa.RecordBatch]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from .backend import (
     quote_column,
     quote_ident,
 )
+from ..registry import require
 from .urls import TableURL
 
 try:
@@ -42,8 +43,7 @@ _writers: set[tuple[str, str, int]] = set()
 
 def _need() -> Any:
     if duckdb is None:
-        raise ImportError("duckdb:// tables need the duckdb package: pip install 'shardfeed[tables]' "
-                          "(or pip install duckdb)")
+        return require("duckdb", what="duckdb:// tables")  # raises, with the pip command
     return duckdb
 
 
@@ -89,7 +89,7 @@ def _release(path: str, cursor: Any) -> None:
 class DuckDBBackend(TableBackend):
     kind = "duckdb"
 
-    def __init__(self, turl: TableURL) -> None:
+    def __init__(self, turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(turl)
         _need()
         self.path = os.path.abspath(turl.location)

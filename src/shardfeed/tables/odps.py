@@ -12,22 +12,22 @@ and the missing-dependency error are.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from .backend import SliceWriter, TableBackend
+from ..registry import require
 from .urls import TableURL
 
 
 def _pyodps() -> Any:
     try:
-        import odps
+        return require("odps", what="odps:// (MaxCompute) tables")
     except ImportError as exc:
-        raise ImportError("odps:// (MaxCompute) tables need pyodps: pip install pyodps; credentials come from "
-                          "ODPS_ACCESS_ID, ODPS_ACCESS_KEY and ODPS_ENDPOINT") from exc
-    return odps
+        exc.add_note("credentials come from ODPS_ACCESS_ID, ODPS_ACCESS_KEY and ODPS_ENDPOINT")
+        raise
 
 
 def _env(*names: str) -> str | None:
@@ -40,7 +40,7 @@ def _env(*names: str) -> str | None:
 class ODPSBackend(TableBackend):
     kind = "odps"
 
-    def __init__(self, turl: TableURL) -> None:
+    def __init__(self, turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(turl)
         odps = _pyodps()
         access_id = _env("ODPS_ACCESS_ID", "ALIBABA_CLOUD_ACCESS_KEY_ID")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -30,6 +30,7 @@ from .backend import (
     quote_column,
     quote_ident,
 )
+from ..registry import require
 from .urls import TableURL
 
 # PostgreSQL type oid -> (arrow type, SQL cast applied when selecting, or "")
@@ -48,18 +49,13 @@ _PG_TYPES = {
 
 
 def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:
-        raise ImportError("postgresql:// tables need psycopg 3: pip install 'shardfeed[tables]' "
-                          "(or pip install 'psycopg[binary]')") from exc
-    return psycopg
+    return require("psycopg", what="postgresql:// tables (psycopg 3)")
 
 
 class PostgresBackend(TableBackend):
     kind = "postgresql"
 
-    def __init__(self, turl: TableURL) -> None:
+    def __init__(self, turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> None:
         super().__init__(turl)
         self.psycopg = _psycopg()
         self.table = quote_ident(turl.table)
