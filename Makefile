@@ -5,12 +5,16 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTHON ?= python3
 
-.PHONY: demo test test-fast fuzz-smoke bench clean
+# the docstring check and the strict site build (a broken link or reference fails it)
+DOCS_CHECK = $(PY) scripts/check_docstrings.py && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
+
+.PHONY: demo test test-fast fuzz-smoke bench docs docs-build clean
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/shardfeed demo --out demo-out
 
 test: $(VENV)/.installed-dev
+	$(DOCS_CHECK)
 	FUZZ_SECONDS=20 bash fuzz/run_smoke.sh
 	$(PY) -m pytest -q
 
@@ -23,6 +27,14 @@ fuzz-smoke: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(VENV)/bin/shardfeed bench
 
+# the documentation site: `make docs` serves it on http://127.0.0.1:8000 and rebuilds on
+# edits; `make docs-build` checks it into site/
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+docs-build: $(VENV)/.installed-docs
+	$(DOCS_CHECK)
+
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
@@ -34,12 +46,17 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml setup.py
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	bash scripts/system-deps.sh test
-	SHARDFEED_REQUIRE_NATIVE=1 $(PIP) install -q -e '.[dev,tf]'
+	SHARDFEED_REQUIRE_NATIVE=1 $(PIP) install -q -e '.[dev,tf,docs]'
 	# PyTorch CPU for the adapter tests (a local wheel here; the tests skip without it), and
 	# torchdata for StatefulDataLoader checkpoints (after torch, so it never pulls another build)
 	$(PIP) install -q torch==2.13.0 || echo "torch==2.13.0 not installable here: torch adapter tests will skip"
 	$(PIP) install -q torchdata==0.11.0 || echo "torchdata not installable here: its checkpoint tests will skip"
 	touch $@
 
+# the docs alone (`make test` installs them with the dev extras)
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) install -q -e '.[docs]'
+	touch $@
+
 clean:
-	rm -rf $(VENV) build demo-out bench-out src/*.egg-info src/shardfeed/*.so
+	rm -rf $(VENV) build demo-out bench-out site src/*.egg-info src/shardfeed/*.so

@@ -60,6 +60,7 @@ def split_for_reader(ds: Dataset, index: int, count: int, threads: int | None = 
 
 
 shard_near_source = split_for_reader  # the earlier name
+"""The earlier name of :func:`split_for_reader`."""
 
 
 def _torch_dataset_class() -> type:

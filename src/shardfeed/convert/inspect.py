@@ -218,7 +218,7 @@ def inspect_tfrecorder(layout: TFRecorderLayout, out: str, n: int = 8, split: st
     """:func:`inspect_output` for a TFRecorder job folder: up to ``n`` samples per split
     drawn to ``<split>-<i>.png`` (captioned with the label name from the vocabulary) and
     listed in ``samples.csv``; the summary holds the records per split (counted by reading
-    every shard), the schema of up to ``sample`` records (:func:`inspect_records`) and the
+    every shard), the schema of up to ``sample`` records (:func:`~shardfeed.formats.inspect.inspect_records`) and the
     label vocabulary."""
     from ..formats.inspect import inspect_records
 

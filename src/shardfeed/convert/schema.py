@@ -22,6 +22,7 @@ COLUMN_TYPES = (
     "split", "image_uri", "int", "float", "string", "int list", "float list", "string list",
     "integer label", "string label",
 )
+"""The column types a conversion ``schema={column: type}`` accepts."""
 _ALIASES = {t.replace(" ", "_"): t for t in COLUMN_TYPES} | {"str": "string", "label": "string label",
                                                            "int label": "integer label", "image": "image_uri"}
 AUTOML_COLUMNS = ("split", "image_uri", "label")

@@ -33,6 +33,9 @@ from .ranks import resolve_slice
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("shuffle", "uneven", "drop")
+"""The ``strategy`` values for files that do not divide evenly among workers: ``"shuffle"``
+(every worker reads every file, in its own seeded order), ``"uneven"`` (some workers get
+one file more), ``"drop"`` (the remaining files are left out)."""
 BY = ("file", "record", "row")
 EQUAL_STEPS = (None, "pad", "min")
 

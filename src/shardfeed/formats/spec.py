@@ -16,9 +16,13 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 INT64 = "int64"
+"""The dtype of an ``Int64List`` feature (``tf.int64``)."""
 FLOAT32 = "float32"
+"""The dtype of a ``FloatList`` feature (``tf.float32``)."""
 BYTES = "bytes"
+"""The dtype of a ``BytesList`` feature (``tf.string``)."""
 DTYPES = (INT64, FLOAT32, BYTES)
+"""The three dtypes a ``tf.train.Example`` feature holds."""
 
 _ALIASES = {
     "int64": INT64, "int": INT64, "long": INT64,
@@ -187,6 +191,8 @@ class Sparse:
 
 
 FeatureSpec = Union[FixedLen, VarLen, Sparse, FixedLenSequence]
+"""One feature's spec, a value of the ``spec`` mapping: :class:`FixedLen`, :class:`VarLen`,
+:class:`Sparse` or :class:`FixedLenSequence`."""
 
 
 @dataclass

@@ -22,9 +22,11 @@ class SourceReader(Protocol):
 
     def __next__(self) -> Any: ...
 
-    def get_state(self) -> dict: ...
+    def get_state(self) -> dict:
+        """The reader's position: a small dict that ``SourceDataset.open(state, raw)`` resumes from."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the reader's files and threads; a second call does nothing."""
 
 
 class SourceDataset(Dataset):
@@ -38,6 +40,8 @@ class SourceDataset(Dataset):
     kind = "source"
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> SourceReader:
+        """Start reading at ``state`` (``None``: the beginning) and return the reader;
+        ``raw``: the consumer accepts serialized records instead of parsed ones."""
         raise NotImplementedError
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:

@@ -218,10 +218,15 @@ def csv_to_dense(records: Iterable[str | bytes], max_id: int, field_delim: str =
 
 # PAI-TF names.
 trans_csv_id2sparse = csv_id2sparse
+"""PAI-TF's name for :func:`csv_id2sparse`."""
 trans_csv_id2dense = csv_id2dense
+"""PAI-TF's name for :func:`csv_id2dense`."""
 trans_csv_kv2sparse = csv_kv2sparse
+"""PAI-TF's name for :func:`csv_kv2sparse`."""
 trans_csv_kv2dense = csv_kv2dense
+"""PAI-TF's name for :func:`csv_kv2dense`."""
 trans_csv_to_dense = csv_to_dense
+"""PAI-TF's name for :func:`csv_to_dense`."""
 
 
 # -- conversions of a SparseColumn ---------------------------------------------------------
