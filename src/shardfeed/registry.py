@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 KINDS = ("table", "queue", "storage")
+"""The kinds of backend the registry holds."""
 ENTRY_POINT_GROUP = "shardfeed.backends"
 
 
@@ -56,6 +57,8 @@ BUILTIN: dict[str, dict[str, Entry]] = {
         "https": Entry("aiohttp", "pip install 'shardfeed[http]' (aiohttp)"),
     },
 }
+"""The backends shardfeed ships, by kind and name (a storage scheme's entry names the
+module its fsspec implementation needs)."""
 
 # packages behind the optional imports, and the extra that installs each
 PACKAGES: dict[str, tuple[str, str]] = {
