@@ -21,6 +21,11 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-value")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+# the server fixtures every test module may ask for by name: PostgreSQL and Redis, each
+# defined beside its helpers and registered here, once
+from .conftest_pg import pg_server  # noqa: E402, F401
+from .test_workqueue_support import redis_url  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
@@ -210,3 +215,23 @@ def http_dir(tmp_path):
     """``(directory, base_url)``: files put in the directory are served on loopback."""
     with serve_directory(str(tmp_path)) as url:
         yield tmp_path, url
+
+
+# -- the quick loop: `make test-fast` runs what is not marked slow (nor tf) ----------------------
+SLOW_FIXTURES = {"s3_endpoint", "pg_server", "redis_url"}  # a server started for the test
+SLOW_MODULES = {
+    "test_workqueue_processes", "test_workqueue_redis_restart", "test_convert_video", "test_bench_cmd",
+    "test_examples", "test_tfrecorder_output", "test_docs",
+}
+SLOW_NAME_PARTS = ("process", "spawn", "ddp", "dataloader", "subprocess", "num_workers")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that starts a server, a process or a subprocess, so that
+    ``pytest -m "not slow and not tf"`` is an edit loop of a minute or two."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        name = item.name.lower()
+        if (SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))) or module in SLOW_MODULES \
+                or any(part in name for part in SLOW_NAME_PARTS):
+            item.add_marker(pytest.mark.slow)

@@ -19,7 +19,6 @@ from shardfeed.tables import (
     read_table,
 )
 
-from .conftest_pg import pg_server  # noqa: F401 - the session fixture
 
 psycopg = pytest.importorskip("psycopg")
 

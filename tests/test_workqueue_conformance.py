@@ -12,7 +12,7 @@ import pytest
 
 from shardfeed.distributed import WorkQueue, WorkQueueMismatchError, epoch_order, open_backend, read_queue
 
-from .test_workqueue_support import REDIS_PASSWORD, backend_url, make_shards, qname, redis_url, shards  # noqa: F401
+from .test_workqueue_support import REDIS_PASSWORD, backend_url, make_shards, qname, shards  # noqa: F401
 
 WORKS = [f"memory://works/file-{i}.tfrecord" for i in range(10)]
 

@@ -13,11 +13,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from shardfeed.distributed import WorkQueue
 
-from .test_workqueue_support import make_shards, redis_url  # noqa: F401
+from .test_workqueue_support import make_shards
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
