@@ -8,15 +8,22 @@ PYTHON ?= python3
 # the docstring check and the strict site build (a broken link or reference fails it)
 DOCS_CHECK = $(PY) scripts/check_docstrings.py && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
-.PHONY: demo test test-fast fuzz-smoke bench docs docs-build clean
+.PHONY: demo test test-fast lint fuzz-smoke bench docs docs-build clean
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/shardfeed demo --out demo-out
 
+# lint (ruff: pyflakes, pycodestyle, isort, bugbear, pyupgrade) and DESIGN.md's layers (import-linter)
+LINT = $(VENV)/bin/ruff check -q . && $(VENV)/bin/lint-imports --no-cache
+
 test: $(VENV)/.installed-dev
+	$(LINT)
 	$(DOCS_CHECK)
 	FUZZ_SECONDS=20 bash fuzz/run_smoke.sh
 	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed-dev
+	$(LINT)
 
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -q -m "not slow and not tf"

@@ -67,7 +67,7 @@ class OptionalBuildExt(build_ext):
             raise exc
         msg = (f"shardfeed: the native extension could not be built ({type(exc).__name__}: {exc}); "
                "installing the pure-Python version (slower parsing and framing)")
-        warnings.warn(msg)
+        warnings.warn(msg, stacklevel=2)
         print("WARNING: " + msg, file=sys.stderr)
 
 

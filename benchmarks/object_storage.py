@@ -50,8 +50,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -277,7 +278,7 @@ def row_ceiling(ctx: Ctx) -> dict:
                         while n < want:
                             k = r.readinto(buf[n:want])
                             if not k:
-                                raise http.client.IncompleteRead(bytes(), want - n)
+                                raise http.client.IncompleteRead(b"", want - n)
                             n += k
                         r.read()
                         nbytes += n

@@ -18,8 +18,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import shardfeed as sf  # noqa: E402
 from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
+
+import shardfeed as sf  # noqa: E402
 
 
 def run(files, threads: int, bytes_as: str) -> float:

@@ -2,7 +2,8 @@
 fixed delay to every request; shardfeed with parallel reads + prefetch vs no delay.
 
 Target: with 20 ms per request, >= 80% of the no-delay records/s.
-    python benchmarks/pipeline_latency.py [--files 32] [--records 1000] [--delay-ms 20] [--reads 16] [--out latency.json]
+    python benchmarks/pipeline_latency.py [--files 32] [--records 1000] [--delay-ms 20] [--reads 16] \
+        [--out latency.json]
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in rows.items()}
     keys = list(med)
     ratio = med[keys[1]] / med[keys[0]]
-    print(f"{a.files} files x {a.records} records over HTTP on 127.0.0.1, num_parallel_reads={a.reads}, batch 1024, prefetch 4")
+    print(f"{a.files} files x {a.records} records over HTTP on 127.0.0.1, num_parallel_reads={a.reads}, "
+          "batch 1024, prefetch 4")
     print(f"{'server':<20}{'records/s':>12}")
     for k in keys:
         print(f"{k:<20}{med[k]:>12,.0f}")

@@ -31,8 +31,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import shardfeed as sf  # noqa: E402
 from read_tfrecord import BATCH, SPEC, make_dataset, run_tf  # noqa: E402
+
+import shardfeed as sf  # noqa: E402
 from shardfeed.adapters.torch import split_for_reader  # noqa: E402
 
 _names = itertools.count()
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
     fetched_ratio = {
         "2 static slices": fetched["2 static slices"] / total_bytes,
         "2 DataLoader workers": fetched["2 DataLoader workers"] / total_bytes,
-        "8 readers of 1 file (record ranges)": fetched["8 readers of 1 file (record ranges)"] / os.path.getsize(files[0]),
+        "8 readers of 1 file (record ranges)":
+            fetched["8 readers of 1 file (record ranges)"] / os.path.getsize(files[0]),
     }
 
     print(f"\nCTR-like Examples: {n} records, {len(files)} shards, {total_bytes / 1e6:.0f} MB, batch {BATCH}, "

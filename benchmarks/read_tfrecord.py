@@ -54,7 +54,7 @@ def make_dataset(directory: str, records: int) -> list[str]:
     per = -(-records // SHARDS)
     done = 0
     t0 = time.perf_counter()
-    for s, url in enumerate(files):
+    for url in files:
         n = min(per, records - done)
         dense = rng.normal(size=(n, 13)).astype(np.float32)
         cats = rng.integers(0, 1 << 32, size=(n, 26))
@@ -236,8 +236,10 @@ def main(argv=None) -> int:
         derived["shardfeed_1thread_vs_best_tf"] = med["shardfeed read+parse, 1 thread"] / anchor
         derived["best_tf"] = tf_best_name
     print(f"\nframing+CRC / page cache: {derived['framing_vs_page_cache']:.0%}   "
-          f"2 threads / 1 thread: {derived['two_threads_vs_one']:.2f}x (buffers {derived['two_threads_vs_one_buffers']:.2f}x)"
-          + (f"   shardfeed (1 thread) / best tf.data: {derived['shardfeed_1thread_vs_best_tf']:.2f}x" if anchor else ""))
+          f"2 threads / 1 thread: {derived['two_threads_vs_one']:.2f}x "
+          f"(buffers {derived['two_threads_vs_one_buffers']:.2f}x)"
+          + (f"   shardfeed (1 thread) / best tf.data: {derived['shardfeed_1thread_vs_best_tf']:.2f}x"
+             if anchor else ""))
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as f:
         json.dump({"records": n_records, "bytes": total_bytes, "rounds": args.rounds, "native": sf.native_info(),

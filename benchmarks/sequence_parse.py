@@ -79,7 +79,8 @@ def main() -> None:
         raise SystemExit(f"the native extension is not built: {nv.native_info()}")
     recs = records(args.records)
     size = sum(len(r) for r in recs)
-    _check_equal(sq.parse_sequence_example_py(recs, CONTEXT, SEQUENCE), sf.parse_sequence_example(recs, CONTEXT, SEQUENCE))
+    _check_equal(sq.parse_sequence_example_py(recs, CONTEXT, SEQUENCE),
+                 sf.parse_sequence_example(recs, CONTEXT, SEQUENCE))
 
     paths = {"python reference (anchor)": lambda: sq.parse_sequence_example_py(recs, CONTEXT, SEQUENCE),
              "native": lambda: sf.parse_sequence_example(recs, CONTEXT, SEQUENCE)}

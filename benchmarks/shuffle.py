@@ -28,9 +28,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+from read_tfrecord import BATCH, SPEC, _tf_spec, make_dataset  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
-from read_tfrecord import BATCH, SPEC, _tf_spec, make_dataset  # noqa: E402
 
 
 def _rate(ds) -> tuple[int, float]:
@@ -111,7 +111,8 @@ def main(argv=None) -> int:
         "sequential": lambda: sf.read_tfrecord(files),
         "shuffle='files'": lambda: sf.read_tfrecord(files, shuffle="files", seed=0),
         "shuffle='blocks'": lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0),
-        "shuffle='blocks' + shuffle(4096)": lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0).shuffle(4096, seed=0),
+        "shuffle='blocks' + shuffle(4096)":
+            lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0).shuffle(4096, seed=0),
         "shuffle='global'": lambda: sf.read_tfrecord(files, shuffle="global", seed=0),
         "buffer shuffle(10000)": lambda: sf.read_tfrecord(files).shuffle(10_000, seed=0),
     }
@@ -119,7 +120,8 @@ def main(argv=None) -> int:
     seq = med["sequential"]
     anchor = med.get("tf.data shuffle(10000)")
     print(f"\n{args.records} CTR-like records, {len(files)} files, batch {BATCH}, median of {args.rounds}")
-    print(f"{'configuration':<36} {'records/s':>12} {'vs sequential':>14} {'vs tf.data':>11} {'largest file share':>19}")
+    print(f"{'configuration':<36} {'records/s':>12} {'vs sequential':>14} {'vs tf.data':>11} "
+          f"{'largest file share':>19}")
     for k, v in med.items():
         mix = f"{mixed[k]:.3f}" if k in mixed else "-"
         print(f"{k:<36} {v:>12,.0f} {v / seq:>13.2f}x {(f'{v / anchor:.2f}x' if anchor else '-'):>11} {mix:>19}")

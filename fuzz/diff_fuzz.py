@@ -23,11 +23,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, check_same, ctr_record  # noqa: E402
+
 import shardfeed as sf  # noqa: E402
 from shardfeed.formats import native as nv  # noqa: E402
-from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, check_same, ctr_record  # noqa: E402
 from tests.test_native_sequence import (  # noqa: E402
-    HOSTILE_SEQ, ODD_SEQ, SPEC_RANDOM, SPECS, _reference_decode_error, check_same_seq, random_sequence_example,
+    HOSTILE_SEQ,
+    ODD_SEQ,
+    SPEC_RANDOM,
+    SPECS,
+    _reference_decode_error,
+    check_same_seq,
+    random_sequence_example,
 )
 
 TOKENS = [b"\x08", b"\x0a", b"\x12", b"\x1a", b"\x0b", b"\x0c", b"\x0d", b"\x09", b"\x80", b"\xff", b"\x00",

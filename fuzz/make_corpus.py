@@ -119,7 +119,7 @@ def main() -> None:
         "zero-length": frame(b"") * 3,
         "big-record": frame(bytes(range(256)) * 40),
     }
-    for i, (name, data) in enumerate(seeds.items()):
+    for name, data in seeds.items():
         for opt in (0, 1):
             with open(os.path.join(fr_dir, f"{name}-{opt}"), "wb") as f:
                 f.write(bytes([opt]) + data)

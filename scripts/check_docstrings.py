@@ -1,7 +1,8 @@
 """Fail when a public name of a documented module has no docstring of its own.
 
 The modules checked are the ones the API reference renders: every ``::: module`` line in
-``docs/reference/*.md`` (a ``::: module.function`` line checks that function). A module's public names are its ``__all__``; a module without
+``docs/reference/*.md`` (a ``::: module.function`` line checks that function). A
+module's public names are its ``__all__``; a module without
 ``__all__`` (``shardfeed.errors``) is taken to export the public classes and functions it
 defines. Data (constants such as ``AUTOTUNE``) needs a docstring in the source, a string
 literal right after the assignment, which griffe reads as the reference does.

@@ -103,7 +103,7 @@ def test_polygons_become_png_masks_boxes_and_classes(tmp_path):
 
 
 def test_itag_polygons_of_any_length(tmp_path):
-    img = jpeg(tmp_path / "a.jpg", 200, 100)
+    jpeg(tmp_path / "a.jpg", 200, 100)
     pentagon = [[20, 10], [60, 10], [70, 40], [40, 70], [10, 40]]
     line = {"data": {"source": "a.jpg"}, "label-1448535497856190000": {"results": [{"questionId": "1", "data": [
         {"id": "p1", "type": "image/polygon", "value": pentagon, "labels": {"单选": "标签1"}},

@@ -732,7 +732,7 @@ def test_gather_matches_a_python_copy_and_refuses_every_range_that_does_not_fit(
         n = rng.randrange(0, 6)
         pick = [0, 1, len(src), len(dst), -1, big, big - 3, -big - 1]
 
-        def val() -> int:
+        def val(pick: list = pick) -> int:
             return rng.choice(pick) if rng.random() < 0.2 else rng.randrange(0, 40)
 
         d = np.array([val() for _ in range(n)], dtype=np.int64)

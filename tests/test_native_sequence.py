@@ -18,6 +18,7 @@ from shardfeed.formats import example as ex
 from shardfeed.formats import native as nv
 from shardfeed.formats import sequence as sq
 from shardfeed.formats.spec import FixedLen, FixedLenSequence, VarLen
+
 from .test_native import HOSTILE, ODD, _outcome, _same_values, bytes_list, entry, f32, float_list, int_list, ld, tag, vi
 
 pytestmark = pytest.mark.skipif(not nv.native_available(), reason=f"native extension not built: {nv.native_info()}")

@@ -11,7 +11,7 @@ OPTIONAL = ("pyarrow", "duckdb", "psycopg", "redis", "tensorflow", "torch", "s3f
 
 
 def test_import_needs_no_optional_dependency():
-    code = ("import sys, shardfeed; print(','.join(m for m in %r if m in sys.modules))" % (OPTIONAL,))
+    code = f"import sys, shardfeed; print(','.join(m for m in {OPTIONAL!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"import shardfeed pulled in optional packages: {out}"
 

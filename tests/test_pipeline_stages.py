@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import shardfeed as sf
+from shardfeed.formats.spec import RaggedColumn
 from shardfeed.pipeline import AUTOTUNE, from_list
 from shardfeed.pipeline.batch import stack
-from shardfeed.formats.spec import RaggedColumn
 
 
 def triple(x):

@@ -19,7 +19,6 @@ from shardfeed.tables import (
     read_table,
 )
 
-
 psycopg = pytest.importorskip("psycopg")
 
 

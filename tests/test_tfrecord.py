@@ -14,6 +14,7 @@ from shardfeed import storage
 from shardfeed.errors import CorruptRecordError
 from shardfeed.formats import tfrecord as tfr
 from shardfeed.formats.crc import masked_crc32c, masked_length_crc
+from shardfeed.formats.index import IndexedTFRecord, build_index, read_index
 
 RECORDS = [os.urandom(n) for n in (0, 1, 7, 100, 5000, 12)]
 
@@ -225,8 +226,8 @@ def test_index_written_by_writer_matches_build_index(tmp_path):
     url = _write(tmp_path / "i.tfrecord", index=True)
     lines = open(url + ".idx").read().split("\n")
     assert lines[0] == f"0 {len(RECORDS[0]) + 16}"
-    built = tfr.build_index(url, url + ".idx2")
-    assert built.tolist() == tfr.read_index(url + ".idx").tolist()
+    built = build_index(url, url + ".idx2")
+    assert built.tolist() == read_index(url + ".idx").tolist()
     assert [o for o, _ in built.tolist()] == _offsets()
 
 
@@ -234,7 +235,7 @@ def test_random_access_through_index(s3_bucket):
     bucket, opts = s3_bucket
     url = f"s3://{bucket}/ix/data.tfrecord"
     tfr.write_records(url, RECORDS, index=True, storage_options=opts)
-    shard = tfr.IndexedTFRecord(url, storage_options=opts)
+    shard = IndexedTFRecord(url, storage_options=opts)
     assert len(shard) == len(RECORDS)
     assert shard[4] == RECORDS[4] and shard[-1] == RECORDS[-1]
     assert shard.read_range(1, 4) == RECORDS[1:4]
@@ -245,7 +246,7 @@ def test_random_access_through_index(s3_bucket):
 def test_stale_index_is_detected(tmp_path):
     url = _write(tmp_path / "s.tfrecord", index=True)
     _write(tmp_path / "s.tfrecord", [b"different", b"content"])
-    shard = tfr.IndexedTFRecord(url)
+    shard = IndexedTFRecord(url)
     with pytest.raises(CorruptRecordError, match="stale index"):
         shard[3]
 
@@ -254,7 +255,7 @@ def test_malformed_index_line_names_file_and_line(tmp_path):
     url = _write(tmp_path / "m.tfrecord")
     (tmp_path / "m.tfrecord.idx").write_text("0 16\nbanana\n")
     with pytest.raises(Exception, match=r"m.tfrecord.idx: line 2"):
-        tfr.IndexedTFRecord(url)
+        IndexedTFRecord(url)
 
 
 def test_index_refuses_compressed(tmp_path):

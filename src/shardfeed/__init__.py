@@ -7,6 +7,17 @@ The public surface is what ``__all__`` lists; everything else is an implementati
 from __future__ import annotations
 
 from ._version import __version__
+from .convert import ConvertOptions, ConvertResult, convert, convert_annotations, load_manifest, read_dataset
+from .distributed import (
+    WorkItem,
+    WorkQueue,
+    WorkQueueMismatchError,
+    plan_shards,
+    read_queue,
+    read_shard,
+    resolve_slice,
+    shard_works,
+)
 from .errors import (
     CorruptRecordError,
     DecodeError,
@@ -28,6 +39,7 @@ from .formats.index import IndexedTFRecord, build_index, read_index
 from .formats.sequence import parse_sequence_example, parse_single_sequence_example
 from .formats.spec import FixedLen, FixedLenSequence, RaggedColumn, Sparse, SparseColumn, VarLen
 from .formats.tfrecord import ReadStats, TFRecordReader, TFRecordWriter, read_records, write_records
+from .pai import PaiFlags, pai_flags
 from .pipeline import (
     AUTOTUNE,
     CsvError,
@@ -44,7 +56,6 @@ from .pipeline import (
     read_text,
     read_tfrecord,
 )
-from .pai import PaiFlags, pai_flags
 from .storage import retry_stats
 from .transforms import (
     csv_id2dense,
@@ -58,23 +69,12 @@ from .transforms import (
     trans_csv_kv2sparse,
     trans_csv_to_dense,
 )
-from .convert import ConvertOptions, ConvertResult, convert, convert_annotations, load_manifest, read_dataset
-from .distributed import (
-    WorkItem,
-    WorkQueue,
-    WorkQueueMismatchError,
-    plan_shards,
-    read_queue,
-    read_shard,
-    resolve_slice,
-    shard_works,
-)
-
 
 # Table support needs pyarrow (the `tables` extra): imported on first use, so that
 # `import shardfeed` needs only numpy, fsspec and a CRC package.
 _LAZY = {name: "tables" for name in
-         ("TableRecordDataset", "TableRecordReader", "TableTypeError", "TableWriter", "WriterConflictError", "read_table")}
+         ("TableRecordDataset", "TableRecordReader", "TableTypeError", "TableWriter", "WriterConflictError",
+          "read_table")}
 
 
 def __getattr__(name: str):
@@ -115,7 +115,8 @@ __all__ = [
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
-    "mix", "decode_csv", "read_csv", "read_text", "PaiFlags", "pai_flags", "TableRecordReader", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
+    "mix", "decode_csv", "read_csv", "read_text", "PaiFlags", "pai_flags", "TableRecordReader", "WorkItem",
+    "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
     "read_shard", "resolve_slice", "shard_works", "TableRecordDataset", "TableTypeError", "TableWriter",
     "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",
     "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",

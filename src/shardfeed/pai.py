@@ -22,8 +22,8 @@ host, ``?host=``, ``?role_arn=``) and table URLs with partitions
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .storage.urls import parse_url
 

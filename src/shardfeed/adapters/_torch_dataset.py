@@ -3,7 +3,8 @@ unpickle it. Imported only by :func:`shardfeed.adapters.torch.to_torch` (it impo
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch.utils.data
 

@@ -58,8 +58,8 @@ def _rows_read_paths(res: dict) -> list[Row]:
     med = res["median"]
     anchor_name = res.get("anchor")
     anchor = med.get(anchor_name) if anchor_name else None
-    rows = [(name.strip(), _rate(rate, "rec/s"), f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
-             _ratio(rate / anchor if anchor else None))
+    anchor_txt = f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)"
+    rows = [(name.strip(), _rate(rate, "rec/s"), anchor_txt, _ratio(rate / anchor if anchor else None))
             for name, rate in med.items() if not name.startswith("tf.data")]
     for what, ratio in res.get("bytes_fetched_ratio", {}).items():
         rows.append((f"bytes fetched, {what}", f"{ratio:.3f}x the data", "1.05x (target)", "-"))
@@ -393,7 +393,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sp.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all there are)")
     sp.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not numbers to quote")
     sp.add_argument("--json", default=_DEFAULT_JSON,
-                    help="combined JSON output; each benchmark's own JSON goes beside it (default bench-out/bench.json)")
+                    help="combined JSON output; each benchmark's own JSON goes beside it "
+                         "(default bench-out/bench.json)")
     sp.add_argument("--timeout", type=float, default=None, help="seconds allowed per benchmark (default: no limit)")
     sp.add_argument("--benchmarks-dir", default=None,
                     help="the benchmarks/ folder (default: $SHARDFEED_BENCHMARKS_DIR or the checkout's)")

@@ -157,7 +157,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         write_parallel_num=args.write_parallel_num, num_samples_per_tfrecord=args.num_samples_per_tfrecord,
         compression=compression, prefix=args.output_prefix, char_replace_map_path=args.char_replace_map_path,
         default_char_dict_path=args.default_char_dict_path, converter_class=args.converter_class,
-        converter_options={k: _beam_value(v) for k, v in _key_values(args.converter_option, "--converter_option").items()},
+        converter_options={k: _beam_value(v)
+                           for k, v in _key_values(args.converter_option, "--converter_option").items()},
         decode_type=args.decode_type, sample_fps=args.sample_fps, reshape_size=args.reshape_size or None,
         decode_batch_size=args.decode_batch_size, decode_keep_size=args.decode_keep_size,
         executor=args.executor, runner=args.runner, resume=args.resume, progress=not args.quiet,

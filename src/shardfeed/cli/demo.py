@@ -316,7 +316,7 @@ def run_demo(out: str = "demo-out", images: int = 2000, epochs: int = 6, seed: i
     result = sf.convert(folder, shards, test_ratio=0.2, max_image_size=SIZE, image_format="png",
                         num_samples_per_tfrecord=max(50, images // 8), seed=seed)
     print(f"      {result}")
-    train_files, test_files = result.files("train"), result.files("test")
+    train_files = result.files("train")
     manifest_spec = sf.read_dataset(shards, split="train").spec
     spec = {k: manifest_spec[k] for k in ("image/encoded", "image/class/label")}
     test = [decode(e) for e in sf.read_dataset(shards, split="test")]

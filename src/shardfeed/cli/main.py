@@ -8,7 +8,8 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +17,9 @@ from .. import __version__, storage
 from ..errors import CorruptRecordError, DecodeError, ShardfeedError
 from ..formats import tfrecord as tfr
 from ..formats.example import decode_example
+from ..formats.index import build_index
+from ..progress import progress_bar
 from ..storage.urls import mask
-from .progress import progress_bar
 
 
 def _json_value(v: Any) -> Any:
@@ -145,7 +147,7 @@ def cmd_verify(args) -> int:
 def cmd_index(args) -> int:
     urls = _record_files(args)
     for url in progress_bar(urls, desc="index", unit="file", disable=args.quiet or len(urls) < 2):
-        idx = tfr.build_index(url, (url + args.suffix))
+        idx = build_index(url, (url + args.suffix))
         if not args.quiet:
             print(f"{len(idx)} records\t{url}{args.suffix}")
     return 0
@@ -229,10 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
 
+    from .bench_cmd import register as register_bench  # noqa: PLC0415
     from .convert_cmd import register as register_convert  # noqa: PLC0415
     from .queue_cmd import register as register_queue  # noqa: PLC0415
-
-    from .bench_cmd import register as register_bench  # noqa: PLC0415
 
     register_convert(sub)
     register_queue(sub)

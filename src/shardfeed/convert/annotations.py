@@ -53,7 +53,8 @@ def _points_from_coord(coord: Any, any_polygon: bool = False) -> list[list[float
             raise Discard(f"coord must hold an even number (at least 6) of numbers x1,y1,...,xn,yn, got "
                           f"{n if n is not None else type(coord).__name__}")
     elif n != 8:
-        raise Discard(f"coord must hold 8 numbers (x1,y1,...,x4,y4), got {n if n is not None else type(coord).__name__}")
+        got = n if n is not None else type(coord).__name__
+        raise Discard(f"coord must hold 8 numbers (x1,y1,...,x4,y4), got {got}")
     try:
         vals = [float(v) for v in coord]
     except (TypeError, ValueError):
@@ -126,7 +127,8 @@ def parse_answer(model_type: str, answer: Any) -> dict[str, Any]:
         return {"text": a["text"]}
     if model_type in ("DETECTION", "INSTANCE_SEGMENTATION"):
         if not isinstance(a, list):
-            raise Discard(f"{model_type.lower().replace('_', ' ')} answer must be a list of {{'text', 'coord'}} objects")
+            what = model_type.lower().replace("_", " ")
+            raise Discard(f"{what} answer must be a list of {{'text', 'coord'}} objects")
         polygons = model_type == "INSTANCE_SEGMENTATION"
         return {"objects": [_csv_object(o, polygons) for o in a], "direction": None}
     if model_type in ("TEXT_DETECTION", "TEXT_END2END"):

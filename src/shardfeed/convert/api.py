@@ -299,5 +299,5 @@ def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix:
         raise ValueError(f"{mask(out)}: no shards for split {split!r} (splits: {have})")
     files = [join(out, s["file"]) for s in info["shards"]]
     counts = {join(out, s["file"]): int(s["records"]) for s in info["shards"] if "records" in s}
-    return read_tfrecord(StaticSpans(file_spans(files), counts), spec=manifest_spec(manifest), compression=manifest["compression"],
-                         storage_options=storage_options, **read_kwargs)
+    return read_tfrecord(StaticSpans(file_spans(files), counts), spec=manifest_spec(manifest),
+                         compression=manifest["compression"], storage_options=storage_options, **read_kwargs)

@@ -133,7 +133,8 @@ def load_char_table(replace_map_path: str | None, char_dict_path: str | None,
             if not r:
                 continue
             if len(r) != 2:
-                raise ValueError(f"{mask(replace_map_path)}: line {i}: expected 2 cells original,replaced, got {len(r)}")
+                raise ValueError(f"{mask(replace_map_path)}: line {i}: expected 2 cells original,replaced, "
+                                 f"got {len(r)}")
             replace[r[0]] = r[1]
     chars = None
     if char_dict_path:

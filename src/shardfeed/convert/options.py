@@ -159,7 +159,8 @@ class ConvertOptions:
             raise ValueError(f"reshape_size must be a positive int (pixels of the shorter side) or None, "
                              f"got {self.reshape_size!r}")
         if not isinstance(self.decode_batch_size, int) or self.decode_batch_size < 1:
-            raise ValueError(f"decode_batch_size must be a positive int (frames per clip), got {self.decode_batch_size!r}")
+            raise ValueError("decode_batch_size must be a positive int (frames per clip), "
+                             f"got {self.decode_batch_size!r}")
         if (not isinstance(self.decode_keep_size, int) or not 0 <= self.decode_keep_size < self.decode_batch_size):
             raise ValueError(f"decode_keep_size must be an int in [0, decode_batch_size={self.decode_batch_size}) "
                              f"(frames shared by consecutive clips), got {self.decode_keep_size!r}")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-from ..cli.progress import progress_bar
+from ..progress import progress_bar
 from .plan import Plan, Shard
 from .tasks import make_converter
 from .writer import ShardSink, convert_row, finished_state
@@ -64,11 +64,13 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         ctx = multiprocessing.get_context("spawn")
         pool: Any = ProcessPoolExecutor(o.read_parallel_num, mp_context=ctx, initializer=_init_process,
                                         initargs=(plan, storage_options))
-        submit = lambda rows: pool.submit(_convert_chunk_in_process, rows)
+        def submit(rows: list) -> Any:
+            return pool.submit(_convert_chunk_in_process, rows)
     else:
         converter = make_converter(plan.context(storage_options), plan.has_image)
         pool = ThreadPoolExecutor(o.read_parallel_num, thread_name_prefix="shardfeed-convert")
-        submit = lambda rows: pool.submit(lambda: [convert_row(converter, r) for r in rows])
+        def submit(rows: list) -> Any:
+            return pool.submit(lambda: [convert_row(converter, r) for r in rows])
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
     # a video gives many records: hand videos over one by one so few are held at once
     per = 1 if o.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS

@@ -189,7 +189,8 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
             for f in filenames:
                 if not f.startswith("."):
                     rels.append(tuple(os.path.relpath(os.path.join(dirpath, f), base).split(os.sep)))
-        join = lambda parts: os.path.join(base, *parts)
+        def join(parts: tuple) -> str:
+            return os.path.join(base, *parts)
     else:
         found = storage.glob(root + "/**", storage_options)
         prefix = root + "/"
@@ -198,7 +199,8 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
                 parts = tuple(u[len(prefix):].split("/"))
                 if not any(p.startswith(".") for p in parts):
                     rels.append(parts)
-        join = lambda parts: prefix + "/".join(parts)
+        def join(parts: tuple) -> str:
+            return prefix + "/".join(parts)
     rels.sort()
     tops = {p[0].lower() for p in rels if len(p) > 1}
     with_split = bool(tops) and tops <= set(_SPLIT_NAMES)

@@ -15,6 +15,7 @@ from .workqueue import WorkQueue, WorkQueueMismatchError, epoch_order
 
 __all__ = [
     "QueueBackend", "STRATEGIES", "WorkItem", "WorkQueue", "WorkQueueMismatchError", "default_backend_url",
-    "default_strategy", "epoch_order", "equal_counts", "iter_item_records", "open_backend", "plan_shards", "plan_sizes", "read_queue",
+    "default_strategy", "epoch_order", "equal_counts", "iter_item_records", "open_backend", "plan_shards",
+    "plan_sizes", "read_queue",
     "read_shard", "resolve_slice", "shard_works",
 ]

@@ -97,7 +97,7 @@ class QueueBackend(ABC):
     def names(self) -> list[str]:
         """Names of the queues this backend holds."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: backends without connections keep it
         """Release connections (idempotent)."""
 
 

@@ -12,8 +12,9 @@ import hashlib
 import json
 import logging
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..formats.index import index_url_of, load_index
 from ..storage.urls import mask

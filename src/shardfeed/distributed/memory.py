@@ -141,7 +141,8 @@ class MemoryBackend(QueueBackend):
             q = self._queues.get(name)
             if q is None:
                 return None
-            return {"next_epoch": q.next_epoch, "num_epochs": q.meta.get("num_epochs"), "pending": list(q.pending), "inflight": copy.deepcopy(q.inflight),
+            return {"next_epoch": q.next_epoch, "num_epochs": q.meta.get("num_epochs"), "pending": list(q.pending),
+                    "inflight": copy.deepcopy(q.inflight),
                     "counters": dict(q.counters), "epoch_done": {str(k): v for k, v in q.epoch_done.items()},
                     "workers": copy.deepcopy(q.workers), "now": time.time()}
 

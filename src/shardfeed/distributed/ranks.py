@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ShardfeedError, WorkQueueLostError
@@ -357,7 +358,8 @@ class RedisBackend(QueueBackend):
             d = json.loads(v)
             inflight[i] = {"worker": d["worker"], "token": int(d["token"]), "deadline": float(d["deadline"])}
         ne = state.get("num_epochs", "")
-        return {"next_epoch": int(state["next_epoch"]), "num_epochs": None if ne == "" else int(ne), "pending": pending, "inflight": inflight,
+        return {"next_epoch": int(state["next_epoch"]), "num_epochs": None if ne == "" else int(ne),
+                "pending": pending, "inflight": inflight,
                 "counters": {c: int(state.get(c, 0)) for c in COUNTERS},
                 "epoch_done": {e: int(d) for e, d in epochs.items()}, "workers": workers,
                 "now": t[0] + t[1] / 1e6}

@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import random
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .items import RowCounter, Units, WorkItem, apply_prefix, count_units, is_table, row_counter_of, split_ranges
 from .ranks import resolve_slice

@@ -15,8 +15,8 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 from urllib.parse import parse_qsl
 
 from .backend import COUNTERS, QueueBackend

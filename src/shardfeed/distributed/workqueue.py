@@ -18,7 +18,8 @@ import os
 import secrets
 import socket
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import ShardfeedError
 from ..storage.urls import mask
@@ -378,7 +379,8 @@ class WorkQueue:
             # writes, without needing the tensorboard package
             from tensorflow.core.framework import summary_pb2  # noqa: PLC0415
 
-            meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
+            plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+            meta = summary_pb2.SummaryMetadata(plugin_data=plugin)
             for k, v in scalars.items():
                 tf.summary.write(f"{self.name}/{k}", tf.constant(float(v), tf.float32), step=int(step), metadata=meta)
         finally:

@@ -14,7 +14,8 @@ import mmap
 import os
 import struct
 import zlib
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 

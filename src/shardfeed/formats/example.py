@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +98,7 @@ from .wire import (
     skip_field,
 )
 
-FeatureValue = Union[np.ndarray, list]
+FeatureValue = np.ndarray | list
 _KIND_BYTES, _KIND_FLOAT, _KIND_INT64 = 1, 2, 3  # Feature field numbers
 _KIND_NAMES = {None: "no list", _KIND_BYTES: "bytes_list", _KIND_FLOAT: "float_list", _KIND_INT64: "int64_list"}
 _DTYPE_KIND = {BYTES: _KIND_BYTES, FLOAT32: _KIND_FLOAT, INT64: _KIND_INT64}
@@ -773,7 +773,8 @@ def _parse(records: Sequence[bytes], spec: Mapping[str, FeatureSpec], single: bo
                 values = values[order]
             indices = np.stack(cols, axis=1).astype(np.int64)
             shape = np.array([n, *s.size], np.int64)
-            result[name] = SparseColumn(indices[:, 1:], values, shape[1:]) if single else SparseColumn(indices, values, shape)
+            result[name] = (SparseColumn(indices[:, 1:], values, shape[1:]) if single
+                            else SparseColumn(indices, values, shape))
     return result
 
 
@@ -786,7 +787,7 @@ def _concat(chunks: list, kind: int) -> np.ndarray:
 
 def parse_example(
     records: Sequence[bytes], spec: Mapping[str, FeatureSpec]
-) -> dict[str, Union[np.ndarray, RaggedColumn, SparseColumn]]:
+) -> dict[str, np.ndarray | RaggedColumn | SparseColumn]:
     """Parse a batch of serialized Examples into columns, as ``tf.io.parse_example`` does.
 
     FixedLen gives an array of shape ``(len(records), *shape)`` (int64, float32, or object
@@ -802,7 +803,7 @@ def parse_example(
 
 def parse_single_example(
     record: bytes | memoryview, spec: Mapping[str, FeatureSpec]
-) -> dict[str, Union[np.ndarray, SparseColumn]]:
+) -> dict[str, np.ndarray | SparseColumn]:
     """Parse one serialized Example, as ``tf.io.parse_single_example`` does.
 
     FixedLen gives an array of shape ``shape`` (for shape ``()`` a numpy scalar, or

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from .. import storage
 from ..errors import CorruptRecordError, ShardfeedError
 from ..storage.urls import mask, parse_url
 from .crc import masked_crc32c, masked_length_crc
+from .tfrecord import TFRecordReader, format_index, normalize_compression
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,8 @@ def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None)
                 raise ValueError
         except ValueError:
             raise ShardfeedError(
-                f"{mask(index_url)}: line {lineno} is not 'offset length' with offset >= 0 and length >= 16: {line[:80]!r}"
+                f"{mask(index_url)}: line {lineno} is not 'offset length' with offset >= 0 and length >= 16: "
+                f"{line[:80]!r}"
             ) from None
         rows.append((off, n))
     return np.array(rows, dtype=np.int64).reshape(-1, 2)
@@ -77,7 +80,6 @@ def build_index(
 ) -> np.ndarray:
     """Scan ``url`` (uncompressed) and write its index to ``index_url`` (default
     ``<url>.idx``); return the index. Corrupt frames raise :class:`CorruptRecordError`."""
-    from .tfrecord import TFRecordReader, format_index, normalize_compression  # noqa: PLC0415
 
     if normalize_compression("auto", url) is not None:
         raise ValueError(f"{mask(url)}: index files address uncompressed TFRecord files only")
@@ -197,7 +199,6 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     if storage.exists(idx, storage_options):
         local = cache.fetch(idx, storage_options) if cache is not None and not parse_url(idx).is_local else None
         return read_index(local, None) if local is not None else read_index(idx, storage_options)
-    from .tfrecord import normalize_compression  # noqa: PLC0415
 
     if normalize_compression("auto", url) is not None:
         if not build:
@@ -210,7 +211,6 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     if not build:
         return None
     from .chunks import iter_frame_chunks  # noqa: PLC0415
-    from .tfrecord import format_index  # noqa: PLC0415
 
     offsets, lengths = [], []
     for chunk in iter_frame_chunks(url, None, storage_options=storage_options):

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import struct
 import threading
-from typing import Any, Mapping, NamedTuple, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -162,7 +163,7 @@ def gather(dst: Any, dst_offsets: np.ndarray, src: Any, src_offsets: np.ndarray,
 
 def scan_frames(
     buf: Any, verify_crc: bool = True, max_record_bytes: int = _MAX_RECORD_BYTES
-) -> tuple[np.ndarray, np.ndarray, int, Union[None, tuple[str, int]]]:
+) -> tuple[np.ndarray, np.ndarray, int, None | tuple[str, int]]:
     """Find the whole TFRecord frames at the start of ``buf`` (bytes, bytearray,
     memoryview, mmap, numpy uint8 array: any contiguous buffer).
 
@@ -348,11 +349,11 @@ def _sparse_column(s: Sparse, n: int, values: Any, splits: np.ndarray, idx: list
 
 
 def parse_example_batch(
-    records: Union[Sequence[bytes], tuple[Any, np.ndarray, np.ndarray]],
+    records: Sequence[bytes] | tuple[Any, np.ndarray, np.ndarray],
     spec: Mapping[str, FeatureSpec] | CompiledSpec,
     *,
     bytes_as: str = "object",
-) -> dict[str, Union[np.ndarray, RaggedColumn, SparseColumn, BytesBuffer]]:
+) -> dict[str, np.ndarray | RaggedColumn | SparseColumn | BytesBuffer]:
     """Parse a batch of serialized Examples into columns; same result and errors as
     :func:`shardfeed.formats.example.parse_example`, natively (GIL released).
 

@@ -3,7 +3,8 @@ the pure-Python reference otherwise. Both give the same values and the same erro
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from .example import parse_example as _parse_example_py
 from .native import native_available, parse_example_batch
 from .spec import FeatureSpec
 
-Records = Union[Sequence[bytes], tuple[Any, np.ndarray, np.ndarray]]
+Records = Sequence[bytes] | tuple[Any, np.ndarray, np.ndarray]
 
 
 def parse_batch(records: Records, spec: Mapping[str, FeatureSpec], *, bytes_as: str = "object") -> dict[str, Any]:

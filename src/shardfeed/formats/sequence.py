@@ -25,7 +25,8 @@ and errors) and this reference otherwise.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from .padding import pad_rows
 from .sequence_native import parse_sequence_batch, sequence_native_available
 from .spec import FeatureSpec, FixedLen, FixedLenSequence, RaggedColumn, SparseColumn, VarLen, normalize_spec
 
-Column = Union[np.ndarray, RaggedColumn, SparseColumn]
+Column = np.ndarray | RaggedColumn | SparseColumn
 
 
 def check_sequence_specs(context_features: Mapping[str, FeatureSpec] | None,
@@ -91,7 +92,8 @@ def _parse_sequences(records: Sequence[Any], context_features: Mapping[str, Feat
         try:
             c, fl = decode_sequence_raw(rec)
         except DecodeError as e:
-            raise DecodeError(f"not a valid tf.train.SequenceExample: {e}", record_index=None if single else i) from None
+            raise DecodeError(f"not a valid tf.train.SequenceExample: {e}",
+                              record_index=None if single else i) from None
         except TypeError as e:
             raise TypeError(f"record #{i}: {e}") from None
         contexts.append(c)

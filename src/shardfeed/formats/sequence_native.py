@@ -12,7 +12,8 @@ Specs reach this module already checked (:func:`.sequence.check_sequence_specs`)
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -1,7 +1,8 @@
 """Feature specs and the column types a batch parse returns.
 
 The spec kinds mirror ``tf.io.FixedLenFeature``, ``tf.io.VarLenFeature``,
-``tf.io.SparseFeature`` and ``tf.io.FixedLenSequenceFeature``; dtypes are ``"int64"``, ``"float32"`` and ``"bytes"`` (numpy
+``tf.io.SparseFeature`` and ``tf.io.FixedLenSequenceFeature``; dtypes are ``"int64"``,
+``"float32"`` and ``"bytes"`` (numpy
 dtypes and the strings ``"string"``/``"float"``/``"int"`` are accepted as aliases). A spec
 asking for another width (``int32``, ``float64``) is a ``TypeError``, as in TensorFlow:
 the record holds int64 or float32 values, and a column of another dtype than asked would
@@ -10,8 +11,9 @@ be a quiet surprise.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any
 
 import numpy as np
 
@@ -172,10 +174,10 @@ class Sparse:
     ``tf.io.SparseFeature``: ``index_key`` names int64 features (one, or a list for
     several dimensions), ``value_key`` the values, ``size`` the dense shape per record."""
 
-    index_key: Union[str, tuple[str, ...]]
+    index_key: str | tuple[str, ...]
     value_key: str
     dtype: str
-    size: Union[int, tuple[int, ...]]
+    size: int | tuple[int, ...]
     already_sorted: bool = False
 
     def __post_init__(self) -> None:
@@ -190,7 +192,7 @@ class Sparse:
         object.__setattr__(self, "size", sizes)
 
 
-FeatureSpec = Union[FixedLen, VarLen, Sparse, FixedLenSequence]
+FeatureSpec = FixedLen | VarLen | Sparse | FixedLenSequence
 """One feature's spec, a value of the ``spec`` mapping: :class:`FixedLen`, :class:`VarLen`,
 :class:`Sparse` or :class:`FixedLenSequence`."""
 

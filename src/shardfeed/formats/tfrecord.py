@@ -18,8 +18,9 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 from .. import storage
 from ..errors import CorruptRecordError
@@ -260,8 +261,8 @@ class TFRecordReader:
 
     ``offset`` after each record is that record's frame offset (uncompressed stream);
     ``stats`` counts what was read and skipped. ``start_offset`` starts reading at that
-    frame offset (``start_index`` is then the number of frames before it, for messages). Use as an iterator, or a context manager
-    to close the file early.
+    frame offset (``start_index`` is then the number of frames before it, for messages).
+    Use as an iterator, or a context manager to close the file early.
     """
 
     def __init__(
@@ -455,7 +456,8 @@ def looks_like_tfrecord(url: str, storage_options: Mapping[str, Any] | None = No
     """Whether ``url`` starts like a TFRecord file: nothing at all (no records), a frame
     header whose length CRC checks, or a GZIP or ZLIB stream."""
     head = storage.read_bytes(url, 0, HEADER_SIZE, storage_options=storage_options)
-    if not head or head[:2] == b"\x1f\x8b" or (len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0):
+    zlib_header = len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0
+    if not head or head[:2] == b"\x1f\x8b" or zlib_header:
         return True
     if len(head) < HEADER_SIZE:
         return False
@@ -524,7 +526,8 @@ class TFRecordWriter:
         self._zobj = None
         self._gz = None
         if self.compression == "GZIP":
-            self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=compression_level, mtime=0, filename="")
+            self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=compression_level, mtime=0,
+                                     filename="")
         elif self.compression == "ZLIB":
             self._zobj = zlib.compressobj(compression_level)
         self._offset = 0
@@ -606,10 +609,8 @@ def format_index(entries: Iterable[tuple[int, int]]) -> bytes:
     return "".join(f"{o} {n}\n" for o, n in entries).encode()
 
 
-from .index import IndexedTFRecord, build_index, read_index  # noqa: E402  (re-export)
-
 __all__ = [
     "TFRecordReader", "TFRecordWriter", "ReadStats", "read_records", "write_records", "frame",
-    "normalize_compression", "open_stream", "expand_files", "record_files", "looks_like_tfrecord", "IndexedTFRecord", "build_index", "read_index",
+    "normalize_compression", "open_stream", "expand_files", "record_files", "looks_like_tfrecord",
     "format_index",
 ]

@@ -157,7 +157,8 @@ def _skip_group(buf: bytes, pos: int, end: int, field: int, depth: int) -> int:
         if wt == WIRETYPE_END_GROUP:
             if f != open_fields[-1]:
                 raise DecodeError(
-                    f"end-group tag for field {f} at byte {tag_pos} does not match the open group (field {open_fields[-1]})"
+                    f"end-group tag for field {f} at byte {tag_pos} does not match the open group "
+                    f"(field {open_fields[-1]})"
                 )
             open_fields.pop()
         elif wt == WIRETYPE_START_GROUP:

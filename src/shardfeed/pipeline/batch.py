@@ -12,15 +12,16 @@ elements are stacked: dicts and tuples column by column, arrays along a new firs
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from ..formats.parse import parse_batch
-from .source_batch import parse_skipping
 from ..formats.spec import RaggedColumn, SparseColumn
 from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
+from .source_batch import parse_skipping
 
 
 def stack(elements: list, where: str = "element") -> Any:

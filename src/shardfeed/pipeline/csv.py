@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import csv as _csv
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

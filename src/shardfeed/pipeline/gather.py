@@ -15,8 +15,9 @@ import logging
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

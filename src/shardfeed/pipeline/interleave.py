@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node

@@ -12,8 +12,9 @@ import collections
 import multiprocessing
 import os
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node

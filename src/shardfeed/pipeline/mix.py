@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -9,7 +9,7 @@ call, and the same ``(n, seed)`` gives the same order on every platform and vers
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from ..storage.urls import mask
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .batch import nbytes
 from .dataset import Dataset, UnaryDataset, positive_int

@@ -16,15 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from ..errors import DecodeError, ParseError
 from ..formats.chunks import DEFAULT_CHUNK
 from ..formats.example import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
-from ..storage.counters import IOCounters
 from ..storage.cache import ObjectCache, get_cache, parse_size
+from ..storage.counters import IOCounters
 from ..storage.urls import mask
 from .dataset import Dataset, positive_int
 from .node import AUTOTUNE, Build, Node
@@ -74,6 +75,10 @@ class ReadOptions(NamedTuple):
     def cache(self) -> ObjectCache | None:
         """This process's cache for these options (``None``: no cache)."""
         return get_cache(self.cache_dir, self.cache_limit)
+
+
+DEFAULT_OPTIONS = ReadOptions()
+"""The read options of a source given none."""
 
 
 # -- records one by one ---------------------------------------------------------------------
@@ -193,7 +198,7 @@ class TFRecordSource(SourceDataset):
 
     @classmethod
     def of(cls, provider: SpanProvider, spec: Mapping[str, FeatureSpec] | None = None,
-           options: ReadOptions = ReadOptions(), num_parallel_reads: int | None = AUTOTUNE) -> "TFRecordSource":
+           options: ReadOptions = DEFAULT_OPTIONS, num_parallel_reads: int | None = AUTOTUNE) -> "TFRecordSource":
         """The source over ``provider`` with ``options``."""
         o = options
         out = cls(provider, spec, o.compression, o.verify_crc, o.on_corrupt, o.storage_options, num_parallel_reads)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import collections
 import secrets
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,8 @@ from ..formats.chunks import FrameChunk
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
 from .records import RECORD_CHUNK, TFRecordSource
-from .span_reader import SpanChunks, close_generator, cursor_state
 from .shuffle import derive_seed, next_draws, slot_positions
+from .span_reader import SpanChunks, close_generator, cursor_state
 
 
 class _Chunk:

@@ -7,7 +7,8 @@ TFRecord source's plain producer rebatches its chunks; the fused shuffle
 from __future__ import annotations
 
 import collections
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 

@@ -9,7 +9,8 @@ A source is a :class:`SourceDataset` whose :meth:`~SourceDataset.open` returns a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 from .dataset import Dataset
 from .node import Build, Node

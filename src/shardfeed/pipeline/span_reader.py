@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-from typing import Any, Iterator, Mapping, NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 

@@ -140,7 +140,8 @@ class PipelineStats:
             return "not started: no element was taken yet"
         frac = self.wait_fraction
         slow = self.slowest_stage()
-        slow_txt = f"; slowest stage {slow.name} ({slow.busy_s:.3f} s busy over {slow.parallelism} worker(s))" if slow else ""
+        slow_txt = (f"; slowest stage {slow.name} ({slow.busy_s:.3f} s busy over {slow.parallelism} worker(s))"
+                    if slow else "")
         if frac >= INPUT_BOUND_WAIT_FRACTION:
             return f"input-bound: the consumer waited {frac:.0%} of {self.wall_s:.2f} s{slow_txt}"
         return f"not input-bound: the consumer waited {frac:.1%} of {self.wall_s:.2f} s{slow_txt}"

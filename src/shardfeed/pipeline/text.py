@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .. import storage
-from ..storage.cache import cacheable, get_cache
 from ..formats.tfrecord import normalize_compression, open_stream
+from ..storage.cache import cacheable, get_cache
 from .sources import SourceDataset
-
 
 
 class LineReader:

@@ -34,7 +34,8 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from .counters import IOCounters
 from .urls import endpoint_option, mask, parse_url
@@ -215,7 +216,7 @@ class ObjectCache:
 
     @staticmethod
     def _check_crc(data: str, meta: dict, url: str) -> bool:
-        from ..formats.crc import crc32c  # noqa: PLC0415
+        from ..crc import crc32c  # noqa: PLC0415
 
         crc = 0
         with open(data, "rb") as f:
@@ -310,7 +311,7 @@ class ObjectCache:
 
     def _download(self, key: str, url: str, storage_options, counters: IOCounters,
                   seen: set | None = None) -> str | None:
-        from ..formats.crc import crc32c  # noqa: PLC0415
+        from ..crc import crc32c  # noqa: PLC0415
         from .io import open_range  # noqa: PLC0415
 
         begun = self._begin(key, url, storage_options, counters)
@@ -466,7 +467,7 @@ class _TeeStream(io.RawIOBase):
         self.thread.start()
 
     def _fill(self, stream: Any, fd: int) -> None:
-        from ..formats.crc import crc32c  # noqa: PLC0415
+        from ..crc import crc32c  # noqa: PLC0415
 
         crc = 0
         try:

@@ -24,8 +24,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import StorageError
 from .counters import IOCounters

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .. import registry
 from .urls import ParsedURL, mask, parse_url, register_secret
-
 
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()

@@ -13,7 +13,8 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import StorageError
 from .fs import get_filesystem
@@ -140,7 +141,8 @@ class RangedReader(io.RawIOBase):
     dropped connection costs one range, not the whole object.
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, buffer_size: int = DEFAULT_BUFFER_SIZE):
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
+                 buffer_size: int = DEFAULT_BUFFER_SIZE):
         super().__init__()
         self.url = url
         self._fs, self._path = get_filesystem(url, storage_options)

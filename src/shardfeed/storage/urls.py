@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 # Query parameters whose values are secrets (compared case-insensitively).

@@ -12,6 +12,7 @@ from .urls import TableURL, parse_table_url
 from .writer import TableWriter
 
 __all__ = [
-    "TableRecordDataset", "TableRecordReader", "TableTypeError", "TableURL", "TableWriter", "WriterConflictError", "count_rows",
+    "TableRecordDataset", "TableRecordReader", "TableTypeError", "TableURL", "TableWriter", "WriterConflictError",
+    "count_rows",
     "parse_table_url", "read_table", "slice_range",
 ]

@@ -104,4 +104,5 @@ def quote_column(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-__all__ = ["SliceWriter", "TableBackend", "WriterConflictError", "open_backend", "quote_column", "quote_ident", "slice_batches"]
+__all__ = ["SliceWriter", "TableBackend", "WriterConflictError", "open_backend", "quote_column", "quote_ident",
+           "slice_batches"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..registry import require
 from .backend import (
     SliceWriter,
     TableBackend,
@@ -27,7 +28,6 @@ from .backend import (
     quote_column,
     quote_ident,
 )
-from ..registry import require
 from .urls import TableURL
 
 try:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .backend import SliceWriter, TableBackend
 from ..registry import require
+from .backend import SliceWriter, TableBackend
 from .urls import TableURL
 
 

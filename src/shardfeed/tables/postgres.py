@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..registry import require
 from ..storage.urls import mask
 from .backend import (
     SliceWriter,
@@ -30,7 +31,6 @@ from .backend import (
     quote_column,
     quote_ident,
 )
-from ..registry import require
 from .urls import TableURL
 
 # PostgreSQL type oid -> (arrow type, SQL cast applied when selecting, or "")

@@ -27,7 +27,8 @@ import collections
 import os
 import queue
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -218,7 +219,8 @@ class _Input:
                 for label, cols in (("selected_cols", r.selected), ("excluded_cols", r.excluded)):
                     unknown = [c for c in cols or () if c not in names]
                     if unknown:
-                        raise ValueError(f"{label}: no column(s) {unknown} in {backend.masked}; its columns are {names}")
+                        raise ValueError(f"{label}: no column(s) {unknown} in {backend.masked}; "
+                                         f"its columns are {names}")
                 columns = r.selected if r.selected is not None else [c for c in names if c not in (r.excluded or ())]
                 row = item.start
                 name = mask(item.url)
