@@ -94,3 +94,15 @@ def test_every_script_has_a_reader():
     bdir = bench_cmd.benchmarks_dir()
     scripts = {p.stem for p in bdir.glob("*.py") if not p.stem.startswith("_")}
     assert scripts <= set(bench_cmd.BENCHMARKS), scripts - set(bench_cmd.BENCHMARKS)
+
+
+def test_shuffle_rows_compare_object_storage_rows_with_the_sequential_s3_read():
+    res = {"median": {"sequential": 400.0, "S3 sequential": 100.0, "S3 shuffle='blocks'": 80.0,
+                      "tf.data shuffle(10000)": 200.0},
+           "largest_file_share": {"sequential": 0.99}, "anchor": "tf.data shuffle(10000)",
+           "s3": {"anchor": "S3 sequential"}}
+    rows = {r[0]: r for r in bench_cmd._rows_shuffle(res)}
+    assert rows["sequential (largest file share 0.990)"][3] == "2.00x"
+    assert rows["S3 sequential"][2].startswith("tf.data") and rows["S3 sequential"][3] == "0.50x"
+    assert rows["S3 shuffle='blocks'"][2] == "S3 sequential: 100 rec/s" and rows["S3 shuffle='blocks'"][3] == "0.80x"
+    assert "tf.data shuffle(10000)" not in rows

@@ -100,6 +100,24 @@ def test_range_stream_of_an_empty_and_a_tiny_object(s3_bucket):
     assert list(sf.read_tfrecord(f"s3://{bucket}/empty.bin", storage_options=opts)) == []
 
 
+def test_a_stream_woken_the_moment_it_registers_is_already_whole(s3_bucket, monkeypatch):
+    # another thread's wake() (a stream closing, room given back) may reach a stream right
+    # after it registers with the pool; it must find the stream fully built (gather's 16
+    # concurrent per-record streams hit this as AttributeError: no attribute 'pending')
+    bucket, opts = s3_bucket
+    storage.write_bytes(f"s3://{bucket}/blob.bin", bytes(range(256)) * 64, opts)
+    real = fetch._Pool.register
+
+    def register_then_wake(self, stream):
+        sid = real(self, stream)
+        self.wake()
+        return sid
+
+    monkeypatch.setattr(fetch._Pool, "register", register_then_wake)
+    with RangeStream(f"s3://{bucket}/blob.bin", 100, 4100, opts) as s:
+        assert s.readall() == (bytes(range(256)) * 64)[100:4100]
+
+
 def test_record_ranges_of_one_object_fetch_disjoint_bytes(shards, small_parts):
     urls, expected, opts, _ = shards
     big = urls[2]

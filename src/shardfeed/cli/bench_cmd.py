@@ -77,12 +77,18 @@ def _rows_resume(res: dict) -> list[Row]:
 
 def _rows_shuffle(res: dict) -> list[Row]:
     med, mix = res["median"], res.get("largest_file_share", {})
-    anchor_name = res.get("anchor")
-    anchor = med.get(anchor_name) if anchor_name else None
-    return [(f"{name} (largest file share {mix[name]:.3f})" if name in mix else name, _rate(rate, "rec/s"),
-             f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
-             _ratio(rate / anchor if anchor else None))
-            for name, rate in med.items() if name != anchor_name]
+    tf_name = res.get("anchor")
+    s3_name = (res.get("s3") or {}).get("anchor")  # object-storage rows compare with the sequential S3 read
+    rows = []
+    for name, rate in med.items():
+        if name == tf_name:
+            continue
+        anchor_name = s3_name if s3_name and name.startswith("S3 ") and name != s3_name else tf_name
+        anchor = med.get(anchor_name) if anchor_name else None
+        rows.append((f"{name} (largest file share {mix[name]:.3f})" if name in mix else name, _rate(rate, "rec/s"),
+                     f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
+                     _ratio(rate / anchor if anchor else None)))
+    return rows
 
 
 def _rows_parse_threads(res: dict) -> list[Row]:

@@ -194,8 +194,11 @@ class _Pool:
             self._dispatch()
 
     def register(self, stream: "RangeStream") -> int:
+        """Give ``stream`` its id (set on it before any other thread can see it) and let
+        wake() reach it; call it once the stream is otherwise built."""
         with self.cond:
             self._next_id += 1
+            stream.sid = self._next_id
             self.streams[self._next_id] = weakref.ref(stream)
             self.reserved[self._next_id] = 0
             return self._next_id
@@ -450,7 +453,6 @@ class RangeStream(io.RawIOBase):
         self.link = link_for(url, storage_options)
         self.pool = _the_pool()
         self._lock = threading.RLock()
-        self.sid = self.pool.register(self)
         self.pos = start  # next byte to hand out
         self.next = start  # next byte to ask for
         self.end = end
@@ -468,6 +470,8 @@ class RangeStream(io.RawIOBase):
         self.buf = b""
         self.buf_pos = 0
         self.first = True
+        # registered last: from here another thread's wake() may call _top_up on this stream
+        self.pool.register(self)
 
     # -- requests --------------------------------------------------------------------------
     def _stat(self) -> int:
