@@ -33,7 +33,7 @@ def test_torch_dataloader_workers_and_ranks_split_without_duplicates(tmp_path):
     ds = sf.read_tfrecord(files, spec=SPEC).batch(4)
     seen = []
     for rank in range(2):
-        loader = DataLoader(ds.to_torch(rank=rank, world_size=2), batch_size=None, num_workers=2)
+        loader = DataLoader(ds.to_torch(slice_id=rank, slice_count=2), batch_size=None, num_workers=2)
         for batch in loader:
             assert isinstance(batch["id"], torch.Tensor)
             seen.extend(batch["id"].tolist())
@@ -186,3 +186,20 @@ def test_to_tf_leaves_the_padded_length_of_a_sequence_feature_unknown(tmp_path):
     tds = sf.read_tfrecord(path, spec=spec).batch(2).to_tf()
     assert tds.element_spec["s"].shape.as_list() == [None, None]
     assert [b["s"].tolist() for b in tds.as_numpy_iterator()] == [[[0], [0]], [[0, 1, 2, 3], [0, 1, 0, 0]]]
+
+
+def test_to_torch_takes_slice_id_and_slice_count_and_the_older_rank_world_size_with_a_warning():
+    pytest.importorskip("torch")
+    import warnings
+
+    ds = sf.from_list(list(range(10)))
+    assert (ds.to_torch(slice_id=1, slice_count=2).rank, ds.to_torch(slice_id=1, slice_count=2).world_size) == (1, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = ds.to_torch(rank=1, world_size=2)
+    assert (old.rank, old.world_size) == (1, 2)
+    assert any(issubclass(w.category, DeprecationWarning) and "slice_id" in str(w.message) for w in caught)
+    with pytest.raises(ValueError, match="not both"):
+        ds.to_torch(slice_id=0, slice_count=2, rank=0, world_size=2)
+    with pytest.raises(ValueError, match="0 <= slice_id < slice_count"):
+        ds.to_torch(slice_id=2, slice_count=2)

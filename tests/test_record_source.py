@@ -155,7 +155,7 @@ def test_dataloader_workers_fetch_only_their_own_bytes_over_http(tmp_path, n_fil
     with serve_directory(str(tmp_path), served) as base:
         urls = [f"{base}/{os.path.basename(f)}" for f in files]
         ds = sf.read_tfrecord(urls, spec=SPEC).batch(8)
-        loader = DataLoader(ds.to_torch(rank=0, world_size=1), batch_size=None, num_workers=2)
+        loader = DataLoader(ds.to_torch(slice_id=0, slice_count=1), batch_size=None, num_workers=2)
         got = sorted(v for b in loader for v in b["id"].tolist())
     assert got == sorted(f * 1000 + i for f, n in enumerate(sizes) for i in range(n))
     records = sum(v for k, v in served.items() if k.endswith(".tfrecord"))
@@ -172,7 +172,7 @@ def test_to_torch_pickles_and_carries_rank_to_spawned_workers(tmp_path):
     ds = sf.read_tfrecord(files, spec=SPEC).batch(4)
     seen = []
     for rank in range(2):
-        loader = DataLoader(ds.to_torch(rank=rank, world_size=2), batch_size=None, num_workers=2,
+        loader = DataLoader(ds.to_torch(slice_id=rank, slice_count=2), batch_size=None, num_workers=2,
                             multiprocessing_context="spawn")
         seen.append(sorted(v for b in loader for v in b["id"].tolist()))
     assert len(seen[0]) == len(seen[1]) == 24
@@ -187,7 +187,7 @@ def test_stateful_dataloader_resumes_mid_epoch(tmp_path, workers):
     ds = sf.read_tfrecord(files, spec=SPEC).batch(5)
 
     def loader():
-        return sdl.StatefulDataLoader(ds.to_torch(rank=0, world_size=1), batch_size=None, num_workers=workers)
+        return sdl.StatefulDataLoader(ds.to_torch(slice_id=0, slice_count=1), batch_size=None, num_workers=workers)
 
     full = [b["id"].tolist() for b in loader()]
     first = loader()

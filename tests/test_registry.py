@@ -70,7 +70,7 @@ def test_a_queue_backend_registered_by_a_call_is_opened_by_its_url_scheme():
 
 def test_a_table_backend_registered_by_a_call_serves_its_kind(tmp_path):
     pytest.importorskip("pyarrow")
-    from shardfeed.tables.backend import open_backend
+    from shardfeed.tables.backend import open_table_backend
     from shardfeed.tables.urls import TableURL
 
     registry.register("table", "files2", "shardfeed.tables.parquet:FilesBackend")
@@ -79,7 +79,7 @@ def test_a_table_backend_registered_by_a_call_serves_its_kind(tmp_path):
         import pyarrow.parquet as pq
 
         pq.write_table(pa.table({"a": [1, 2, 3]}), tmp_path / "t.parquet")
-        backend = open_backend(TableURL("files2", str(tmp_path / "t.parquet"), "", (), str(tmp_path / "t.parquet")))
+        backend = open_table_backend(TableURL("files2", str(tmp_path / "t.parquet"), "", (), str(tmp_path / "t.parquet")))
         assert backend.num_rows() == 3
     finally:
         registry._registry["table"].pop("files2", None)

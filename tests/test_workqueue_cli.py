@@ -56,11 +56,11 @@ def test_add_summary_writes_tensorboard_scalars(tmp_path):
 
 
 def test_sqlite_journal_for_shared_filesystems(tmp_path):
-    from shardfeed.distributed import open_backend
+    from shardfeed.distributed import open_queue_backend
 
-    b = open_backend(f"sqlite://{tmp_path}/shared.db?journal=delete")
+    b = open_queue_backend(f"sqlite://{tmp_path}/shared.db?journal=delete")
     assert b.url.endswith("?journal=delete")
     q = WorkQueue(WORKS, backend=b, name="j", shuffle=False)
     assert [str(x) for x in q] == WORKS
     with pytest.raises(ValueError, match="journal"):
-        open_backend(f"sqlite://{tmp_path}/x.db?journal=memory")
+        open_queue_backend(f"sqlite://{tmp_path}/x.db?journal=memory")

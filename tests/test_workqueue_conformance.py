@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from shardfeed.distributed import WorkQueue, WorkQueueMismatchError, epoch_order, open_backend, read_queue
+from shardfeed.distributed import WorkQueue, WorkQueueMismatchError, epoch_order, open_queue_backend, read_queue
 
 from .test_workqueue_support import REDIS_PASSWORD, backend_url, make_shards, qname, shards  # noqa: F401
 
@@ -228,8 +228,8 @@ def test_metrics_and_drain_and_reset(backend_url, qname):
     assert m["fraction_full"] == pytest.approx(0.8) and m["workers"]["w-a"]["taken"] == 2
     assert a.drain() == 8
     assert a.metrics()["remaining"] == 0
-    assert qname in open_backend(backend_url).names()
-    assert a.reset() and qname not in open_backend(backend_url).names()
+    assert qname in open_queue_backend(backend_url).names()
+    assert a.reset() and qname not in open_queue_backend(backend_url).names()
 
 
 def test_bad_arguments_say_how_to_fix():

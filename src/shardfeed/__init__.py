@@ -7,7 +7,15 @@ The public surface is what ``__all__`` lists; everything else is an implementati
 from __future__ import annotations
 
 from ._version import __version__
-from .convert import ConvertOptions, ConvertResult, convert, convert_annotations, load_manifest, read_dataset
+from .convert import (
+    ConvertOptions,
+    ConvertResult,
+    convert,
+    convert_annotations,
+    load_manifest,
+    read_converted,
+    read_dataset,
+)
 from .distributed import (
     WorkItem,
     WorkQueue,
@@ -121,6 +129,6 @@ __all__ = [
     "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",
     "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",
     "trans_csv_to_dense", "ConvertOptions", "ConvertResult", "convert", "convert_annotations", "load_manifest",
-    "read_dataset",
+    "read_converted", "read_dataset",
     "retry_stats", "native_available", "native_info",
 ]

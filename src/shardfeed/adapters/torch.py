@@ -21,6 +21,7 @@ protocol: each worker saves the state of its own pipeline and resumes from it.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from ..pipeline.dataset import Dataset
@@ -31,10 +32,10 @@ from ..registry import require
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         if not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+            raise ValueError(f"need 0 <= slice_id < slice_count, got slice_id={rank}, slice_count={world_size}")
         return int(rank), int(world_size)
     if (rank is None) != (world_size is None):
-        raise ValueError("give both rank and world_size, or neither (then they come from torch.distributed "
+        raise ValueError("give both slice_id and slice_count, or neither (then they come from torch.distributed "
                          "or the RANK/WORLD_SIZE environment variables)")
     from ..distributed.ranks import resolve_slice  # noqa: PLC0415
 
@@ -69,15 +70,25 @@ def _torch_dataset_class() -> type:
     return ShardfeedIterableDataset
 
 
-def to_torch(ds: Dataset, rank: int | None = None, world_size: int | None = None) -> Any:
+def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None = None, *,
+             rank: int | None = None, world_size: int | None = None) -> Any:
     """A ``torch.utils.data.IterableDataset`` over ``ds``, split across DataLoader workers
     and distributed ranks without duplicates, each reader fetching only its share.
-    ``rank``/``world_size`` default to ``torch.distributed``'s when it is initialized, else
-    ``RANK``/``WORLD_SIZE`` and the like, else 0/1; they are fixed here, in the calling
-    process. Raises ``ImportError`` with an install hint when PyTorch is missing."""
+    ``slice_id``/``slice_count`` (which rank of how many: the word every shardfeed reader
+    uses) default to ``torch.distributed``'s rank and world size when it is initialized,
+    else ``RANK``/``WORLD_SIZE`` and the like, else 0/1; they are fixed here, in the calling
+    process. ``rank``/``world_size`` are accepted as the older spelling (a
+    ``DeprecationWarning``). Raises ``ImportError`` with an install hint when PyTorch is
+    missing."""
+    if rank is not None or world_size is not None:
+        if slice_id is not None or slice_count is not None:
+            raise ValueError("give slice_id/slice_count (or the older rank/world_size), not both")
+        warnings.warn("to_torch(rank=, world_size=) is now to_torch(slice_id=, slice_count=)", DeprecationWarning,
+                      stacklevel=3)
+        slice_id, slice_count = rank, world_size
     require("torch", what="to_torch")
     cls = _torch_dataset_class()
-    r, w = _rank_and_world(rank, world_size)
+    r, w = _rank_and_world(slice_id, slice_count)
     return cls(ds, r, w)
 
 

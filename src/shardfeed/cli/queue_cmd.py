@@ -13,9 +13,9 @@ from ..storage.urls import mask
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from ..distributed.backend import open_backend  # noqa: PLC0415
+    from ..distributed.backend import open_queue_backend  # noqa: PLC0415
 
-    return open_backend(args.backend)
+    return open_queue_backend(args.backend)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from .api import (
     find_manifest,
     load_manifest,
     manifest_spec,
+    read_converted,
     read_dataset,
 )
 from .options import ConvertOptions, Discard, Row
@@ -17,7 +18,7 @@ from .tasks import ConvertContext
 
 __all__ = [
     "COLUMN_TYPES", "ConvertContext", "ConvertOptions", "ConvertResult", "Discard", "Row", "Schema", "convert",
-    "convert_annotations", "find_manifest", "load_manifest", "manifest_spec", "read_dataset",
+    "convert_annotations", "find_manifest", "load_manifest", "manifest_spec", "read_converted", "read_dataset",
 ]
 
 from .pandas_accessor import install as _install_pandas_accessor

@@ -257,8 +257,8 @@ def manifest_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return spec_from_json(manifest["feature_spec"])
 
 
-def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
-                 storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any):
+def read_converted(output_dir: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
+                   storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any):
     """A dataset over one split of a converted output, its spec taken from the manifest:
     ``shardfeed.read_tfrecord(<that split's shards>, spec=...)``; other keyword arguments go
     to ``read_tfrecord`` (``num_parallel_reads``, ``on_corrupt`` ...).
@@ -301,3 +301,7 @@ def read_dataset(output_dir: str | os.PathLike, split: str = "train", *, prefix:
     counts = {join(out, s["file"]): int(s["records"]) for s in info["shards"] if "records" in s}
     return read_tfrecord(StaticSpans(file_spans(files), counts), spec=manifest_spec(manifest),
                          compression=manifest["compression"], storage_options=storage_options, **read_kwargs)
+
+
+read_dataset = read_converted
+"""The earlier name of :func:`read_converted`."""

@@ -110,7 +110,7 @@ def default_backend_url() -> str:
     return "sqlite://" + os.path.join(base, "shardfeed", "workqueue.sqlite3")
 
 
-def open_backend(backend: "str | QueueBackend | None") -> QueueBackend:
+def open_queue_backend(backend: "str | QueueBackend | None") -> QueueBackend:
     """A backend from a URL: ``"memory"`` (threads of this process), ``"sqlite:///path"``
     or a path ending in ``.db``/``.sqlite``/``.sqlite3`` (processes on one host or a
     shared filesystem), ``"redis://[:password@]host:port/db"`` (``rediss://`` for TLS;
@@ -137,6 +137,9 @@ def open_backend(backend: "str | QueueBackend | None") -> QueueBackend:
         raise ValueError(f"unknown work-queue backend {mask(url)!r}: use 'memory', 'sqlite:///path/queue.db' "
                          f"or 'redis://host:port/db' (registered: {', '.join(registry.names('queue'))})")
     return registry.load("queue", name)(arg)
+
+
+open_backend = open_queue_backend  # the earlier name
 
 
 def split_id(item_id: str) -> tuple[int, int]:

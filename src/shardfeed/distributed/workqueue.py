@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ShardfeedError
 from ..storage.urls import mask
-from .backend import QueueBackend, open_backend, split_id
+from .backend import QueueBackend, open_queue_backend, split_id
 from .items import RowCounter, WorkItem, apply_prefix, digest, make_items, row_counter_of
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class WorkQueue:
         self.config = {"works": self.works, "num_epochs": num_epochs, "shuffle": self.shuffle, "seed": seed,
                        "num_slices": num_slices}
         self.digest = digest(self.config)
-        self.backend = open_backend(backend)
+        self.backend = open_queue_backend(backend)
         self._held: dict[str, WorkItem] = {}
         self._closed = False
         meta = self.backend.get_meta(name)

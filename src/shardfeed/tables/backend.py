@@ -64,12 +64,15 @@ class SliceWriter:
         raise NotImplementedError
 
 
-def open_backend(turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> TableBackend:
+def open_table_backend(turl: TableURL, storage_options: Mapping[str, Any] | None = None) -> TableBackend:
     """The backend for ``turl``, by its kind, from the registry (:mod:`shardfeed.registry`:
     drivers are imported here, with an install hint when missing)."""
     from .. import registry  # noqa: PLC0415 - the registry imports backends lazily, by name
 
     return registry.load("table", turl.kind)(turl, storage_options)
+
+
+open_backend = open_table_backend  # the earlier name
 
 
 def slice_batches(batches: Iterator[pa.RecordBatch], skip: int, limit: int | None) -> Iterator[pa.RecordBatch]:
@@ -104,5 +107,5 @@ def quote_column(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-__all__ = ["SliceWriter", "TableBackend", "WriterConflictError", "open_backend", "quote_column", "quote_ident",
+__all__ = ["SliceWriter", "TableBackend", "WriterConflictError", "open_table_backend", "quote_column", "quote_ident",
            "slice_batches"]

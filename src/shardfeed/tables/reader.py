@@ -34,7 +34,7 @@ import numpy as np
 
 from ..pipeline.dataset import Dataset, positive_int
 from ..pipeline.sources import SourceDataset
-from .backend import TableBackend, open_backend
+from .backend import TableBackend, open_table_backend
 from .convert import ColumnType, column_types, to_numpy
 from .urls import parse_table_url, table_urls
 
@@ -63,7 +63,7 @@ def count_rows(url: str, storage_options: Mapping[str, Any] | None = None) -> in
     """Rows of the table at ``url`` (any table URL ``read_table`` takes; partition
     filters in the URL apply). A ``WorkQueue`` or ``plan_shards`` over tables counts
     rows with it when no ``row_counts`` are given."""
-    return int(open_backend(parse_table_url(url), storage_options).num_rows())
+    return int(open_table_backend(parse_table_url(url), storage_options).num_rows())
 
 
 def slice_range(total: int, slice_id: int, slice_count: int) -> tuple[int, int]:
@@ -115,7 +115,7 @@ class TableRecordDataset(SourceDataset):
         self.storage_options = dict(storage_options or {})
         parsed = [parse_table_url(u) for u in urls]
         cache: dict[str, TableBackend] = {}
-        self.backends = [cache.setdefault(p.url, cache.get(p.url) or open_backend(p, self.storage_options))
+        self.backends = [cache.setdefault(p.url, cache.get(p.url) or open_table_backend(p, self.storage_options))
                          for p in parsed]
         schema = self.backends[0].schema()
         names = schema.names

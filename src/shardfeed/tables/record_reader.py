@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..storage.urls import mask
-from .backend import open_backend
+from .backend import open_table_backend
 from .reader import _cols
 from .urls import parse_table_url
 
@@ -213,7 +213,7 @@ class _Input:
         """In a thread: the item's rows as strings into its queue (bounded), then the end."""
         r = self.reader
         try:
-            backend = open_backend(parse_table_url(item.url), r.storage_options)
+            backend = open_table_backend(parse_table_url(item.url), r.storage_options)
             try:
                 names = backend.schema().names
                 for label, cols in (("selected_cols", r.selected), ("excluded_cols", r.excluded)):

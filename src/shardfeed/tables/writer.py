@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ShardfeedError
-from .backend import SliceWriter, open_backend
+from .backend import SliceWriter, open_table_backend
 from .urls import parse_table_url
 
 FLUSH_ROWS = 1 << 16
@@ -68,7 +68,7 @@ class TableWriter:
             raise ValueError(f"slice_id must be an int >= 0, got {slice_id!r}")
         self.turl = parse_table_url(table)
         self.slice_id = slice_id
-        self._backend = open_backend(self.turl, storage_options)
+        self._backend = open_table_backend(self.turl, storage_options)
         self._impl: SliceWriter | None = self._backend.writer(slice_id, schema)
         self._buf: list[tuple[tuple[int, ...], list]] = []
         self._buffered = 0
