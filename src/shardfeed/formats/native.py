@@ -222,7 +222,7 @@ class CompiledSpec:
     """A feature spec prepared once for the native parser (see :func:`compile_spec`)."""
 
     def __init__(self, spec: Mapping[str, FeatureSpec]):
-        from .example import _fixed_default, check_example_spec  # the reference's rules
+        from .example_parse import _fixed_default, check_example_spec  # the reference's rules
 
         self.spec = check_example_spec(spec)
         # a FixedLenSequence is read as a VarLen (values and row splits) and padded after

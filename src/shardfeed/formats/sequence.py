@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError, ParseError
-from .example import _DTYPE_KIND, _KIND_NAMES, _concat, _fixed_default, _flat_values, _parse, decode_sequence_raw
+from .example_decode import _DTYPE_KIND, _KIND_NAMES, decode_sequence_raw
+from .example_parse import _concat, _fixed_default, _flat_values, _parse
 from .padding import pad_rows
 from .sequence_native import parse_sequence_batch, sequence_native_available
 from .spec import FeatureSpec, FixedLen, FixedLenSequence, RaggedColumn, SparseColumn, VarLen, normalize_spec

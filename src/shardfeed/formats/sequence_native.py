@@ -30,7 +30,7 @@ class CompiledSequenceSpec:
     C spec is ``names[k]``, ``("context", name)`` or ``("sequence", name)``."""
 
     def __init__(self, context: Mapping[str, FeatureSpec], sequence: Mapping[str, FeatureSpec]):
-        from .example import _fixed_default
+        from .example_parse import _fixed_default
 
         self.context, self.sequence = dict(context), dict(sequence)
         # context columns in the order CompiledSpec uses (FixedLen, then VarLen); feature

@@ -1,0 +1,176 @@
+"""Encoding ``tf.train.Example`` / ``SequenceExample`` messages (deterministic bytes;
+the rules: :mod:`shardfeed.formats.example`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .example_decode import (
+    _INT64_MAX,
+    _INT64_MIN,
+    _KIND_BYTES,
+    _KIND_FLOAT,
+    _KIND_INT64,
+)
+from .wire import (
+    encode_packed_varints,
+    encode_varint,
+)
+
+# ----------------------------------------------------------------------------- encoding
+
+_BYTES_TYPES = (bytes, bytearray, memoryview, str, np.bytes_, np.str_)
+_INT_TYPES = (int, np.integer, np.bool_)  # bool is an int
+_FLOAT_TYPES = (float, np.floating)
+
+
+def _len_prefixed(field_tag: bytes, payload: bytes) -> bytes:
+    return field_tag + encode_varint(len(payload)) + payload
+
+
+def _to_bytes(name: str, v: Any) -> bytes:
+    if isinstance(v, (str, np.str_)):
+        try:
+            return str(v).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"feature {name!r}: string value cannot be encoded as UTF-8 ({e.reason})") from None
+    if isinstance(v, (bytes, bytearray, memoryview, np.bytes_)):
+        return bytes(v)
+    raise TypeError(f"feature {name!r}: bytes_list values must be bytes or str, got {type(v).__name__}")
+
+
+def _classify(name: str, values: Sequence) -> int | None:
+    types = {type(v) for v in values}
+    if not types:
+        return None
+    if all(issubclass(t, _INT_TYPES) for t in types):
+        return _KIND_INT64
+    if all(issubclass(t, _INT_TYPES + _FLOAT_TYPES) for t in types):
+        return _KIND_FLOAT
+    if all(issubclass(t, _BYTES_TYPES) for t in types):
+        return _KIND_BYTES
+    names = sorted(t.__name__ for t in types)
+    raise TypeError(
+        f"feature {name!r}: values must all be ints, all numbers, or all bytes/str; got a mix of {names}"
+    )
+
+
+def _int64_array(name: str, arr: Any) -> np.ndarray:
+    a = np.asarray(arr) if not isinstance(arr, np.ndarray) or arr.dtype == object else arr
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8 and a.size and int(a.max()) > _INT64_MAX:
+        raise ValueError(f"feature {name!r}: value {int(a.max())} is outside the int64 range")
+    if a.dtype == object or a.dtype.kind not in "biu":
+        ints = [int(v) for v in np.ravel(a)]
+        lo, hi = min(ints, default=0), max(ints, default=0)
+        if lo < _INT64_MIN or hi > _INT64_MAX:
+            bad = lo if lo < _INT64_MIN else hi
+            raise ValueError(f"feature {name!r}: value {bad} is outside the int64 range")
+        return np.array(ints, np.int64)
+    return np.ravel(a).astype(np.int64)
+
+
+def _encode_feature(name: str, value: Any) -> bytes:
+    """The serialized Feature message for one value (see :func:`encode_example`)."""
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        k = value.dtype.kind
+        seq: Any = value.ravel()
+        if k in "biu":
+            kind = _KIND_INT64
+        elif k == "f":
+            kind = _KIND_FLOAT
+        elif k in "SU":
+            kind, seq = _KIND_BYTES, seq.tolist()
+        elif k == "O":  # an object array holds Python scalars: classify them like a list
+            seq = seq.tolist()
+            kind = _classify(name, seq) or _KIND_BYTES
+        else:
+            raise TypeError(f"feature {name!r}: cannot store numpy dtype {value.dtype} in an Example")
+    elif isinstance(value, _BYTES_TYPES):
+        kind, seq = _KIND_BYTES, [value]
+    elif isinstance(value, _INT_TYPES):
+        kind, seq = _KIND_INT64, [value]
+    elif isinstance(value, _FLOAT_TYPES):
+        kind, seq = _KIND_FLOAT, [value]
+    elif isinstance(value, (list, tuple)):
+        kind, seq = _classify(name, value), value
+        if kind is None:
+            return b""  # empty list: a Feature with no kind, like tf.train.Feature()
+    else:
+        raise TypeError(
+            f"feature {name!r}: expected a numpy array, a scalar (int, float, bytes, str) or a "
+            f"list of them, got {type(value).__name__}"
+        )
+    if kind == _KIND_INT64:
+        payload = encode_packed_varints(_int64_array(name, seq))
+        return _len_prefixed(b"\x1a", _len_prefixed(b"\x0a", payload) if payload else b"")
+    if kind == _KIND_FLOAT:
+        try:
+            with np.errstate(over="ignore"):  # out-of-range doubles become inf, as protobuf does
+                payload = np.asarray(seq, dtype="<f4").ravel().tobytes()
+        except OverflowError:
+            raise ValueError(f"feature {name!r}: an int is too large to convert to float32") from None
+        return _len_prefixed(b"\x12", _len_prefixed(b"\x0a", payload) if payload else b"")
+    payload = b"".join(_len_prefixed(b"\x0a", _to_bytes(name, v)) for v in seq)
+    return _len_prefixed(b"\x0a", payload)
+
+
+def _encode_features(features: Mapping[str, Any], sort_keys: bool, encode_value) -> bytes:
+    if not isinstance(features, Mapping):
+        raise TypeError(f"features must be a mapping of name to values, got {type(features).__name__}")
+    items = []
+    for name, value in features.items():
+        if not isinstance(name, str):
+            raise TypeError(f"feature names must be str, got {name!r}")
+        key = name.encode("utf-8")
+        entry = _len_prefixed(b"\x0a", key) + _len_prefixed(b"\x12", encode_value(name, value))
+        items.append((key, _len_prefixed(b"\x0a", entry)))
+    if sort_keys:
+        # protobuf-python (upb) deterministic order: byte-wise, except that a key sorts
+        # after the keys it is a prefix of ("label_id" before "label"; C++ puts it first).
+        items.sort(key=lambda kv: (*kv[0], 256))
+    return b"".join(e for _, e in items)
+
+
+def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> bytes:
+    """Serialize ``{name: values}`` as a ``tf.train.Example``.
+
+    A value is a numpy array (bool/int/uint dtypes give int64_list, float dtypes
+    float_list, bytes/str bytes_list, object arrays as the list of their elements; n-d
+    arrays are flattened in C order), a scalar
+    (int, bool, float, bytes, str, numpy scalar), or a list/tuple of scalars: all ints gives
+    int64_list, ints and floats float_list, bytes/str bytes_list (str as UTF-8). An empty
+    list/tuple gives a Feature with no kind (``tf.train.Feature()``), which TensorFlow
+    reads as an empty list of any dtype; to pin a kind, pass an empty numpy array.
+    Floats are stored as float32 (NaN and inf kept). Map entries are written in the
+    mapping's order; with ``sort_keys=True`` the bytes equal TensorFlow's
+    ``tf.train.Example(...).SerializeToString(deterministic=True)`` (protobuf-python's
+    order; plain ``SerializeToString()`` uses hash-table order, which nothing can match).
+
+    Raises TypeError for an unsupported value type or mixed kinds, ValueError for an int
+    outside int64, both naming the feature.
+    """
+    return _len_prefixed(b"\x0a", _encode_features(features, sort_keys, _encode_feature))
+
+
+def _encode_feature_list(name: str, values: Any) -> bytes:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"feature list {name!r}: expected a list of per-step values, got {type(values).__name__}")
+    return b"".join(_len_prefixed(b"\x0a", _encode_feature(name, v)) for v in values)
+
+
+def encode_sequence_example(
+    context: Mapping[str, Any], feature_lists: Mapping[str, Sequence[Any]], *, sort_keys: bool = False
+) -> bytes:
+    """Serialize a ``tf.train.SequenceExample``: ``context`` as :func:`encode_example` takes
+    it, ``feature_lists`` as ``{name: [values of step 0, values of step 1, ...]}``.
+
+    Raises TypeError/ValueError naming the feature for values it cannot store.
+    """
+    ctx = _encode_features(context, sort_keys, _encode_feature)
+    fls = _encode_features(feature_lists, sort_keys, _encode_feature_list)
+    return _len_prefixed(b"\x0a", ctx) + _len_prefixed(b"\x12", fls)
