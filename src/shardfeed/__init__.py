@@ -40,10 +40,9 @@ from .formats.example import (
     decode_sequence_example,
     encode_example,
     encode_sequence_example,
-    parse_example,
-    parse_single_example,
 )
 from .formats.index import IndexedTFRecord, build_index, read_index
+from .formats.parse import parse_example, parse_single_example
 from .formats.sequence import parse_sequence_example, parse_single_sequence_example
 from .formats.spec import FixedLen, FixedLenSequence, RaggedColumn, Sparse, SparseColumn, VarLen
 from .formats.tfrecord import ReadStats, TFRecordReader, TFRecordWriter, read_records, write_records

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from ..errors import DecodeError, ParseError
 from ..formats.chunks import DEFAULT_CHUNK
-from ..formats.example import parse_single_example
+from ..formats.parse import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
 from ..storage.cache import ObjectCache, get_cache, parse_size
