@@ -64,8 +64,8 @@ def _records():
 def test_single_records_give_the_references_values_and_errors(k):
     spec = SPECS[k]
     for rec in _records():
-        ref = _outcome(lambda: ex.parse_single_example(rec, spec))
-        nat = _outcome(lambda: fast.parse_single_example(rec, spec))
+        ref = _outcome(lambda rec=rec: ex.parse_single_example(rec, spec))
+        nat = _outcome(lambda rec=rec: fast.parse_single_example(rec, spec))
         assert ref[0] == nat[0], (rec, ref, nat)
         if ref[0] == "err":
             assert ref[1] == nat[1]
