@@ -86,7 +86,7 @@ class DecodeImages:
         self.filter = filter
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
-        self.Image = require("PIL.Image", what="decode_images")
+        self.Image = require("PIL.Image", extra="convert", what="decode_images")
         self._sj = _simplejpeg()
 
     def __getstate__(self) -> dict:
@@ -94,7 +94,7 @@ class DecodeImages:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.Image = require("PIL.Image", what="decode_images")
+        self.Image = require("PIL.Image", extra="convert", what="decode_images")
         self._sj = _simplejpeg()
 
     def __repr__(self) -> str:
