@@ -29,6 +29,7 @@ from .distributed import (
 from .errors import (
     CorruptRecordError,
     DecodeError,
+    ImageDecodeError,
     IteratorClosedError,
     ParseError,
     ShardfeedError,
@@ -51,11 +52,13 @@ from .pipeline import (
     AUTOTUNE,
     CsvError,
     Dataset,
+    DecodeImages,
     PipelineIterator,
     PipelineStats,
     SourceDataset,
     TFRecordDataset,
     decode_csv,
+    decode_images,
     from_iterable,
     from_list,
     mix,
@@ -115,7 +118,7 @@ def native_info() -> str:
 
 __all__ = [
     "__version__", "CorruptRecordError", "DecodeError", "IteratorClosedError", "ParseError", "ShardfeedError",
-    "StorageError", "WorkQueueLostError",
+    "StorageError", "WorkQueueLostError", "ImageDecodeError", "DecodeImages", "decode_images",
     "decode_example", "decode_sequence_example", "encode_example", "encode_sequence_example",
     "parse_example", "parse_single_example", "parse_sequence_example", "parse_single_sequence_example",
     "FixedLenSequence", "IndexedTFRecord", "build_index", "read_index",

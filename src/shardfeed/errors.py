@@ -145,3 +145,16 @@ class WorkQueueLostError(ShardfeedError, KeyError):
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
+
+
+class ImageDecodeError(ShardfeedError, ValueError):
+    """An encoded image that could not be decoded (``decode_images``): ``feature`` is its
+    column and ``index`` its row in the batch; the decoder's exception is the cause."""
+
+    def __init__(self, message: str, feature: str = "", index: int = -1) -> None:
+        super().__init__(message)
+        self.feature = feature
+        self.index = index
+
+    def __reduce__(self):  # pickled with its attributes (process pools)
+        return (_rebuild, (type(self), (self.args[0], self.feature, self.index), {}, self.__dict__))

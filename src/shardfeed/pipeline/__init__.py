@@ -2,6 +2,7 @@
 
 from .csv import CsvError, decode_csv, read_csv
 from .dataset import Dataset
+from .images import DecodeImages, decode_images
 from .iterator import PipelineIterator
 from .mix import mix
 from .node import AUTOTUNE
@@ -17,5 +18,5 @@ __all__ = [
     "StageStats", "TFRecordDataset", "TFRecordSource", "ReadOptions", "Span", "SpanProvider", "SpanStream",
     "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "mix", "decode_csv",
     "read_csv",
-    "read_text", "read_tfrecord",
+    "read_text", "read_tfrecord", "DecodeImages", "decode_images",
 ]

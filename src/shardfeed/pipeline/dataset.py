@@ -129,6 +129,27 @@ class Dataset:
 
         return MapDataset(self, fn, num_parallel_calls, deterministic, use_processes, on_error)
 
+    def decode_images(self, feature: str, size: Any, *, resize: str = "stretch", channels: int = 3,
+                      filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
+                      num_parallel_calls: int | None = AUTOTUNE, on_error: Any = "raise") -> "Dataset":
+        """Decode the encoded images of batches' ``feature`` column (one per row, as
+        ``read_tfrecord(files, spec).batch(n)`` gives a FixedLen bytes feature) into one
+        contiguous ``(n, H, W, channels)`` uint8 array; other columns pass through.
+
+        ``size``: ``H`` or ``(H, W)`` in pixels; ``resize``: ``"stretch"`` (exactly that size)
+        or ``"crop"`` (aspect kept, shorter side to size, centre crop); ``filter``: Pillow's
+        resampling filter; ``channels``: 3 (RGB) or 1. JPEGs go through simplejpeg (DCT-domain
+        downscaling when the source is at least twice the target), others and JPEGs it refuses
+        through Pillow; ``fast_dct``/``fast_upsample``: see :class:`DecodeImages`. Batches are
+        decoded in ``num_parallel_calls`` threads (``AUTOTUNE``: one per core) as a parallel
+        ``map``. ``on_error``: ``"raise"`` (:class:`ImageDecodeError` naming the feature and the
+        row), ``"skip"`` (that row dropped from every column, counted in ``stats()``; a batch
+        that lost every row is dropped) or ``handler(exc, context)``. Needs Pillow."""
+        from .images import DecodeImages, DecodeImagesDataset  # noqa: PLC0415
+
+        decoder = DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample)
+        return DecodeImagesDataset(self, decoder, num_parallel_calls, on_error)
+
     def filter(self, predicate: Callable[[Any], bool]) -> "Dataset":
         """Keep the elements for which ``predicate`` is true."""
         from .map import FilterDataset  # noqa: PLC0415

@@ -1,0 +1,166 @@
+"""decode_images: the stage and the function form, against Pillow's own decode + resize."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.pipeline import check_resume_everywhere
+
+Image = pytest.importorskip("PIL.Image")
+
+SPEC = {"image": sf.FixedLen("bytes"), "label": sf.FixedLen("int64")}
+
+
+def encode(h: int, w: int, mode: str = "RGB", fmt: str = "JPEG", seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    a, b, c = rng.uniform(0, 255, 3)
+    img = np.stack([(a + xx * 0.5) % 256, (b + yy * 0.7) % 256, (c + (xx + yy) * 0.3) % 256], -1)
+    img = np.clip(img + rng.normal(0, 4, img.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).convert(mode).save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+IMAGES = {
+    "large jpeg": encode(640, 960),  # more than twice the target: DCT-domain downscaling
+    "small jpeg": encode(40, 50, seed=1),  # smaller than the target: upsampled
+    "near jpeg": encode(90, 70, seed=2),  # less than twice: full decode then resize
+    "gray jpeg": encode(300, 200, "L", seed=3),
+    "cmyk jpeg": encode(256, 320, "CMYK", seed=4),  # simplejpeg refuses it: Pillow
+    "png": encode(120, 160, fmt="PNG", seed=5),
+    "rgba png": encode(64, 64, "RGBA", "PNG", seed=6),
+}
+
+
+def pillow_reference(data: bytes, size: tuple[int, int], mode: str = "RGB") -> np.ndarray:
+    img = Image.open(io.BytesIO(data)).convert(mode)
+    return np.asarray(img.resize((size[1], size[0]), Image.Resampling.BILINEAR))
+
+
+def batch_of(values: list[bytes]) -> dict:
+    col = np.empty(len(values), object)
+    col[:] = values
+    return {"image": col, "label": np.arange(len(values), dtype=np.int64),
+            "tags": sf.RaggedColumn(np.arange(2 * len(values), dtype=np.int64),
+                                    np.arange(0, 2 * len(values) + 1, 2, dtype=np.int64))}
+
+
+def write_shard(path, values: list[bytes]) -> str:
+    url = str(path / "images.tfrecord")
+    with sf.TFRecordWriter(url) as w:
+        for i, v in enumerate(values):
+            w.write(sf.encode_example({"image": [v], "label": [i]}))
+    return url
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_shape_dtype_contiguous_and_close_to_pillow(channels):
+    size = (48, 64)
+    out = sf.decode_images(batch_of(list(IMAGES.values())), "image", size, channels=channels)
+    images = out["image"]
+    assert images.shape == (len(IMAGES), *size, channels) and images.dtype == np.uint8
+    assert images.flags.c_contiguous
+    for k, (name, data) in enumerate(IMAGES.items()):
+        ref = pillow_reference(data, size, "RGB" if channels == 3 else "L").reshape(*size, channels)
+        diff = np.abs(images[k].astype(int) - ref.astype(int)).mean()
+        # DCT-domain scaling filters differently from Pillow's antialiased resize: a few levels
+        assert diff < 6, f"{name}: mean abs diff {diff:.2f}"
+    np.testing.assert_array_equal(out["label"], np.arange(len(IMAGES)))
+
+
+def test_crop_keeps_aspect_and_centres():
+    data = encode(200, 400)  # 1:2, crop to 100x100: scaled to 100x200, centre 100 columns
+    out = sf.decode_images(batch_of([data]), "image", 100, resize="crop")["image"][0]
+    full = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((200, 100), Image.Resampling.BILINEAR))
+    assert np.abs(out.astype(int) - full[:, 50:150].astype(int)).mean() < 4
+
+
+def test_fast_flags_stay_close():
+    data = IMAGES["large jpeg"]
+    exact = sf.decode_images(batch_of([data]), "image", 160)["image"]
+    fast = sf.decode_images(batch_of([data]), "image", 160, fast_dct=True, fast_upsample=True)["image"]
+    assert np.abs(exact.astype(int) - fast.astype(int)).mean() < 3
+
+
+def test_corrupt_image_names_feature_and_index():
+    values = [IMAGES["png"], IMAGES["large jpeg"], IMAGES["large jpeg"][:300], b"not an image"]
+    with pytest.raises(sf.ImageDecodeError, match=r"feature 'image', row 2") as info:
+        sf.decode_images(batch_of(values), "image", 32)
+    assert info.value.feature == "image" and info.value.index == 2
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (again.feature, again.index) == ("image", 2)
+
+
+def test_stage_raises_by_default(tmp_path):
+    url = write_shard(tmp_path, [IMAGES["png"], b"\xff\xd8\xff\xe0garbage", IMAGES["small jpeg"]])
+    ds = sf.read_tfrecord(url, SPEC).batch(3).decode_images("image", 32)
+    with pytest.raises(sf.ImageDecodeError, match=r"feature 'image', row 1"):
+        list(ds)
+
+
+def test_skip_drops_exactly_that_row_from_every_column():
+    good = [IMAGES["png"], IMAGES["near jpeg"], IMAGES["gray jpeg"]]
+    values = [good[0], IMAGES["large jpeg"][:500], good[1], good[2]]
+    ds = sf.from_list([batch_of(values), batch_of([b"junk"]), batch_of(good)]).decode_images(
+        "image", 24, on_error="skip", num_parallel_calls=2)
+    with iter(ds) as it:
+        out = list(it)
+        stats = it.stats().to_dict()["skipped"]
+    assert len(out) == 2  # the batch that lost its only row is dropped
+    first = out[0]
+    assert first["image"].shape == (3, 24, 24, 3) and first["image"].flags.c_contiguous
+    np.testing.assert_array_equal(first["label"], [0, 2, 3])
+    assert first["tags"].to_list()[1].tolist() == [4, 5]  # row 2's values, now at row 1
+    ref = sf.decode_images(batch_of(good), "image", 24)["image"]
+    np.testing.assert_array_equal(first["image"], ref)
+    assert stats["total"] == 2 and stats["by_stage"] == {"decode_images": 2}
+    assert [(e["element"], e["record_index"], e["feature"]) for e in stats["examples"]] == [
+        (0, 1, "image"), (1, 0, "image")]
+
+
+def test_handler_sees_context_and_can_stop():
+    seen = []
+
+    def handler(exc, context):
+        seen.append(dict(context))
+        if context["element"] == 1:
+            raise RuntimeError("stop")
+
+    ds = sf.from_list([batch_of([b"x", IMAGES["png"]]), batch_of([b"y"])]).decode_images("image", 16,
+                                                                                        on_error=handler)
+    with pytest.raises(RuntimeError, match="stop"):
+        list(ds)
+    assert [(c["stage"], c["element"], c["record_index"]) for c in seen] == [
+        ("decode_images", 0, 0), ("decode_images", 1, 0)]
+
+
+def test_resume_everywhere(tmp_path):
+    values = [IMAGES[k] for k in ("png", "small jpeg", "gray jpeg", "near jpeg")] * 3
+    values[5] = b"broken"
+    url = write_shard(tmp_path, values)
+    ds = sf.read_tfrecord(url, SPEC).batch(2).decode_images("image", 20, on_error="skip", num_parallel_calls=2)
+    assert check_resume_everywhere(ds) == 7
+
+
+def test_bytes_buffer_column(tmp_path):
+    url = write_shard(tmp_path, [IMAGES["png"], IMAGES["small jpeg"]])
+    out = next(iter(sf.read_tfrecord(url, SPEC).batch(2, bytes_as="buffer").decode_images("image", (8, 12))))
+    assert out["image"].shape == (2, 8, 12, 3)
+
+
+def test_bad_arguments_say_how_to_fix():
+    ds = sf.from_list([batch_of([IMAGES["png"]])])
+    with pytest.raises(ValueError, match="size"):
+        ds.decode_images("image", (0, 3))
+    with pytest.raises(ValueError, match="resize"):
+        ds.decode_images("image", 8, resize="pad")
+    with pytest.raises(ValueError, match="channels"):
+        ds.decode_images("image", 8, channels=4)
+    with pytest.raises(KeyError, match="no feature 'img'"):
+        list(ds.decode_images("img", 8))
