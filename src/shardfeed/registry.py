@@ -42,7 +42,8 @@ BUILTIN: dict[str, dict[str, Entry]] = {
         "postgresql": Entry("shardfeed.tables.postgres:PostgresBackend",
                             "pip install 'shardfeed[tables]' (or pip install 'psycopg[binary]')"),
         "odps": Entry("shardfeed.tables.odps:ODPSBackend",
-                      "pip install pyodps; credentials come from ODPS_ACCESS_ID, ODPS_ACCESS_KEY and ODPS_ENDPOINT"),
+                      "pip install 'shardfeed[odps]' (pyodps); credentials come from ODPS_ACCESS_ID, "
+                      "ODPS_ACCESS_KEY and ODPS_ENDPOINT"),
     },
     "queue": {
         "memory": Entry("shardfeed.distributed.memory:MemoryBackend"),
@@ -65,7 +66,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "duckdb": ("duckdb", "tables"),
     "psycopg": ("psycopg[binary]", "tables"),
     "pyarrow": ("pyarrow", "tables"),
-    "odps": ("pyodps", ""),
+    "odps": ("pyodps", "odps"),
     "redis": ("redis", "redis"),
     "s3fs": ("s3fs", "s3"),
     "gcsfs": ("gcsfs", "gcs"),
@@ -74,7 +75,8 @@ PACKAGES: dict[str, tuple[str, str]] = {
     "tensorflow": ("tensorflow-cpu", "tf"),
     "jax": ("jax", "jax"),
     "av": ("av", "video"),
-    "PIL": ("Pillow", "images"),
+    "PIL": ("Pillow", "convert"),
+    "simplejpeg": ("simplejpeg", "convert"),
     "apache_beam": ("apache-beam", "beam"),
 }
 
