@@ -505,8 +505,8 @@ def test_global_shuffle_counts_each_cached_shard_once_and_survives_many_files(sh
 
 @pytest.fixture
 def slow_link(s3_bucket, tmp_path):
-    """A 12 MB shard behind a proxy that passes 4 MB/s in all (the shaping proxy of the
-    benchmarks): its download takes about 3 s. Yields ``(url, records, storage_options)``."""
+    """A 12 MB shard behind a proxy that passes 2 MB/s in all (the shaping proxy of the
+    benchmarks): its download takes about 6 s, the first record needs 256 KiB. Yields ``(url, records, storage_options)``."""
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -520,7 +520,7 @@ def slow_link(s3_bucket, tmp_path):
             w.write(r)
     boto3.client("s3", endpoint_url=opts["endpoint_url"]).upload_file(str(path), bucket, "big.tfrecord")
     host, port = opts["endpoint_url"].split("://", 1)[1].split(":")
-    proxy = ShapingProxy(host, int(port), latency_s=0.0, conn_bytes_per_s=None, total_bytes_per_s=4e6).start()
+    proxy = ShapingProxy(host, int(port), latency_s=0.0, conn_bytes_per_s=None, total_bytes_per_s=2e6).start()
     try:
         yield f"s3://{bucket}/big.tfrecord", recs, {"endpoint_url": proxy.url}
     finally:

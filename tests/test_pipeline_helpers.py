@@ -34,9 +34,16 @@ def write_sized_shards(tmp_path, sizes: list[int], index: bool = False, compress
     return paths
 
 
-def wait_threads_back_to(n: int, timeout: float = 5.0) -> int:
-    """Thread count once it fell to ``n`` (or after ``timeout`` seconds)."""
+def started_since(before: set) -> list:
+    """The threads alive now that were not in ``before`` (a set of threading.enumerate()):
+    a test's own threads, whatever threads of earlier tests do meanwhile."""
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def wait_threads_back_to(before: set, timeout: float = 5.0) -> list:
+    """The threads started since ``before`` still alive once they all ended (an empty
+    list), or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while threading.active_count() > n and time.monotonic() < deadline:
+    while started_since(before) and time.monotonic() < deadline:
         time.sleep(0.01)
-    return threading.active_count()
+    return started_since(before)

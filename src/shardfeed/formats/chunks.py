@@ -26,6 +26,7 @@ from .native import scan_frames
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
 DEFAULT_CHUNK = 8 << 20
+FIRST_CHUNK = 256 << 10  # the first chunk of a streamed file: one first ranged read
 
 
 class FrameChunk(NamedTuple):
@@ -117,9 +118,11 @@ def iter_frame_chunks(
     limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
     index = 0
     tail = b""
+    # the first chunk small: its records go out after the first ranged read, not after
+    # chunk_size bytes have arrived (a first batch within a round trip or two)
+    need = min(chunk_size, FIRST_CHUNK)
     try:
         while True:
-            need = chunk_size
             if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it
                 (length,) = struct.unpack_from("<Q", tail, 0)
                 if length <= max_record_bytes:
@@ -169,6 +172,7 @@ def iter_frame_chunks(
             base += consumed
             if not data:
                 return
+            need = chunk_size
     finally:
         stream.close()
 
