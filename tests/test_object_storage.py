@@ -207,6 +207,7 @@ def test_link_plan_follows_latency_and_rate():
     assert slow.plan(cap=3)[1] == 3
 
 
+@pytest.mark.slow
 def test_dead_endpoint_fails_within_30_seconds_with_default_timeouts():
     # a listening socket that never answers: connects, then nothing comes back
     sock = socket.socket()

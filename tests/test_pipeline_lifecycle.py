@@ -135,6 +135,7 @@ def test_ctrl_c_in_the_main_thread_exits_cleanly():
     assert out.stdout.strip() == "threads 1"
 
 
+@pytest.mark.slow
 def test_interpreter_exit_with_a_live_iterator_does_not_hang():
     code = (
         "from shardfeed.pipeline import from_iterable\n"
