@@ -193,12 +193,14 @@ class SpanChunks:
 
     def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         stats = self._stats()
+        chunks = self._read(tag.span, start, stats)
         try:
-            for chunk in self._read(tag.span, start, stats):
+            for chunk in chunks:
                 if not self._keep(tag):  # checked before the records go out, not after
                     return False
                 yield chunk, tag
         finally:
+            close_generator(chunks)  # now, not at garbage collection: its file or download stops
             self.src._merge_stats(stats)
         return True
 
@@ -223,8 +225,9 @@ class SpanChunks:
     def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
         """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
         stats = self._stats()
+        chunks = self._read(span, start, stats)
         try:
-            for chunk in self._read(span, start, stats):
+            for chunk in chunks:
                 q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
             q.put(("end", None), 1)
         except Closed:
@@ -235,6 +238,7 @@ class SpanChunks:
             except Closed:
                 pass
         finally:
+            close_generator(chunks)  # a closed pass stops the span's reads (and downloads) now
             self.src._merge_stats(stats)
 
     def close(self) -> None:
