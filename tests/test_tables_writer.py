@@ -1,4 +1,4 @@
-"""TableWriter on Parquet folders and DuckDB files: visibility, slices, conflicts, crashes."""
+"""TableWriter on Parquet folders, DuckDB files and PostgreSQL: visibility, slices, conflicts, crashes."""
 
 from __future__ import annotations
 
@@ -21,10 +21,20 @@ SCHEMA = pa.schema([("uid", pa.int64()), ("name", pa.string()), ("price", pa.flo
 ROWS = [(25, "Apple", 5.0, False), (38, "Pear", 4.5, False), (17, "Watermelon", 2.2, False)]
 
 
-@pytest.fixture(params=["parquet", "duckdb"])
+@pytest.fixture(params=["parquet", "duckdb", pytest.param("postgresql", marks=pytest.mark.slow)])
 def table(request, tmp_path):
     if request.param == "parquet":
         return str(tmp_path / "test_write")
+    if request.param == "postgresql":  # a real server (tests/conftest_pg.py), a fresh table per test
+        import uuid
+
+        import psycopg
+
+        server = request.getfixturevalue("pg_server")
+        name = f"test_write_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(server, autocommit=True) as con:
+            con.execute(f"CREATE TABLE {name} (uid bigint, name text, price double precision, virtual boolean)")
+        return f"{server}/{name}"
     path = tmp_path / "out.db"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE test_write (uid BIGINT, name VARCHAR, price DOUBLE, virtual BOOLEAN)")
