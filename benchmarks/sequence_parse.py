@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import numpy as np
+from native_micro import best  # the same timing helper (this folder is on sys.path)
 
 import shardfeed as sf
 from shardfeed.formats import native as nv
@@ -44,15 +44,6 @@ def records(n: int, seed: int = 0) -> list[bytes]:
         }
         out.append(sf.encode_sequence_example(ctx, lists))
     return out
-
-
-def best(fn, rounds: int) -> float:
-    t = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        t = min(t, time.perf_counter() - t0)
-    return t
 
 
 def _check_equal(a, b) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 
 import numpy as np
 import pytest
@@ -18,42 +17,17 @@ from PIL import Image
 from shardfeed.convert import api as sc
 from shardfeed.convert.inspect import inspect_output
 from shardfeed.convert.polygons import polygon_area, rasterize
-from shardfeed.formats.example import decode_example
-from shardfeed.formats.tfrecord import read_records
+
+from .test_convert_annotations import all_records as records
+from .test_convert_annotations import jpeg, pai_csv, reasons
 
 RECT = [10, 20, 50, 20, 50, 60, 10, 60]  # 40 x 40
 TRIANGLE = [100, 10, 140, 10, 100, 50]  # right angle at (100, 10), legs of 40
 
 
-def jpeg(path, w=200, h=100):
-    Image.fromarray(np.full((h, w, 3), 90, np.uint8)).save(path, "JPEG")
-    return str(path)
-
-
-def pai_csv(path, rows):
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["#数据ID", "原始数据", "融合答案"])
-    for i, (url, answer) in enumerate(rows, start=1):
-        w.writerow([i, json.dumps({"url": url}), json.dumps(answer, ensure_ascii=False)])
-    path.write_text(buf.getvalue(), encoding="utf-8")
-    return str(path)
-
-
 def obj(cls, coord):
     attrs = {} if cls is None else {"class*": cls}
     return {"text": json.dumps(attrs, ensure_ascii=False), "coord": [str(c) for c in coord]}
-
-
-def records(out):
-    m = sc.load_manifest(out)
-    return [decode_example(r) for sp in m["splits"].values() for s in sp["shards"]
-            for r in read_records(os.path.join(out, s["file"]))]
-
-
-def reasons(out):
-    with open(os.path.join(out, "data-discards.csv"), encoding="utf-8") as f:
-        return {int(d["row"]): d["reason"] for d in csv.DictReader(f)}
 
 
 def masks(r):

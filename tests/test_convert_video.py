@@ -6,7 +6,6 @@ with a reason."""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import os
@@ -23,8 +22,9 @@ from shardfeed.cli.convert_cmd import main as convert_main
 # `shardfeed.convert` is also the name of the function sf.convert: import the package's api module.
 from shardfeed.convert import api as sc
 from shardfeed.convert.options import ConvertOptions
-from shardfeed.formats.example import decode_example
-from shardfeed.formats.tfrecord import read_records
+
+from .test_convert_annotations import all_records as records
+from .test_convert_annotations import reasons
 
 FPS, SECONDS, W, H = 25, 3, 64, 48
 
@@ -71,17 +71,6 @@ def itag(path, lines):
             f.write(json.dumps({"data": {"source": source}, "label-1433000711494508544": {"results": [result]}},
                                ensure_ascii=False) + "\n")
     return str(path)
-
-
-def records(out):
-    m = sc.load_manifest(out)
-    return [decode_example(r) for sp in m["splits"].values() for s in sp["shards"]
-            for r in read_records(os.path.join(out, s["file"]))]
-
-
-def reasons(out):
-    with open(os.path.join(out, "data-discards.csv"), encoding="utf-8") as f:
-        return {int(d["row"]): d["reason"] for d in csv.DictReader(f)}
 
 
 def convert(tmp_path, videos, name="out", **kw):

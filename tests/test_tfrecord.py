@@ -346,15 +346,7 @@ def _whole_frames_inflatable(packed: bytes, compression: str) -> list[int]:
     """Frame offsets of the whole frames that inflate from ``packed`` (zlib's own count)."""
     import zlib
 
-    raw = zlib.decompressobj(31 if compression == "GZIP" else 15).decompress(packed)
-    offsets, pos = [], 0
-    while pos + 12 <= len(raw):
-        (length,) = struct.unpack_from("<Q", raw, pos)
-        if pos + 16 + length > len(raw):
-            break
-        offsets.append(pos)
-        pos += 16 + length
-    return offsets
+    return _whole_frames_inflatable_raw(zlib.decompressobj(31 if compression == "GZIP" else 15).decompress(packed))
 
 
 def _read_every_path(p, on_corrupt):
@@ -456,6 +448,7 @@ def test_damage_in_the_middle_of_a_compressed_shard_keeps_every_record_before_it
 
 
 def _whole_frames_inflatable_raw(raw: bytes) -> list[int]:
+    """Frame offsets of the whole frames in the uncompressed stream ``raw``."""
     offsets, pos = [], 0
     while pos + 12 <= len(raw):
         (length,) = struct.unpack_from("<Q", raw, pos)
