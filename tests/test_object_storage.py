@@ -89,6 +89,23 @@ def test_range_stream_returns_exactly_the_bytes_asked_for(s3_bucket, small_parts
     assert counters.bytes_fetched == len(got)
 
 
+def test_only_the_stream_a_reader_waits_on_starts_with_a_small_range(s3_bucket):
+    # the oldest open stream (the one the reader takes bytes from next) asks for a small
+    # first range, so its records go out after one round trip; a stream opened behind it
+    # (read ahead: a shuffled block, the next shard) asks for whole parts from the start,
+    # one request for a span of a part or less instead of two
+    bucket, opts = s3_bucket
+    data = os.urandom(fetch.FIRST_PART * 3)
+    storage.write_bytes(f"s3://{bucket}/blob.bin", data, opts)
+    url, end = f"s3://{bucket}/blob.bin", fetch.FIRST_PART * 3
+    front, behind = storage.IOCounters(), storage.IOCounters()
+    with RangeStream(url, 0, end, opts, front) as first, RangeStream(url, 0, end, opts, behind) as second:
+        assert second.readall() == data
+        assert first.readall() == data
+    assert behind.requests == 1
+    assert front.requests == 2  # FIRST_PART, then the rest in one part
+
+
 def test_range_stream_of_an_empty_and_a_tiny_object(s3_bucket):
     bucket, opts = s3_bucket
     storage.write_bytes(f"s3://{bucket}/empty.bin", b"", opts)

@@ -203,6 +203,12 @@ class _Pool:
             self.reserved[self._next_id] = 0
             return self._next_id
 
+    def is_oldest(self, sid: int) -> bool:
+        """Whether stream ``sid`` is the oldest open one: the one a reader takes bytes from
+        next (streams opened after it are read ahead)."""
+        with self.cond:
+            return next(iter(self.streams), None) == sid
+
     def unregister(self, sid: int) -> None:
         with self.cond:
             self.streams.pop(sid, None)
@@ -527,7 +533,10 @@ class RangeStream(io.RawIOBase):
             while len(self.pending) < n:
                 if end is not None and self.next >= end:
                     return True
-                if self.first:
+                if self.first and (end is None or self.pool.is_oldest(self.sid)):
+                    # small: the reader waits for it now (or the size is not known yet); a
+                    # stream opened ahead of its reader asks for whole parts from the start,
+                    # which halves the requests for spans of a part or less (shuffled blocks)
                     size = FIRST_PART
                 elif end is None:
                     return True  # the size is not known yet: only the first range goes out before it
