@@ -106,6 +106,27 @@ def test_only_the_stream_a_reader_waits_on_starts_with_a_small_range(s3_bucket):
     assert front.requests == 2  # FIRST_PART, then the rest in one part
 
 
+def test_a_span_read_ahead_is_one_chunk_from_its_start(shards):
+    # the pass's first span starts with a small chunk (its records go out after one ranged
+    # read); a span read ahead of the consumer (a shuffled block, the next shard) comes in
+    # chunks of chunk_size from its start, so a short span is one chunk and a batch is not
+    # copied together from two of its chunks
+    from shardfeed.formats.chunks import FIRST_CHUNK, iter_frame_chunks
+
+    urls, expected, opts, _ = shards
+    big = urls[2]  # 2,500 records of about 850 bytes: more than FIRST_CHUNK
+    assert storage.size(big, opts) > 2 * FIRST_CHUNK
+    waited = list(iter_frame_chunks(big, storage_options=opts, chunk_size=8 << 20))
+    ahead = list(iter_frame_chunks(big, storage_options=opts, chunk_size=8 << 20, first_chunk=8 << 20))
+    assert len(waited) == 2 and len(ahead) == 1
+    for chunks in (waited, ahead):
+        assert [bytes(c.buffer[o:o + n]) for c in chunks for o, n in zip(c.offsets, c.lengths)] == expected[big]
+    # through the source: every span after the first is read as one chunk
+    sf.build_index(big, storage_options=opts)
+    got = list(sf.read_tfrecord(big, storage_options=opts, shuffle="blocks", seed=3, block_size=500))
+    assert sorted(got) == sorted(expected[big])
+
+
 def test_range_stream_of_an_empty_and_a_tiny_object(s3_bucket):
     bucket, opts = s3_bucket
     storage.write_bytes(f"s3://{bucket}/empty.bin", b"", opts)

@@ -77,6 +77,7 @@ def iter_frame_chunks(
     end_offset: int | None = None,
     counters: Any = None,
     cache: Any = None,
+    first_chunk: int = FIRST_CHUNK,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
@@ -85,7 +86,10 @@ def iter_frame_chunks(
     fetch disjoint bytes. Remote objects are fetched in parallel ranged GETs counted in
     ``counters`` (an :class:`~shardfeed.storage.IOCounters`); with a ``cache`` (an
     :class:`~shardfeed.storage.cache.ObjectCache`) a remote object is read from its
-    local copy, downloaded whole on first use, unless the cache is full."""
+    local copy, downloaded whole on first use, unless the cache is full. A streamed
+    file's first chunk is ``first_chunk`` bytes at most (small, so that its records go out
+    after one ranged read; a reader reading this file ahead of its consumer passes
+    ``chunk_size``, so that a short span is one chunk)."""
     comp = normalize_compression(compression, url)
     stats = stats if stats is not None else ReadStats()
     chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
@@ -120,7 +124,7 @@ def iter_frame_chunks(
     tail = b""
     # the first chunk small: its records go out after the first ranged read, not after
     # chunk_size bytes have arrived (a first batch within a round trip or two)
-    need = min(chunk_size, FIRST_CHUNK)
+    need = min(chunk_size, max(64, int(first_chunk)))
     try:
         while True:
             if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it

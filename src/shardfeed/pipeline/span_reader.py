@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..formats.chunks import FrameChunk, iter_frame_chunks
+from ..formats.chunks import FIRST_CHUNK, FrameChunk, iter_frame_chunks
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
@@ -138,11 +138,15 @@ class SpanChunks:
             if self.pool is None:
                 self.pool = WorkerPool(max(self.read_ahead, self.remote_ahead), "read-ahead")
             q = ChunkQueue(self.per_span)
-            self.pool.submit(self._fill, span, start, q)
+            self.pool.submit(self._fill, span, start, q, tag.seq == 0)
         self.ahead.append((tag, start, q))
         return True
 
-    def _read(self, span: Span, start: int, stats: ReadStats) -> Iterator[FrameChunk]:
+    def _read(self, span: Span, start: int, stats: ReadStats, first: bool = True) -> Iterator[FrameChunk]:
+        """The chunks of ``span`` from byte ``start``. ``first``: the pass's first span,
+        whose consumer waits for it now (its first chunk small); spans after it are read
+        ahead, in chunks of ``chunk_size`` from the start, so a short span (a shuffled
+        block) is one chunk and no batch is copied together from two."""
         o = self.o
         if isinstance(span.handle, GatherPlan):
             chunks = gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
@@ -150,7 +154,8 @@ class SpanChunks:
         else:
             chunks = iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,
-                                       end_offset=span.end, counters=self.counters, cache=self.cache)
+                                       end_offset=span.end, counters=self.counters, cache=self.cache,
+                                       first_chunk=FIRST_CHUNK if first else self.chunk_size)
         return self._with_sources(span, chunks) if self.track_sources else chunks
 
     def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
@@ -193,7 +198,7 @@ class SpanChunks:
 
     def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         stats = self._stats()
-        chunks = self._read(tag.span, start, stats)
+        chunks = self._read(tag.span, start, stats, first=tag.seq == 0)
         try:
             for chunk in chunks:
                 if not self._keep(tag):  # checked before the records go out, not after
@@ -222,10 +227,10 @@ class SpanChunks:
         logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
         return False
 
-    def _fill(self, span: Span, start: int, q: ChunkQueue) -> None:
+    def _fill(self, span: Span, start: int, q: ChunkQueue, first: bool) -> None:
         """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
         stats = self._stats()
-        chunks = self._read(span, start, stats)
+        chunks = self._read(span, start, stats, first)
         try:
             for chunk in chunks:
                 q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
