@@ -51,6 +51,49 @@ def s3_bucket(s3_endpoint):
     clear_cache()
 
 
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    """URL of a Google Cloud Storage JSON API emulator on 127.0.0.1 (gcp-storage-emulator's
+    request handler and in-memory store, served by a threading HTTP server so that parallel
+    ranged GETs are served at once), read through gcsfs as users read GCS."""
+    pytest.importorskip("gcsfs")
+    emulator = pytest.importorskip("gcp_storage_emulator.server")
+    import functools
+    from http.server import ThreadingHTTPServer
+
+    from gcp_storage_emulator.storage import Storage
+
+    class Quiet(emulator.RequestHandler):
+        def log_message(self, *args):  # one line per request on stderr otherwise
+            pass
+
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client that hung up early
+            pass
+
+    httpd = Server(("127.0.0.1", 0), functools.partial(Quiet, Storage(use_memory_fs=True)))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, name="gcs-emulator", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_endpoint):
+    """A fresh bucket on the GCS emulator; yields ``(bucket, storage_options)``."""
+    import gcsfs
+
+    opts = {"endpoint_url": gcs_endpoint, "token": "anon", "project": "shardfeed-test"}
+    bucket = f"sf-{uuid.uuid4().hex[:12]}"
+    gcsfs.core.GCSFileSystem(skip_instance_cache=True, **opts).mkdir(bucket)
+    yield bucket, opts
+    from shardfeed.storage import clear_cache
+
+    clear_cache()
+
+
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of ``target`` that fails chosen requests.
 

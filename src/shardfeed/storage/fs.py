@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import registry
-from .urls import ParsedURL, mask, parse_url, register_secret
+from .urls import ParsedURL, endpoint_option, mask, parse_url, register_secret
 
 _cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
@@ -228,7 +228,22 @@ def _make_filesystem(parsed: ParsedURL, storage_options: dict):
             register_secret(storage_options[secret_key])
     if protocol in ("http", "https"):
         storage_options = _http_options(storage_options)
+    if protocol in ("gs", "gcs") and endpoint_option(storage_options):
+        cls = _plain_gcs_class(cls)
     return cls(**storage_options)
+
+
+def _plain_gcs_class(cls: type) -> type:
+    """gcsfs's plain filesystem class, for a ``gs://`` endpoint of the user's own (an
+    emulator, a proxy, a GCS-compatible store). Recent gcsfs registers an extended class
+    that first asks the endpoint over gRPC (TLS) what kind of bucket it holds; anything but
+    Google itself never answers, and every bucket then stalls 60 s before gcsfs falls back
+    to this class."""
+    try:
+        from gcsfs.core import GCSFileSystem  # noqa: PLC0415 - optional, imported with gcsfs
+    except ImportError:  # pragma: no cover - an old gcsfs: its one class is the plain one
+        return cls
+    return GCSFileSystem if issubclass(cls, GCSFileSystem) else cls
 
 
 def clear_cache() -> None:
