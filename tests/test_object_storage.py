@@ -127,6 +127,45 @@ def test_a_span_read_ahead_is_one_chunk_from_its_start(shards):
     assert sorted(got) == sorted(expected[big])
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-get", "s3fs-get"])
+def test_a_stream_learns_the_object_size_from_its_first_range(shards, fault_proxy, direct):
+    # with no size seen in a listing, the direct GET's Content-Range tells the size: no
+    # HEAD per object (s3fs's cat_file does not show headers: one HEAD each). An
+    # empty object's answer (416) need not say its size: it may take a HEAD.
+    urls, expected, _, bucket = shards
+    opts = {"endpoint_url": fault_proxy.url, "direct_get": direct}
+    boto3.client("s3", endpoint_url=fault_proxy.url).put_object(Bucket=bucket, Key="train/empty.tfrecord", Body=b"")
+    empty = f"s3://{bucket}/train/empty.tfrecord"
+    got, ends, stat_requests = {}, {}, {}
+    for url in [*urls, empty]:
+        counters = storage.IOCounters()
+        with RangeStream(url, storage_options=opts, counters=counters) as s:
+            got[url] = bytes(s.readall())
+            ends[url] = s.end
+        stat_requests[url] = counters.stat_requests
+    heads = {path.rsplit("/", 1)[1] for m, path, _ in fault_proxy.log if m == "HEAD"}
+    if direct:
+        assert heads <= {"empty.tfrecord"} and all(stat_requests[u] == 0 for u in urls)
+    else:
+        # one HEAD each, run beside the first range (it may still be in flight when the
+        # stream ends, so it is not always counted yet)
+        assert all(stat_requests[u] <= 1 for u in urls), stat_requests
+    assert got[empty] == b""
+    for url in urls:
+        assert ends[url] == len(got[url]) == storage.size(url, opts)
+        assert [bytes(r) for r in sf.read_tfrecord(url, storage_options=opts)] == expected[url] == \
+            _frames(got[url])
+
+
+def _frames(data: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 8], "little")
+        out.append(data[pos + 12:pos + 12 + n])
+        pos += 16 + n
+    return out
+
+
 def test_range_stream_of_an_empty_and_a_tiny_object(s3_bucket):
     bucket, opts = s3_bucket
     storage.write_bytes(f"s3://{bucket}/empty.bin", b"", opts)

@@ -351,8 +351,10 @@ class DirectGet:
         with self._lock:
             self._signed = None
 
-    def get(self, a: int, b: int, counters: IOCounters) -> bytearray:
-        """Bytes ``[a, b)``: fewer when the object ends first, none past its end."""
+    def get(self, a: int, b: int, counters: IOCounters, on_total: Any = None) -> bytearray:
+        """Bytes ``[a, b)``: fewer when the object ends first, none past its end.
+        ``on_total(size)`` is called with the object's size when the answer tells it
+        (``Content-Range: bytes a-b/size``, or a whole object's ``Content-Length``)."""
         import http.client  # noqa: PLC0415
         import urllib.parse  # noqa: PLC0415
 
@@ -376,6 +378,10 @@ class DirectGet:
                 conn.sock.settimeout(self.read_timeout)
             conn.request("GET", u.path + (f"?{u.query}" if u.query else ""), headers={"Range": f"bytes={a}-{b - 1}"})
             resp = conn.getresponse()
+            if on_total is not None:
+                total = _total_size(resp, a)
+                if total is not None:
+                    on_total(total)
             if resp.status not in (200, 206):
                 body = resp.read(4096)
                 conn.close()
@@ -406,6 +412,20 @@ class DirectGet:
         if n < len(buf):
             del buf[n:]
         return buf
+
+
+def _total_size(resp: Any, start: int) -> int | None:
+    """The object's size as an HTTP answer to a ranged GET from ``start`` tells it:
+    ``Content-Range: bytes a-b/size`` (206), ``bytes */size`` (416), or the length of a
+    whole object sent as a 200 from byte 0; None when it does not."""
+    text = resp.getheader("Content-Range") or ""
+    if "/" in text:
+        tail = text.rsplit("/", 1)[1].strip()
+        return int(tail) if tail.isdigit() else None
+    if resp.status == 200 and start == 0:
+        length = resp.getheader("Content-Length") or ""
+        return int(length) if length.isdigit() else None
+    return None
 
 
 def _tls_context() -> Any:
@@ -470,6 +490,9 @@ class RangeStream(io.RawIOBase):
                 size = size_hint(url)  # seen in the listing a moment ago: no HEAD of its own
             if size is not None:
                 self.end = size
+            elif self.direct is not None:
+                # the first ranged GET's answer tells the size (Content-Range): no HEAD
+                self.size_future = Future()
             else:
                 self.size_future = self.pool.executor.submit(self._stat)
         self.pending: collections.deque = collections.deque()  # (start, end, future)
@@ -492,10 +515,12 @@ class RangeStream(io.RawIOBase):
         come back short, or empty past the end."""
         from .io import _http_status, _run  # noqa: PLC0415
 
+        learn = speculative and self.size_future is not None and not self.size_future.done()
+
         def attempt() -> Any:
             t = time.perf_counter()
             if self.direct is not None:
-                data = self.direct.get(a, b, self.counters)
+                data = self.direct.get(a, b, self.counters, self._size_known if learn else None)
             else:
                 self.counters.request_started()
                 data = b""
@@ -510,11 +535,30 @@ class RangeStream(io.RawIOBase):
             self.link.record(len(data), time.perf_counter() - t)
             return data
 
-        data = _run("read", self.url, attempt, self.counters)
+        try:
+            data = _run("read", self.url, attempt, self.counters)
+        except BaseException as exc:
+            if learn and not self.size_future.done():
+                self.size_future.set_exception(exc)  # nobody waits on a size that never comes
+            raise
+        if learn and not self.size_future.done():  # the answer did not say: ask
+            try:
+                self._size_known(self._stat())
+            except BaseException as exc:
+                self.size_future.set_exception(exc)
+                raise
         if len(data) != b - a and not (speculative and len(data) < b - a):
             raise StorageError(f"{mask(self.url)}: short read at byte offset {a}: asked for {b - a} bytes, got "
                                f"{len(data)} (the object changed while it was read?)", url=mask(self.url))
         return data
+
+    def _size_known(self, size: int) -> None:
+        fut = self.size_future
+        if fut is not None and not fut.done():
+            try:
+                fut.set_result(int(size))
+            except Exception:  # noqa: BLE001 - set by another attempt a moment ago
+                pass
 
     def _known_end(self) -> int | None:
         if self.end is None and self.size_future is not None and self.size_future.done():
