@@ -58,6 +58,23 @@ def test_rebatch_gives_exact_batches_across_chunks_and_files(tmp_path, batch_siz
     assert len(dropped) == len(expected) // batch_size
 
 
+def test_a_batch_across_chunks_of_one_mapped_file_is_not_copied(tmp_path):
+    # the chunks of a mapped file all view its whole map: a batch spanning several of them
+    # is their offsets joined, not a copy of their bytes; a batch across two files (two
+    # buffers) is copied into one
+    tfr.write_records(str(tmp_path / "a.tfrecord"), RECORDS[:300])
+    tfr.write_records(str(tmp_path / "b.tfrecord"), RECORDS[300:])
+    chunks = list(iter_frame_chunks(str(tmp_path / "a.tfrecord"), chunk_size=5000))
+    assert len(chunks) > 10 and len({id(c.buffer) for c in chunks}) == 1
+    batches = list(rebatch(iter(chunks), 120))
+    assert all(b.buffer is chunks[0].buffer for b in batches)
+    assert _flatten(batches) == RECORDS[:300]
+    both = list(iter_record_batches(str(tmp_path / "*.tfrecord"), 120, chunk_size=5000))
+    assert _flatten(both) == RECORDS
+    straddling = both[2]  # records 240-359: the end of a.tfrecord and the start of b.tfrecord
+    assert isinstance(straddling.buffer, bytes) and straddling.records() == RECORDS[240:360]
+
+
 def test_rebatch_rejects_bad_batch_size():
     with pytest.raises(ValueError, match="batch_size"):
         list(rebatch([], 0))

@@ -265,7 +265,8 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
 def rebatch(chunks: Iterable[FrameChunk], batch_size: int, drop_remainder: bool = False) -> Iterator[FrameChunk]:
     """Regroup chunks into chunks of exactly ``batch_size`` records (the last may be
     smaller unless ``drop_remainder``). Bytes are copied only for a batch that spans two
-    chunks."""
+    chunks of different buffers (two streamed chunks, or two files), never for one that
+    spans chunks of one mapped file."""
     for batch, _ in rebatch_tagged(((c, None) for c in chunks), batch_size, drop_remainder):
         yield batch
 
@@ -308,10 +309,20 @@ def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
 
 
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
+    """One chunk of ``pieces``' records, in order. Pieces of one buffer (the chunks of
+    one mapped file all view its whole map, at offsets into it) are joined without a copy:
+    only their offsets are concatenated. Otherwise the records' bytes are copied into one
+    new buffer."""
     if len(pieces) == 1:
         return pieces[0]
-    parts, offsets, lengths, positions = [], [], [], []
     sources = [p.sources for p in pieces if p.count]
+    merged_sources = np.concatenate(sources) if sources and all(s is not None for s in sources) else None
+    live = [p for p in pieces if p.count]
+    if live and all(p.buffer is live[0].buffer for p in live):
+        return FrameChunk(live[0].buffer, np.concatenate([p.offsets for p in live]),
+                          np.concatenate([p.lengths for p in live]), np.concatenate([p.positions for p in live]),
+                          merged_sources)
+    parts, offsets, lengths, positions = [], [], [], []
     pos = 0
     for p in pieces:
         if not p.count:
@@ -324,7 +335,7 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
         positions.append(p.positions)
         pos += hi - lo
     return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths), np.concatenate(positions),
-                      np.concatenate(sources) if sources and all(s is not None for s in sources) else None)
+                      merged_sources)
 
 
 def iter_record_batches(
