@@ -342,6 +342,17 @@ def cmd_bench_storage(urls: list[str], as_json: str | None) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.names and args.names[0] == "storage":
         return cmd_bench_storage(args.names[1:], args.json if args.json != _DEFAULT_JSON else None)
+    if args.names and args.names[0] == "feed":
+        from .feed import cmd_bench_feed  # noqa: PLC0415
+
+        if len(args.names) > 1:
+            raise ValueError(f"shardfeed bench feed takes options, not names: {' '.join(args.names[1:])}")
+        if args.json == _DEFAULT_JSON:
+            args.json = os.path.join("bench-out", "feed.json")
+        return cmd_bench_feed(args)
+    feed_only = [o for o in ("preset", "pipeline", "step_ms", "batch_size", "duration") if getattr(args, o, None)]
+    if feed_only:
+        raise ValueError(f"--{feed_only[0].replace('_', '-')} is an option of `shardfeed bench feed` only")
     bdir = benchmarks_dir(args.benchmarks_dir)
     available = {n: b for n, b in BENCHMARKS.items() if (bdir / f"{n}.py").is_file()}
     names = args.names or list(available)
@@ -395,7 +406,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     "print one table (benchmark, configuration, shardfeed, anchor, ratio); the combined JSON "
                     f"goes to --json. Benchmarks: {', '.join(BENCHMARKS)}. `shardfeed bench storage URL` measures "
                     "the link to one object instead: latency, one connection's rate, and the concurrency "
-                    "shardfeed picks (storage options from the environment).")
+                    "shardfeed picks (storage options from the environment). `shardfeed bench feed` says how "
+                    "many simulated accelerators a pipeline keeps busy (options below).")
     sp.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all there are)")
     sp.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not numbers to quote")
     sp.add_argument("--json", default=_DEFAULT_JSON,
@@ -405,6 +417,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     sp.add_argument("--benchmarks-dir", default=None,
                     help="the benchmarks/ folder (default: $SHARDFEED_BENCHMARKS_DIR or the checkout's)")
     sp.add_argument("--keep-data", action="store_true", help="keep generated data sets for the next run")
+    feed = sp.add_argument_group(
+        "shardfeed bench feed", "how many simulated accelerators a pipeline keeps at >= 90%% utilisation "
+        "(MLPerf Storage's rule) on this machine, per core, beside tf.data on the same files")
+    feed.add_argument("--preset", action="append", choices=["resnet50", "ctr"],
+                      help="built-in workload (repeatable; default both): MLPerf ResNet-50 records or CTR-like ones")
+    feed.add_argument("--pipeline", default=None, metavar="MODULE:FUNCTION",
+                      help="your own pipeline: a function returning a Dataset of batches (needs --step-ms)")
+    feed.add_argument("--step-ms", type=float, default=None, help="one accelerator's step time per batch")
+    feed.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the pipeline's)")
+    feed.add_argument("--duration", type=float, default=None,
+                      help="seconds per simulation (default 5; 1.5 with --quick)")
     sp.set_defaults(func=cmd_bench)
     return sp
 
