@@ -60,7 +60,7 @@ def test_a_slow_reader_with_one_worker_asks_for_more_read_parallelism():
     assert fix.measured["workers"] == 1 and fix.measured["next_busiest_per_worker_s"] < fix.measured["busy_per_worker_s"]
 
 
-def test_a_map_over_threads_starving_a_python_step_asks_for_the_subprocess_stage():
+def test_a_map_over_threads_starving_a_python_step_asks_to_move_it_off_the_trainer():
     ds = from_list(list(range(100))).map(lambda x: spin(0.01), num_parallel_calls=2)
     st = drain(ds, lambda: spin(0.005))  # the training step: Python holding the GIL
     fix = st.remedy()
