@@ -46,7 +46,7 @@ def slow_source():
 def bursty_source():
     for i in range(400):
         if i % 100 == 50:
-            time.sleep(0.06)  # a stall now and then; otherwise microseconds
+            time.sleep(0.1)  # a stall now and then; otherwise microseconds
         yield i
 
 
@@ -84,7 +84,7 @@ def test_a_bursty_source_asks_for_a_larger_prefetch():
     fix = st.remedy()
     assert fix.id == "larger_prefetch", st.verdict()
     assert f".prefetch({fix.measured['buffer']})" in fix.text
-    # the buffer covers the longest wait (about 60 ms) at about 2 ms an element
+    # the buffer covers the longest wait (about 100 ms) at about 2 ms an element
     assert fix.measured["buffer"] > 4
     assert fix.measured["long_waits"] < fix.measured["calls"] / 2
     assert fix.expected_gain > 1.0

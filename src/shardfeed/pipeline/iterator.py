@@ -113,7 +113,7 @@ class PipelineIterator:
         self._start(state)
 
     def stats(self) -> PipelineStats:
-        """Per-stage elements, bytes and busy time, consumer wait, and a verdict."""
+        """Per-stage elements, bytes and busy time, consumer wait, and a verdict that names the fix."""
         return self._ctx.stats
 
     def close(self) -> None:
