@@ -106,7 +106,9 @@ def test_the_remedy_is_structured_in_to_dict_and_printed():
     assert r["id"] == "more_parallelism" and r["expected_gain"] > 1 and "wall /" in r["gain_basis"]
     assert d["consumer"]["waits"]["bounds_s"] == list(WAIT_BOUNDS_S)
     assert sum(d["consumer"]["waits"]["counts"]) == 25  # each element waited its 20 ms sleep; the end came at once
-    assert "fix (more_parallelism)" in str(st).splitlines()[-1]
+    text = str(st).splitlines()
+    assert "fix (more_parallelism)" in text[-1]
+    assert text[-2].startswith("consumer: ") and "25 of 26 next() calls waited 1 ms or more" in text[-2]
 
 
 def test_not_started_names_no_fix():
@@ -177,6 +179,7 @@ def test_slow_storage_asks_for_a_cache(slow_storage, tmp_path):
     assert fix.id == "cache", (st.verdict(), io.to_dict(), st.wall_s)
     assert fix.measured["storage_waiting_s"] >= 0.5 * fix.measured["wall_s"]
     assert fix.expected_gain > 1.5 and "cache_dir=" in fix.text
+    assert "storage latency: median <= 250 ms" in str(st)  # the bucket (100 ms, 250 ms]
     # with the cache, the second epoch reads nothing remote: the remedy moves on
     ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=str(tmp_path / "cache"))
     drain(ds)

@@ -60,8 +60,6 @@ SATURATED_UTILIZATION = 0.6
 BURSTY_CALL_SHARE = 0.5
 """Fewer than this share of ``next`` calls waiting >= 1 ms: the waits are bursts."""
 
-LONG_WAIT_S = 0.001
-
 READER_KINDS = frozenset({"tfrecord", "text", "csv", "table", "files", "duckdb", "postgresql", "odps", "source",
                           "from_list", "from_iterable", "interleave", "mix", "batch", "unbatch"})
 CALL_KINDS = frozenset({"map", "filter", "decode_images"})
@@ -165,19 +163,11 @@ def _cache(st: "PipelineStats", wall: float, wait: float, own: float) -> Remedy 
                   "median_latency_le_s": median})
 
 
-def _long_waits(st: "PipelineStats") -> int:
-    from .stats import WAIT_BOUNDS_S  # noqa: PLC0415 - stats imports this module
-
-    # bucket i holds (bounds[i-1], bounds[i]]: the long ones start after the bound LONG_WAIT_S
-    first = WAIT_BOUNDS_S.index(LONG_WAIT_S) + 1
-    return sum(st.waits[first:])
-
-
 def _prefetch(st: "PipelineStats", wall: float, wait: float, own: float) -> Remedy | None:
     slow = _bottleneck(st)
     per = _per_worker(slow) if slow is not None else 0.0
     calls = st.consumer_elements + 1
-    long_waits = _long_waits(st)
+    long_waits = st.long_waits
     if per >= SATURATED_UTILIZATION * wall or long_waits >= BURSTY_CALL_SHARE * calls:
         return None
     rate = _ratio(st.consumer_elements, own) if own > 0 else float(st.consumer_elements)

@@ -186,6 +186,12 @@ class PipelineStats:
         return min(1.0, self.cpu_sampled_s / self.cpu_sampled_wall_s)
 
     @property
+    def long_waits(self) -> int:
+        """``next`` calls whose wait was over a millisecond."""
+        # bucket i + 1 holds (bounds[i], bounds[i + 1]]
+        return sum(n for n, lower in zip(self.waits[1:], WAIT_BOUNDS_S) if lower >= 0.001)
+
+    @property
     def waited_calls(self) -> int:
         """``next`` calls whose wait was at least WAIT_MIN_S."""
         return sum(self.waits)
@@ -292,6 +298,11 @@ class PipelineStats:
             lines.append(f"storage: {st.bytes_fetched / 1e6:.1f} MB in {st.requests} GETs ({st.retries} retries, "
                          f"{st.mb_per_s:.1f} MB/s); cache {st.cache_hits} hits, {st.cache_misses} misses, "
                          f"{st.cache_bypassed} read around it")
+            median = st.latency_quantile(0.5)
+            if median is not None:
+                lines.append(f"storage latency: median <= {median * 1e3:g} ms, 90% <= "
+                             f"{st.latency_quantile(0.9) * 1e3:g} ms over {st.latency_count} requests; requests in "
+                             f"flight {st.waiting_s:.2f} s")
         for s in self.stages:
             if s.mix_batches:
                 lines.append(f"mixing ({s.name}): on average {s.largest_file_share:.0%} of a batch's records came "
@@ -299,6 +310,12 @@ class PipelineStats:
         if self.errors.total:
             by = ", ".join(f"{n} in {stage}" for stage, n in sorted(self.errors.by_stage.items()))
             lines.append(f"skipped: {self.errors.total} errors ({by}); see to_dict()['skipped']")
+        if self.started is not None:
+            cpu = self.consumer_cpu_fraction
+            cpu_txt = f", CPU for {cpu:.0%} of it" if cpu is not None else ""
+            lines.append(f"consumer: {self.consumer_own_s:.2f} s outside next(){cpu_txt}; {self.long_waits} of "
+                         f"{self.consumer_elements + 1} next() calls waited 1 ms or more (longest "
+                         f"{self.wait_max_s * 1e3:.0f} ms)")
         lines.append(self.verdict())
         return "\n".join(lines)
 
