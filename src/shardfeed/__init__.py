@@ -66,6 +66,7 @@ from .pipeline import (
     read_text,
     read_tfrecord,
 )
+from .pipeline.telemetry import otel_metrics, serve_metrics
 from .storage import retry_stats
 from .transforms import (
     csv_id2dense,
@@ -132,5 +133,5 @@ __all__ = [
     "csv_to_dense", "trans_csv_id2dense", "trans_csv_id2sparse", "trans_csv_kv2dense", "trans_csv_kv2sparse",
     "trans_csv_to_dense", "ConvertOptions", "ConvertResult", "convert", "convert_annotations", "load_manifest",
     "read_converted", "read_dataset",
-    "retry_stats", "native_available", "native_info",
+    "retry_stats", "native_available", "native_info", "serve_metrics", "otel_metrics",
 ]

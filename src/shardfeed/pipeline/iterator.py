@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IteratorClosedError
 from .node import Build, Context
-from .stats import PipelineStats
+from .stats import WAIT_MIN_S, PipelineStats
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -75,6 +75,8 @@ class PipelineIterator:
         t = time.perf_counter()
         if stats.started is None:
             stats.started = t
+        elif stats.cpu_open:  # a CPU sample of the consumer's own work ends here
+            stats.close_cpu_sample(t)
         try:
             x = next(self._root)
         except StopIteration:
@@ -91,8 +93,13 @@ class PipelineIterator:
             raise
         finally:
             now = time.perf_counter()
-            stats.consumer_wait_s += now - t
+            waited = now - t
+            stats.consumer_wait_s += waited
             stats.last = now
+            if waited >= WAIT_MIN_S:
+                stats.add_wait(waited)
+            if now >= stats.cpu_next:  # one sample every CPU_SAMPLE_S: thread_time costs ~1 us
+                stats.open_cpu_sample(now)
         stats.consumer_elements += 1
         return x
 
@@ -106,7 +113,7 @@ class PipelineIterator:
         self._start(state)
 
     def stats(self) -> PipelineStats:
-        """Per-stage elements, bytes and busy time, consumer wait, and a verdict."""
+        """Per-stage elements, bytes and busy time, consumer wait, and a verdict that names the fix."""
         return self._ctx.stats
 
     def close(self) -> None:

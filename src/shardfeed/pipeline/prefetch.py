@@ -68,6 +68,7 @@ class PrefetchNode(Node):
         self.cur_skip = self.init_skip
         self.done = False
         self.stats.threaded = True
+        self.stats.includes_upstream = True
         b.ctx.on_close(self.close)
 
     def _start(self) -> None:

@@ -371,7 +371,7 @@ class DirectGet:
                 conn = http.client.HTTPConnection(u.netloc, timeout=self.connect_timeout)
         buf = bytearray(b - a)
         n = 0
-        counters.request_started()
+        started = counters.request_started()
         try:
             if conn.sock is None:
                 conn.connect()
@@ -408,7 +408,7 @@ class DirectGet:
             conn.close()
             raise
         finally:
-            counters.request_ended(n)
+            counters.request_ended(n, started)
         if n < len(buf):
             del buf[n:]
         return buf
@@ -506,7 +506,8 @@ class RangeStream(io.RawIOBase):
     def _stat(self) -> int:
         from .io import _run  # noqa: PLC0415 - io imports this module
 
-        info = _run("stat", self.url, lambda: self.fs.info(self.path), self.counters)
+        info = _run("stat", self.url, lambda: self.counters.timed_stat(lambda: self.fs.info(self.path)),
+                    self.counters)
         self.counters.add(stat_requests=1)
         return int(info["size"])
 
@@ -522,7 +523,7 @@ class RangeStream(io.RawIOBase):
             if self.direct is not None:
                 data = self.direct.get(a, b, self.counters, self._size_known if learn else None)
             else:
-                self.counters.request_started()
+                started = self.counters.request_started()
                 data = b""
                 try:
                     data = self.fs.cat_file(self.path, start=a, end=b)
@@ -531,7 +532,7 @@ class RangeStream(io.RawIOBase):
                         return b""  # the object ends before the range: it is empty
                     raise
                 finally:
-                    self.counters.request_ended(len(data))
+                    self.counters.request_ended(len(data), started)
             self.link.record(len(data), time.perf_counter() - t)
             return data
 

@@ -96,7 +96,8 @@ def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: 
     """``(size, etag)`` of a remote object (one HEAD request, counted in ``counters``)."""
     parsed = parse_url(url)
     fs, path = get_filesystem(parsed, storage_options)
-    info = _run("stat", url, lambda: fs.info(path), counters)
+    info = _run("stat", url, lambda: counters.timed_stat(lambda: fs.info(path)) if counters is not None
+                else fs.info(path), counters)
     if counters is not None:
         counters.add(stat_requests=1)
     if info.get("type") == "directory":
