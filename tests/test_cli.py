@@ -91,10 +91,29 @@ def test_demo_converts_trains_and_charts(tmp_path, capsys):
     assert main(["demo", "--out", str(out), "--images", "240", "--epochs", "2"]) == 0
     text = capsys.readouterr().out
     assert "240 rows read, 240 records written, 0 discarded" in text
-    assert "epoch 2: test accuracy" in text and "records/s" in text and "pipeline / naive" in text
+    assert "epoch 2: test accuracy" in text and "records/s" in text and "fed naively" in text
+    assert "the pipeline's verdict: " in text and "each stage's own time" in text
     assert (out / "where-time-went.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["verdict"] == summary["stats"]["verdict"] and summary["stats"]["remedy"]["id"]
+    stages = {s["name"].split(":", 1)[-1] for s in summary["stats"]["stages"]}
+    assert {"tfrecord", "batch", "map", "prefetch"} <= stages
     assert main(["verify", "-q", str(out / "shards")]) == 0
     assert "OK: 240 good records" in capsys.readouterr().out
+
+
+def test_the_demo_is_not_input_bound_by_its_own_verdict(tmp_path, capsys):
+    # the simulated accelerator step (the host CPU free meanwhile, as with a device) is
+    # long here, so that the pipeline is far ahead of the trainer on any machine; the
+    # verdict is the pipeline's own, from its own measurements
+    pytest.importorskip("PIL")
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--images", "320", "--epochs", "3", "--step-ms", "120"]) == 0
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stats"]["input_bound"] is False, summary["verdict"]
+    assert "the pipeline's verdict: not input-bound" in text
+    assert summary["stats"]["remedy"]["id"] == "input_fast_enough"
 
 
 def test_inspect_of_a_converted_folder_draws_samples(tmp_path, capsys):

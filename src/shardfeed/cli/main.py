@@ -185,7 +185,7 @@ def cmd_inspect(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo  # noqa: PLC0415
 
-    return run_demo(args.out, images=args.images, epochs=args.epochs, seed=args.seed)
+    return run_demo(args.out, images=args.images, epochs=args.epochs, seed=args.seed, step_ms=args.step_ms)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,11 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     register_bench(sub)
 
     sp = sub.add_parser("demo", help="draw a labeled image set, convert it to shards, train on it through the "
-                                      "pipeline with 2 ranks sharing a WorkQueue, compare with naive feeding")
+                                      "pipeline from a WorkQueue, compare with naive feeding")
     sp.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
     sp.add_argument("--images", type=int, default=2000, help="images to draw (default 2000)")
     sp.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--step-ms", type=float, default=25.0,
+                    help="simulated accelerator time per batch of 32, the host CPU free meanwhile (default 25)")
     sp.set_defaults(func=cmd_demo)
     return p
 
