@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..formats.index import index_url_of, load_index
+from ..pipeline.ranges import split_ranges
 from ..storage.urls import mask
 
 logger = logging.getLogger(__name__)
@@ -176,18 +177,6 @@ def row_counter_of(row_counts: Mapping[str, int] | RowCounter | None) -> RowCoun
             return int(counts[url])
         return lookup
     raise TypeError(f"row_counts must be a dict url -> rows or a function, got {type(row_counts).__name__}")
-
-
-def split_ranges(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ranges covering ``0..n-1`` whose sizes differ by at most one."""
-    parts = max(1, min(parts, n)) if n else 1
-    q, r = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        stop = start + q + (1 if k < r else 0)
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 def make_items(works: Sequence[str], num_slices: int | None, row_counter: RowCounter | None = None,

@@ -28,7 +28,8 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .items import RowCounter, Units, WorkItem, apply_prefix, count_units, is_table, row_counter_of, split_ranges
+from ..pipeline.ranges import split_ranges
+from .items import RowCounter, Units, WorkItem, apply_prefix, count_units, is_table, row_counter_of
 from .ranks import resolve_slice
 
 logger = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..pipeline.dataset import Dataset, positive_int
+from ..pipeline.ranges import slice_range
 from ..pipeline.sources import SourceDataset
 from .backend import TableBackend, open_table_backend
 from .convert import ColumnType, column_types, to_numpy
@@ -64,13 +65,6 @@ def count_rows(url: str, storage_options: Mapping[str, Any] | None = None) -> in
     filters in the URL apply). A ``WorkQueue`` or ``plan_shards`` over tables counts
     rows with it when no ``row_counts`` are given."""
     return int(open_table_backend(parse_table_url(url), storage_options).num_rows())
-
-
-def slice_range(total: int, slice_id: int, slice_count: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of slice ``slice_id`` of ``slice_count`` over ``total`` rows."""
-    base, extra = divmod(total, slice_count)
-    start = slice_id * base + min(slice_id, extra)
-    return start, start + base + (1 if slice_id < extra else 0)
 
 
 class TableRecordDataset(SourceDataset):
