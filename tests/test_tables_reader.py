@@ -244,3 +244,17 @@ def test_missing_table_and_pai_names(db, tmp_path):
     ds = sft.TableRecordDataset(filenames=[f"{db}/s"], record_defaults=[0], selected_cols="itemid", excluded_cols=None,
                                 slice_id=0, slice_count=2, num_threads=2, capacity=64)
     assert ds.num_rows() == 500
+
+
+def test_none_and_empty_list_keep_the_table_type_and_make_null_an_error(db):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # None is not deprecated in read_table: it is its meaning
+        for spelling in (None, []):
+            rows = list(read_table(f"{db}/s", selected_cols="itemid,price,name", record_defaults=[spelling, 0.0, spelling]))
+            assert type(rows[1][0]) is np.int64 and type(rows[1][1]) is np.float32 and rows[1][2] == "n1"
+            with pytest.raises(TableTypeError, match=r"column 'c', row 1: NULL"):
+                list(read_table(f"{db}/nulls", record_defaults=[0, "", spelling]))
+    with pytest.raises(ValueError, match=r"record_defaults\[0\] is a list of 2 values.*\[\] \(no default\)"):
+        read_table(f"{db}/nulls", record_defaults=[[1, 2], 0, 0])
