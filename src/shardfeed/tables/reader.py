@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..deprecation import renamed_argument
 from ..pipeline.dataset import Dataset, positive_int
 from ..pipeline.ranges import slice_range
 from ..pipeline.sources import SourceDataset
@@ -324,8 +325,9 @@ class _TableReader:
         self.pool.close()
 
 
+@renamed_argument("tables", "source")
 def read_table(
-    tables: str | os.PathLike | Iterable[str | os.PathLike],
+    source: str | os.PathLike | Iterable[str | os.PathLike],
     record_defaults: Sequence[Any] | None = None,
     selected_cols: str | Sequence[str] | None = None,
     excluded_cols: str | Sequence[str] | None = None,
@@ -339,13 +341,13 @@ def read_table(
 ) -> TableRecordDataset:
     """Read one or more tables as a pipeline source (see :class:`TableRecordDataset`).
 
-    ``tables``: a table URL or a list (Parquet/CSV files on any storage, ``duckdb://``,
+    ``source``: a table URL or a list (Parquet/CSV files on any storage, ``duckdb://``,
     ``postgresql://``, ``odps://``); ``record_defaults``: one type or default per column
     read; ``selected_cols``/``excluded_cols``: ``"a,b"`` or a list; ``slice_id`` of
     ``slice_count``: this worker's contiguous share of the rows; ``num_threads`` reader
     threads (0: auto); ``capacity`` rows read ahead in all (0: about 64 MB per thread).
     """
-    return TableRecordDataset(list(tables) if not isinstance(tables, (str, os.PathLike)) else tables,
+    return TableRecordDataset(list(source) if not isinstance(source, (str, os.PathLike)) else source,
                               record_defaults, selected_cols, excluded_cols, slice_id, slice_count,
                               num_threads, capacity, as_dict=as_dict, storage_options=storage_options)
 
