@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -24,7 +25,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def warn_deprecated(message: str) -> None:
     """A ``DeprecationWarning`` attributed to the first caller outside shardfeed (the user's
     line), however many of shardfeed's own frames lie between."""
-    level, frame = 1, sys._getframe(0)
+    level = 1
+    frame: FrameType | None = sys._getframe(0)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, DeprecationWarning, stacklevel=level)

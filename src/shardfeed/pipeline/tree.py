@@ -15,9 +15,9 @@ these functions, so they all agree on what a node is and name a place the same w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 Path = tuple[Any, ...]
 """Mapping keys and tuple indices from the root to a node or leaf."""
@@ -90,11 +90,12 @@ def _map(fn: Callable[..., Any], path: Path, tree: Any, rest: tuple, sequences: 
                 raise StructureMismatch(path, tree, o)
         return {k: _map(fn, (*path, k), v, tuple(o[k] for o in rest), sequences) for k, v in tree.items()}
     if isinstance(tree, sequences):
-        n = len(tree)
+        seq = cast(Sequence[Any], tree)
+        n = len(seq)
         for o in rest:
-            if not isinstance(o, sequences) or isinstance(o, Mapping) or len(o) != n:
+            if not isinstance(o, sequences) or isinstance(o, Mapping) or len(cast(Sequence[Any], o)) != n:
                 raise StructureMismatch(path, tree, o)
-        return tuple(_map(fn, (*path, i), v, tuple(o[i] for o in rest), sequences) for i, v in enumerate(tree))
+        return tuple(_map(fn, (*path, i), v, tuple(o[i] for o in rest), sequences) for i, v in enumerate(seq))
     return fn(path, tree, *rest)
 
 
@@ -127,7 +128,7 @@ def tree_flatten(tree: Any, sequences: tuple[type, ...] = _TUPLE) -> tuple[list,
         if isinstance(x, Mapping):
             return TreeDef("mapping", tuple(x), tuple(walk(v) for v in x.values()))
         if isinstance(x, sequences):
-            return TreeDef("sequence", (), tuple(walk(v) for v in x))
+            return TreeDef("sequence", (), tuple(walk(v) for v in cast(Sequence[Any], x)))
         leaves.append(x)
         return _LEAF
 

@@ -67,8 +67,8 @@ class TableURL:
 
 def _split_partitions(segments: list[str], url: str) -> tuple[list[str], tuple[tuple[str, str], ...]]:
     parts: list[tuple[str, str]] = []
-    while segments and _PART.match(segments[-1]):
-        m = _PART.match(segments.pop())
+    while segments and (m := _PART.match(segments[-1])):
+        segments.pop()
         parts.append((m.group(1), unquote(m.group(2))))
     parts.reverse()
     keys = [k for k, _ in parts]
