@@ -60,6 +60,7 @@ def test_a_leaf_of_the_first_tree_takes_the_others_whole():
     ({"a": 1, "b": {"x": 2, "y": 5}}, "['b']['y']", "a sequence of 1, another has a int"),
     ({"a": 1, "b": [2]}, "['b']", "another has a list"),
     ((1,), "the root", "another has a tuple"),
+    ({"a": 1, "b": {"x": 2, "y": [3]}}, "['b']['y']", "a sequence of 1, another has a list"),  # lists are leaves
 ])
 def test_mismatched_structures_raise_naming_the_path(other, where, said):
     first = {"a": 1, "b": {"x": 2, "y": (3,)}}

@@ -42,7 +42,7 @@ class StructureMismatch(ValueError):
         if isinstance(first, Mapping):
             got = f"keys {list(other)}" if isinstance(other, Mapping) else f"a {type(other).__name__}"
             detail = f"the first tree has keys {list(first)}, another has {got}"
-        elif isinstance(other, tuple | list) and not isinstance(other, Mapping):
+        elif isinstance(other, tuple | list) and len(other) != len(first):
             detail = f"the first tree has a sequence of {len(first)}, another one of {len(other)}"
         else:
             detail = f"the first tree has a sequence of {len(first)}, another has a {type(other).__name__}"
