@@ -13,8 +13,9 @@ DOCS_CHECK = $(PY) scripts/check_docstrings.py && NO_MKDOCS_2_WARNING=1 $(VENV)/
 demo: $(VENV)/.installed
 	$(VENV)/bin/shardfeed demo --out demo-out
 
-# lint (ruff: pyflakes, pycodestyle, isort, bugbear, pyupgrade) and DESIGN.md's layers (import-linter)
-LINT = $(VENV)/bin/ruff check -q . && $(VENV)/bin/lint-imports --no-cache
+# lint (ruff: pyflakes, pycodestyle, isort, bugbear, pyupgrade), DESIGN.md's layers
+# (import-linter) and types of the public modules (mypy; [tool.mypy] in pyproject.toml)
+LINT = $(VENV)/bin/ruff check -q . && $(VENV)/bin/lint-imports --no-cache && $(VENV)/bin/mypy
 
 test: $(VENV)/.installed-dev
 	$(LINT)

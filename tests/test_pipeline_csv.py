@@ -31,10 +31,13 @@ def test_batch_gives_typed_numpy_columns(tmp_path):
 
 def test_required_columns_reject_empty_fields_naming_file_line_column(tmp_path):
     p = write(tmp_path, "1,x\n2,\n")
-    for required in (None, [], str):
+    for required in ([], str):
         with pytest.raises(CsvError) as info:
             list(read_csv(p, [0, required]))
         assert info.value.line == 2 and info.value.column == 1 and "t.csv, line 2, column 1" in str(info.value)
+    with pytest.warns(DeprecationWarning), pytest.raises(CsvError) as info:  # the deprecated spelling, still required
+        list(read_csv(p, [0, None]))
+    assert info.value.line == 2 and info.value.column == 1
 
 
 def test_typed_required_column_and_tensorflow_list_spelling(tmp_path):
@@ -86,3 +89,21 @@ def test_bad_arguments(tmp_path, defaults, delim):
     p = write(tmp_path, "1\n")
     with pytest.raises((ValueError, TypeError)):
         read_csv(p, defaults, field_delim=delim)
+
+
+# -- record_defaults: None has one meaning (keep the source's type), deprecated here -----------
+def test_none_in_read_csv_and_decode_csv_warns_naming_the_entry_and_the_spelling_to_use(tmp_path):
+    import warnings
+
+    from shardfeed.pipeline.csv import decode_csv
+
+    p = write(tmp_path, "1,x\n")
+    with pytest.warns(DeprecationWarning, match=r"read_csv: record_defaults\[1\] is None.*write str \(or \[\]") as w:
+        assert list(read_csv(p, [0, None])) == [(1, "x")]  # still a str column
+    assert w[0].filename == __file__  # points at the caller's line
+    with pytest.warns(DeprecationWarning, match=r"decode_csv: record_defaults\[0, 1\] is None") as w:
+        a, b = decode_csv(["p,q"], [None, None])
+    assert a.tolist() == ["p"] and b.tolist() == ["q"] and w[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the spellings that stay say the same without a warning
+        assert list(read_csv(p, [0, str])) == list(read_csv(p, [0, []])) == [(1, "x")]

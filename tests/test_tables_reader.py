@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -244,3 +245,49 @@ def test_missing_table_and_pai_names(db, tmp_path):
     ds = sft.TableRecordDataset(filenames=[f"{db}/s"], record_defaults=[0], selected_cols="itemid", excluded_cols=None,
                                 slice_id=0, slice_count=2, num_threads=2, capacity=64)
     assert ds.num_rows() == 500
+
+
+def test_none_and_empty_list_keep_the_table_type_and_make_null_an_error(db):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # None is not deprecated in read_table: it is its meaning
+        for spelling in (None, []):
+            rows = list(read_table(f"{db}/s", selected_cols="itemid,price,name", record_defaults=[spelling, 0.0, spelling]))
+            assert type(rows[1][0]) is np.int64 and type(rows[1][1]) is np.float32 and rows[1][2] == "n1"
+            with pytest.raises(TableTypeError, match=r"column 'c', row 1: NULL"):
+                list(read_table(f"{db}/nulls", record_defaults=[0, "", spelling]))
+    with pytest.raises(ValueError, match=r"record_defaults\[0\] is a list of 2 values.*\[\] \(no default\)"):
+        read_table(f"{db}/nulls", record_defaults=[[1, 2], 0, 0])
+
+
+# -- the reader threads are a pipeline WorkerPool (issue 18 #3) ---------------------------------
+def test_reader_threads_are_a_worker_pool_that_close_stops_and_joins(db):
+    from tests.test_pipeline_helpers import started_since, wait_threads_back_to
+
+    before = set(threading.enumerate())
+    it = iter(read_table([f"{db}/s"] * 4, selected_cols="itemid", num_threads=4, capacity=40).batch(10))
+    assert [int(v) for v in next(it)[0]] == list(range(10))
+    mine = started_since(before)
+    assert mine and all(t.name.startswith("shardfeed-table-reader-") for t in mine)  # blocked on full queues
+    it.close()
+    assert wait_threads_back_to(before) == []
+    it.close()  # idempotent
+
+
+def test_an_error_in_a_later_thread_arrives_after_the_rows_before_it(db):
+    from tests.test_pipeline_helpers import wait_threads_back_to
+
+    con = duckdb.connect(db[len("duckdb://"):])
+    con.execute("CREATE TABLE good (n VARCHAR)")
+    con.execute("INSERT INTO good SELECT CAST(range AS VARCHAR) FROM range(300)")
+    con.execute("CREATE TABLE bad (n VARCHAR)")
+    con.execute("INSERT INTO bad VALUES ('7'), ('x')")
+    con.close()
+    before = set(threading.enumerate())
+    got = []
+    with pytest.raises(TableTypeError, match=r"bad: column 'n', row 1: value 'x'"):
+        for row in read_table([f"{db}/good", f"{db}/good", f"{db}/bad"], record_defaults=[0], num_threads=3):
+            got.append(int(row[0]))
+    assert got == list(range(300)) * 2  # the third thread failed first; its error waits for its turn
+    assert wait_threads_back_to(before) == []

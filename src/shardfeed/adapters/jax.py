@@ -10,6 +10,7 @@ import numpy as np
 
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
+from ..pipeline.tree import Path, keystr, tree_map, tree_map_with_path
 from ..registry import require
 
 logger = logging.getLogger(__name__)
@@ -21,10 +22,10 @@ _NARROW = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.uint64): np.dtype
 
 def to_numpy(x: Any) -> Any:
     """Every leaf as a numpy array (dicts and tuples kept; ragged/sparse columns kept)."""
-    if isinstance(x, Mapping):
-        return {k: to_numpy(v) for k, v in x.items()}
-    if isinstance(x, tuple):
-        return tuple(to_numpy(v) for v in x)
+    return tree_map(_leaf_numpy, x)
+
+
+def _leaf_numpy(x: Any) -> Any:
     if isinstance(x, (np.ndarray, RaggedColumn, SparseColumn)):
         return x
     return np.asarray(x)
@@ -87,15 +88,13 @@ def to_jax(ds: Dataset, device: Any = None) -> Iterator[Any]:
     x64 = bool(jax.config.jax_enable_x64)
     warned: set[str] = set()
 
-    def put(x: Any, name: str) -> Any:
-        if isinstance(x, Mapping):
-            return {k: put(v, f"feature {k!r}" if name == "the element" else f"{name}[{k!r}]")
-                    for k, v in x.items()}
-        if isinstance(x, tuple):
-            return tuple(put(v, f"{name}[{i}]") for i, v in enumerate(x))
+    def put(path: Path, x: Any, features: bool) -> Any:
         if isinstance(x, np.ndarray) and x.dtype != object and x.dtype.kind not in "SU":
+            # a dict element's leaves are features ("feature 'k'"); otherwise "the element[0]..."
+            name = f"feature {path[0]!r}{keystr(path[1:])}" if features else f"the element{keystr(path)}"
             return jax.device_put(x if x64 else narrow_for_jax(x, name, warned), device)
         return x
 
     for x in as_numpy(ds):
-        yield put(x, "the element")
+        features = isinstance(x, Mapping)
+        yield tree_map_with_path(lambda path, v, f=features: put(path, v, f), x)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..formats.spec import FixedLenSequence, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
+from ..pipeline.tree import keystr, tree_map_with_path
 from ..registry import require
 
 
@@ -26,15 +27,18 @@ def _padded_names(ds: Dataset) -> set[str]:
 
 
 def _spec_of(x: Any, tf: Any, path: str, padded: frozenset = frozenset()) -> Any:
+    """The ``tf.TensorSpec`` structure of element ``x``; a top-level feature named in ``padded``
+    gets an unknown second dimension."""
+    out = tree_map_with_path(lambda p, leaf: _leaf_spec(leaf, tf, path + keystr(p)), x)
     if isinstance(x, Mapping):
-        out = {k: _spec_of(v, tf, f"{path}[{k!r}]") for k, v in x.items()}
         for k in padded & set(x):
             s = out[k]
             if len(s.shape) >= 2:
                 out[k] = tf.TensorSpec(shape=(None, None) + tuple(s.shape[2:]), dtype=s.dtype)
-        return out
-    if isinstance(x, tuple):
-        return tuple(_spec_of(v, tf, f"{path}[{i}]") for i, v in enumerate(x))
+    return out
+
+
+def _leaf_spec(x: Any, tf: Any, path: str) -> Any:
     if isinstance(x, (RaggedColumn, SparseColumn)):
         raise TypeError(f"{path} is a {type(x).__name__}; to_tf supports dense arrays only: "
                         "pad it in a map, or pass output_signature and convert it yourself")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
+from ..deprecation import renamed_argument
 from ..storage.urls import mask, parse_url
 from .annotations import read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
@@ -257,7 +258,8 @@ def manifest_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return spec_from_json(manifest["feature_spec"])
 
 
-def read_converted(output_dir: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
+@renamed_argument("output_dir", "source")
+def read_converted(source: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
                    storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any):
     """A dataset over one split of a converted output, its spec taken from the manifest:
     ``shardfeed.read_tfrecord(<that split's shards>, spec=...)``; other keyword arguments go
@@ -266,7 +268,7 @@ def read_converted(output_dir: str | os.PathLike, split: str = "train", *, prefi
     The manifest's record counts make the dataset's ``cardinality()`` known (so
     ``to_tf()`` tells Keras the epoch length) even for compressed shards.
 
-    ``output_dir`` may also be what TFRecorder wrote (no manifest; ``train-*``,
+    ``source`` may also be what TFRecorder wrote (no manifest; ``train-*``,
     ``validation-*``, ``test-*`` GZIP shards, directly or in the one ``tfrecorder-*`` job
     folder under it): the split's records are parsed with a spec inferred from a sample of
     them, and ``image`` (TFRecorder's base64 of raw pixels) comes decoded into a uint8
@@ -275,12 +277,12 @@ def read_converted(output_dir: str | os.PathLike, split: str = "train", *, prefi
     (:mod:`shardfeed.convert.tfrecorder`).
 
     Raises ``ValueError`` naming the splits there are when ``split`` has no shards,
-    ``FileNotFoundError`` when ``output_dir`` holds neither layout.
+    ``FileNotFoundError`` when ``source`` holds neither layout.
     """
     from ..pipeline import read_tfrecord
     from ..pipeline.spans import StaticSpans, file_spans
 
-    out = fspath(output_dir)
+    out = fspath(source)
     try:
         manifest = load_manifest(out, prefix, storage_options)
     except FileNotFoundError:

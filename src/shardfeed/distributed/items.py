@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..formats.index import index_url_of, load_index
+from ..pipeline.ranges import split_ranges
 from ..storage.urls import mask
+from ..tables.urls import is_table_url
 
 logger = logging.getLogger(__name__)
-
-# Schemes and suffixes that name tables (row ranges) rather than record files.
-TABLE_SCHEMES = ("duckdb", "postgresql", "postgres", "sqlite", "odps", "table")
-TABLE_SUFFIXES = (".parquet", ".pq")
 
 RowCounter = Callable[[str], int]
 
@@ -78,12 +76,6 @@ class WorkItem:
                    None if end is None else int(end), **extra)
 
 
-def is_table(url: str) -> bool:
-    """Whether ``url`` names a table (row ranges) rather than a record file."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    return scheme in TABLE_SCHEMES or url.split("?", 1)[0].lower().endswith(TABLE_SUFFIXES)
-
-
 def apply_prefix(works: Iterable[Any], prefix: str | None) -> list[str]:
     """The works as strings, each with ``prefix`` in front (PAI's ``prefix``)."""
     if isinstance(works, (str, bytes)):
@@ -123,7 +115,7 @@ def count_units(url: str, row_counter: RowCounter | None = None, storage_options
                 scan: bool = False) -> int:
     """Rows of a table (through ``row_counter``, else ``shardfeed.tables.count_rows``) or
     records of a file (see :func:`count_records`)."""
-    if is_table(url):
+    if is_table_url(url):
         return _count_rows(url, row_counter)
     return count_records(url, storage_options, scan)
 
@@ -147,7 +139,7 @@ class Units:
         self.index: dict[str, Any] = {}
 
     def size(self, url: str) -> int:
-        if is_table(url):
+        if is_table_url(url):
             return _count_rows(url, self.row_counter)
         if url not in self.index:
             self.index[url] = load_index(url, self.storage_options)
@@ -156,7 +148,7 @@ class Units:
         return len(self.index[url])
 
     def item(self, url: str, start: int, stop: int) -> WorkItem:
-        if is_table(url):
+        if is_table_url(url):
             return WorkItem(url, "rows", start, stop)
         index = self.index[url]
         offset = int(index[start, 0]) if start < len(index) else None
@@ -178,30 +170,18 @@ def row_counter_of(row_counts: Mapping[str, int] | RowCounter | None) -> RowCoun
     raise TypeError(f"row_counts must be a dict url -> rows or a function, got {type(row_counts).__name__}")
 
 
-def split_ranges(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ranges covering ``0..n-1`` whose sizes differ by at most one."""
-    parts = max(1, min(parts, n)) if n else 1
-    q, r = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        stop = start + q + (1 if k < r else 0)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
 def make_items(works: Sequence[str], num_slices: int | None, row_counter: RowCounter | None = None,
                storage_options: Mapping[str, Any] | None = None) -> list[WorkItem]:
     """The item list of a queue: one item per work when ``num_slices`` is ``None`` or not
     more than the works; otherwise each work split into record/row ranges, about
     ``num_slices`` items in all, each work's share proportional to its size."""
     if num_slices is None or num_slices <= len(works):
-        return [WorkItem(w, "rows" if is_table(w) else "file") for w in works]
+        return [WorkItem(w, "rows" if is_table_url(w) else "file") for w in works]
     units = Units(row_counter, storage_options)
     sizes = [units.size(w) for w in works]
     total = sum(sizes)
     if total == 0:
-        return [WorkItem(w, "rows" if is_table(w) else "file") for w in works]
+        return [WorkItem(w, "rows" if is_table_url(w) else "file") for w in works]
     per = total / num_slices
     items = []
     for w, n in zip(works, sizes):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..deprecation import renamed_argument
 from ..formats.index import load_index
 from ..formats.spec import FeatureSpec
 from ..formats.tfrecord import ReadStats
@@ -152,8 +153,9 @@ class CustomItemsDataset(SourceDataset):
         return f"CustomItemsDataset({len(self.items)} items)"
 
 
+@renamed_argument("works", "source")
 def read_shard(
-    works: Iterable[str],
+    source: Iterable[str],
     spec: Mapping[str, FeatureSpec] | None = None,
     *,
     slice_id: int | None = None,
@@ -172,7 +174,7 @@ def read_shard(
     num_parallel_reads: int | None = -1,
     on_error: Any = None,
 ) -> "Dataset":
-    """The records of this worker's static shard of ``works`` (see
+    """The records of this worker's static shard of ``source`` (see
     :func:`~shardfeed.distributed.sharding.plan_shards` for ``by``/``strategy``/``seed``),
     read by the TFRecord source over the rank's spans (only this rank's bytes are fetched;
     ``num_parallel_reads`` as in ``sf.read_tfrecord``, default ``AUTOTUNE``).
@@ -183,7 +185,7 @@ def read_shard(
     Counting a whole file's records uses its index file, or reads it.
     """
     slice_id, slice_count = resolve_slice(slice_id, slice_count)
-    plan = plan_shards(works, slice_count, by=by, strategy=strategy, seed=seed, prefix=prefix,
+    plan = plan_shards(source, slice_count, by=by, strategy=strategy, seed=seed, prefix=prefix,
                        row_counts=row_counts, storage_options=storage_options)
     mine = plan[slice_id]
     ds: Any
@@ -386,8 +388,9 @@ class QueueItemsDataset(SourceDataset):
         return f"{self.queue!r}.dataset()"
 
 
+@renamed_argument("queue", "source")
 def read_queue(
-    queue: "WorkQueue",
+    source: "WorkQueue",
     spec: Mapping[str, FeatureSpec] | None = None,
     compression: str | None = "auto",
     verify_crc: bool = True,
@@ -397,16 +400,16 @@ def read_queue(
     num_parallel_reads: int | None = -1,
     on_error: Any = None,
 ) -> "Dataset":
-    """A dataset of the records of the items this worker takes off ``queue``: whole
+    """A dataset of the records of the items this worker takes off ``source``: whole
     TFRecord files or record ranges, read by the TFRecord source (``open_item(item)``
     reads other kinds, such as table row ranges). Parsed with ``spec`` like
     ``sf.read_tfrecord``. Each item is acknowledged after its last record was delivered;
     its lease is renewed while its records are read."""
     from .workqueue import WorkQueue  # noqa: PLC0415
 
-    if not isinstance(queue, WorkQueue):
-        raise TypeError(f"read_queue needs a WorkQueue, got {type(queue).__name__}")
+    if not isinstance(source, WorkQueue):
+        raise TypeError(f"read_queue needs a WorkQueue, got {type(source).__name__}")
     if open_item is not None:
-        return QueueItemsDataset(queue, True, open_item)
-    return TFRecordSource(QueueSpans(queue, storage_options), spec, compression, verify_crc, on_corrupt,
+        return QueueItemsDataset(source, True, open_item)
+    return TFRecordSource(QueueSpans(source, storage_options), spec, compression, verify_crc, on_corrupt,
                           storage_options, num_parallel_reads, on_error=on_error)

@@ -28,7 +28,9 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .items import RowCounter, Units, WorkItem, apply_prefix, count_units, is_table, row_counter_of, split_ranges
+from ..pipeline.ranges import split_ranges
+from ..tables.urls import is_table_url
+from .items import RowCounter, Units, WorkItem, apply_prefix, count_units, row_counter_of
 from .ranks import resolve_slice
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def plan_shards(
             if keep < n:
                 logger.warning("strategy 'drop': %d of %d files are left out so %d workers get %d each",
                                n - keep, n, slice_count, keep // slice_count)
-            return [[WorkItem(u, "rows" if is_table(u) else "file") for u in urls[r:keep:slice_count]]
+            return [[WorkItem(u, "rows" if is_table_url(u) else "file") for u in urls[r:keep:slice_count]]
                     for r in range(slice_count)]
         if strategy != "shuffle":
             raise ValueError(f"{n} files cannot be split among {slice_count} workers without leaving some "
@@ -107,7 +109,7 @@ def plan_shards(
                              "order) or by='record' (needs index files)")
         plan = []
         for r in range(slice_count):
-            mine = [WorkItem(u, "rows" if is_table(u) else "file") for u in urls]
+            mine = [WorkItem(u, "rows" if is_table_url(u) else "file") for u in urls]
             random.Random(f"{seed}:shard:{r}").shuffle(mine)
             plan.append(mine)
         return plan

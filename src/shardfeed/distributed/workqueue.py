@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import ShardfeedError
+from ..pipeline.tensorboard import write_scalars
 from ..storage.urls import mask
 from .backend import QueueBackend, open_queue_backend, split_id
 from .items import RowCounter, WorkItem, apply_prefix, digest, make_items, row_counter_of
@@ -361,31 +362,13 @@ class WorkQueue:
         ``writer`` or the default writer); return them. Without TensorFlow installed it
         logs a warning and only returns them."""
         m = self.metrics()
-        try:
-            import tensorflow as tf  # noqa: PLC0415
-        except ImportError:
-            logger.warning("add_summary: TensorFlow is not installed; use metrics() or metrics_json()")
-            return m
         step = m["done"] if step is None else step
         scalars = {k: m[k] for k in ("remaining", "in_flight", "done", "fraction_full", "expired", "late_acks")}
         for w, st in m["workers"].items():
             if st["items_per_s"] is not None:
                 scalars[f"items_per_s/{w}"] = st["items_per_s"]
-        ctx = writer.as_default() if writer is not None else None
-        if ctx is not None:
-            ctx.__enter__()
-        try:
-            # tf.summary.write with the scalars plugin's metadata: what tf.summary.scalar
-            # writes, without needing the tensorboard package
-            from tensorflow.core.framework import summary_pb2  # noqa: PLC0415
-
-            plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-            meta = summary_pb2.SummaryMetadata(plugin_data=plugin)
-            for k, v in scalars.items():
-                tf.summary.write(f"{self.name}/{k}", tf.constant(float(v), tf.float32), step=int(step), metadata=meta)
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
+        write_scalars({f"{self.name}/{k}": v for k, v in scalars.items()}, step, writer=writer,
+                      what="add_summary's scalars (use metrics() or metrics_json())", missing_level=logging.WARNING)
         return m
 
     # -- lifecycle -------------------------------------------------------------------------------

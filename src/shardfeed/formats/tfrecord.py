@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import storage
+from ..deprecation import renamed_argument
 from ..errors import CorruptRecordError
 from ..storage.urls import has_magic, mask
 from .compression import normalize_compression, open_stream
@@ -243,19 +244,20 @@ class TFRecordReader:
         self.stats.skipped(err, frames, nbytes)
 
 
+@renamed_argument("urls", "source")
 def read_records(
-    urls: str | Iterable[str],
+    source: str | Iterable[str],
     compression: str | None = "auto",
     verify_crc: bool = True,
     on_corrupt: str = "raise",
     storage_options: Mapping[str, Any] | None = None,
     stats: ReadStats | None = None,
 ) -> Iterator[bytes]:
-    """Yield the serialized records of every file in ``urls`` (a URL, a glob or a list), in order.
+    """Yield the serialized records of every file in ``source`` (a URL, a glob or a list), in order.
 
     Pass a :class:`ReadStats` as ``stats`` to collect counts (and skipped frames) across files.
     """
-    for url in expand_files(urls, storage_options):
+    for url in expand_files(source, storage_options):
         with TFRecordReader(url, compression, verify_crc, on_corrupt, storage_options) as reader:
             try:
                 yield from reader

@@ -22,22 +22,23 @@ from ..formats.spec import RaggedColumn, SparseColumn
 from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
 from .source_batch import parse_skipping
+from .tree import StructureMismatch, keystr, tree_flatten, tree_leaves, tree_map_with_path, tree_unflatten
 
 
 def stack(elements: list, where: str = "element") -> Any:
     """Stack a list of like-structured elements into one batch."""
+    try:
+        return tree_map_with_path(lambda path, *leaves: _stack_leaves(list(leaves), where + keystr(path)), *elements)
+    except StructureMismatch as e:
+        w = where + keystr(e.path)
+        if isinstance(e.first, Mapping):
+            other = list(e.other) if isinstance(e.other, Mapping) else type(e.other).__name__
+            raise ValueError(f"cannot batch: {w}s have different keys ({list(e.first)} vs {other})") from None
+        raise ValueError(f"cannot batch: {w}s are tuples of different lengths") from None
+
+
+def _stack_leaves(elements: list, where: str) -> Any:
     first = elements[0]
-    if isinstance(first, Mapping):
-        keys = list(first)
-        for e in elements:
-            if not isinstance(e, Mapping) or e.keys() != first.keys():
-                raise ValueError(f"cannot batch: {where}s have different keys ({keys} vs {list(e)})")
-        return {k: stack([e[k] for e in elements], f"{where}[{k!r}]") for k in keys}
-    if isinstance(first, tuple):
-        n = len(first)
-        if any(not isinstance(e, tuple) or len(e) != n for e in elements):
-            raise ValueError(f"cannot batch: {where}s are tuples of different lengths")
-        return tuple(stack([e[i] for e in elements], f"{where}[{i}]") for i in range(n))
     if isinstance(first, (bytes, str)):
         out = np.empty(len(elements), dtype=object)
         out[:] = elements
@@ -55,21 +56,21 @@ def stack(elements: list, where: str = "element") -> Any:
 
 def nbytes(batch: Any) -> int:
     """Bytes held by a batch: its numpy arrays, and the bytes/str values of object arrays."""
-    if isinstance(batch, np.ndarray):
-        if batch.dtype == object and batch.size:  # bytes/str values live outside the array
-            flat = batch.ravel()
+    return sum(_leaf_nbytes(x) for x in tree_leaves(batch, sequences=(tuple, list)))
+
+
+def _leaf_nbytes(x: Any) -> int:
+    if isinstance(x, np.ndarray):
+        if x.dtype == object and x.size:  # bytes/str values live outside the array
+            flat = x.ravel()
             sample = flat[:: max(1, flat.size // 16)]  # an estimate: never a pass over every value
             per = sum(len(v) for v in sample if isinstance(v, (bytes, str))) / len(sample)
-            return batch.nbytes + int(per * flat.size)
-        return batch.nbytes
-    if isinstance(batch, Mapping):
-        return sum(nbytes(v) for v in batch.values())
-    if isinstance(batch, (tuple, list)):
-        return sum(nbytes(v) for v in batch)
-    if isinstance(batch, RaggedColumn):
-        return nbytes(batch.values) + batch.row_splits.nbytes
-    if isinstance(batch, SparseColumn):
-        return batch.indices.nbytes + batch.values.nbytes
+            return x.nbytes + int(per * flat.size)
+        return x.nbytes
+    if isinstance(x, RaggedColumn):
+        return _leaf_nbytes(x.values) + x.row_splits.nbytes
+    if isinstance(x, SparseColumn):
+        return x.indices.nbytes + x.values.nbytes
     return 0
 
 
@@ -142,15 +143,17 @@ class UnbatchDataset(UnaryDataset):
 
 def split(batch: Any) -> list:
     """The rows of a batch (inverse of :func:`stack`)."""
-    if isinstance(batch, Mapping):
-        cols = {k: split(v) for k, v in batch.items()}
-        n = {len(v) for v in cols.values()}
-        if len(n) > 1:
-            raise ValueError(f"cannot unbatch: columns have different lengths {sorted(n)}")
-        return [{k: cols[k][i] for k in cols} for i in range(n.pop() if n else 0)]
-    if isinstance(batch, tuple):
-        cols = [split(v) for v in batch]
-        return list(zip(*cols))
+    leaves, treedef = tree_flatten(batch)
+    if treedef.kind == "leaf":
+        return _split_leaf(batch)
+    cols = [_split_leaf(x) for x in leaves]
+    n = {len(c) for c in cols}
+    if len(n) > 1:
+        raise ValueError(f"cannot unbatch: columns have different lengths {sorted(n)}")
+    return [tree_unflatten(treedef, [c[i] for c in cols]) for i in range(n.pop() if n else 0)]
+
+
+def _split_leaf(batch: Any) -> list:
     if isinstance(batch, RaggedColumn):
         return batch.to_list()
     if isinstance(batch, SparseColumn):

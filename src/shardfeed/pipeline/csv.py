@@ -2,10 +2,13 @@
 
 Each entry of ``record_defaults`` gives a column's type and its default for an empty
 field: ``0`` (int64), ``0.0`` (float32), ``np.float64(0)``, ``""`` (str), ``b""`` (bytes).
-An entry that is ``None``, ``[]`` or a type (``int``, ``float``, ``str``, ``bytes``, a numpy
-dtype) makes the column required: an empty field is an error. ``[value]`` (the
-TensorFlow spelling) means ``value``. Fields may be quoted (``"a,b"``, ``""`` for a
-quote), and a quoted field may span lines. Errors name the file, the line and the column.
+An entry that is ``[]`` (TensorFlow's spelling: a required str column) or a type (``int``,
+``float``, ``str``, ``bytes``, a numpy dtype) makes the column required: an empty field is
+an error. ``[value]`` (the TensorFlow spelling) means ``value``. ``None`` is deprecated
+here (a ``DeprecationWarning``; it still means a required str column): everywhere else
+(``read_table``) ``None`` means "keep the source's type", so write ``str`` or ``[]``.
+Fields may be quoted (``"a,b"``, ``""`` for a quote), and a quoted field may span lines.
+Errors name the file, the line and the column.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import storage
+from ..deprecation import renamed_argument, warn_deprecated
 from ..errors import ShardfeedError
 from ..formats.tfrecord import normalize_compression
 from ..storage.cache import get_cache
@@ -98,7 +102,7 @@ def _column(i: int, d: Any) -> Column:
         return Column(np.dtype(np.int64), np.int64(d))
     if isinstance(d, float):
         return Column(np.dtype(np.float32), np.float32(d))
-    raise TypeError(f"record_defaults[{i}] is {d!r}; use a value (0, 0.0, '', b''), a type, or None/[] for required")
+    raise TypeError(f"record_defaults[{i}] is {d!r}; use a value (0, 0.0, '', b''), a type, or [] for required")
 
 
 def typed_row(fields: Sequence[str], columns: Sequence[Column], select_cols: Sequence[int] | None, na_value: str,
@@ -118,7 +122,7 @@ def typed_row(fields: Sequence[str], columns: Sequence[Column], select_cols: Seq
         file_col = select_cols[j] if select_cols is not None else j
         if field == na_value:
             if col.default is None:
-                raise CsvError("required field is empty (its record_default is None/[]/a type)", url, line, file_col)
+                raise CsvError("required field is empty (its record_default is []/a type)", url, line, file_col)
             out.append(col.default)
             continue
         try:
@@ -142,9 +146,14 @@ def _check_select_cols(select_cols: Sequence[int] | None, ncols: int) -> list[in
     return cols
 
 
-def _columns_of(record_defaults: Sequence[Any]) -> list[Column]:
+def _columns_of(record_defaults: Sequence[Any], caller: str) -> list[Column]:
     if isinstance(record_defaults, (str, bytes)) or not isinstance(record_defaults, Sequence) or not record_defaults:
         raise ValueError("record_defaults must be a non-empty list, one entry per column, e.g. [0, 0.0, '']")
+    nones = [i for i, d in enumerate(record_defaults) if d is None]
+    if nones:
+        warn_deprecated(f"{caller}: record_defaults{nones} is None, which here has meant a required str column; "
+                        "write str (or [], TensorFlow's spelling) instead: None is deprecated in read_csv/decode_csv "
+                        "because in read_table it means 'keep the table's type'")
     return [_column(i, d) for i, d in enumerate(record_defaults)]
 
 
@@ -157,7 +166,7 @@ def decode_csv(records: Any, record_defaults: Sequence[Any], field_delim: str = 
     :class:`CsvError` naming the record (``line`` is its 1-based position) and column."""
     if not isinstance(field_delim, str) or len(field_delim) != 1:
         raise ValueError(f"field_delim must be one character, got {field_delim!r}")
-    columns = _columns_of(record_defaults)
+    columns = _columns_of(record_defaults, "decode_csv")
     cols = _check_select_cols(select_cols, len(columns))
     arr = np.asarray(records, dtype=object)
     flat = arr.reshape(-1)
@@ -236,7 +245,7 @@ class CsvDataset(SourceDataset):
             raise ValueError(f"field_delim must be one character, got {field_delim!r}")
         if quote and (not isinstance(quote, str) or len(quote) != 1):
             raise ValueError(f"quote must be one character or '' for none, got {quote!r}")
-        self.columns = _columns_of(record_defaults)
+        self.columns = _columns_of(record_defaults, "read_csv")
         self.select_cols: list[int] | None = _check_select_cols(select_cols, len(self.columns))
         normalize_compression(compression)
         self.files = storage.expand(files, storage_options)
@@ -256,12 +265,14 @@ class CsvDataset(SourceDataset):
         return f"read_csv({len(self.files)} files, {len(self.columns)} columns)"
 
 
-def read_csv(files: str | os.PathLike | Iterable[str | os.PathLike], record_defaults: Sequence[Any],
+@renamed_argument("files", "source")
+def read_csv(source: str | os.PathLike | Iterable[str | os.PathLike], record_defaults: Sequence[Any],
              field_delim: str = ",", header: bool = False, select_cols: Sequence[int] | None = None,
              na_value: str = "", quote: str = '"', compression: str | None = "auto", encoding: str = "utf-8",
              storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
              cache_limit: int | str | None = None) -> CsvDataset:
-    """Rows of CSV files as tuples typed by ``record_defaults`` (see the module docs).
+    """Rows of CSV files (``source``: a URL, a glob or a list) as tuples typed by
+    ``record_defaults`` (see the module docs).
 
     ``select_cols``: increasing 0-based indices of the columns to keep (``record_defaults``
     then describes those). ``header=True`` skips each file's first line. A field equal to
@@ -271,5 +282,5 @@ def read_csv(files: str | os.PathLike | Iterable[str | os.PathLike], record_defa
     fetched in parallel ranged GETs; ``cache_dir``/``cache_limit`` keep them on local disk
     as :func:`read_tfrecord` does.
     """
-    return CsvDataset(files, record_defaults, field_delim, header, select_cols, na_value, quote, compression,
+    return CsvDataset(source, record_defaults, field_delim, header, select_cols, na_value, quote, compression,
                       encoding, storage_options, cache_dir, cache_limit)

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from ..deprecation import renamed_argument
 from ..errors import DecodeError, ParseError
 from ..formats.chunks import DEFAULT_CHUNK
 from ..formats.parse import parse_single_example
@@ -161,9 +162,10 @@ class TFRecordSource(SourceDataset):
 
     kind = "tfrecord"
 
+    @renamed_argument("files", "source")
     def __init__(
         self,
-        files: Any,
+        source: Any,
         spec: Mapping[str, FeatureSpec] | None = None,
         compression: str | None = "auto",
         verify_crc: bool = True,
@@ -178,7 +180,7 @@ class TFRecordSource(SourceDataset):
         options = ReadOptions(compression, verify_crc, policy.framing, storage_options,
                               cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                               cache_limit=cache_limit, on_error=policy).check()
-        self.provider = _provider_of(files, storage_options)
+        self.provider = _provider_of(source, storage_options)
         self.spec = normalize_spec(spec) if spec is not None else None
         self.options = options
         self.num_parallel_reads = positive_int("num_parallel_reads", num_parallel_reads, allow_autotune=True,
@@ -334,8 +336,9 @@ TFRecordDataset = TFRecordSource
 """The source's earlier name: ``sf.TFRecordDataset(files, spec, ...)`` still works."""
 
 
+@renamed_argument("files", "source")
 def read_tfrecord(
-    files: Any,
+    source: Any,
     spec: Mapping[str, FeatureSpec] | None = None,
     compression: str | None = "auto",
     verify_crc: bool = True,
@@ -352,7 +355,7 @@ def read_tfrecord(
     cache_limit: int | str | None = None,
     on_error: Any = None,
 ) -> TFRecordSource:
-    """Read TFRecord files given as a URL, a glob or a list of them (any storage).
+    """Read TFRecord files: ``source`` is a URL, a glob or a list of them (any storage).
 
     Yields serialized records, or parsed examples when ``spec`` is given (a following
     ``batch(n)`` parses n records in one call into numpy columns). ``compression`` is
@@ -371,7 +374,7 @@ def read_tfrecord(
     order given, records in file order. Raises ``FileNotFoundError`` at once when a path
     or glob matches nothing.
 
-    ``files`` may also be a span provider (:mod:`shardfeed.pipeline.spans`) or an object
+    ``source`` may also be a span provider (:mod:`shardfeed.pipeline.spans`) or an object
     that offers one through ``span_provider(storage_options)``, such as a
     :class:`~shardfeed.WorkQueue`: the dataset then reads the items (files or record
     ranges) this worker takes off the queue, acknowledging each after its last record was
@@ -397,13 +400,13 @@ def read_tfrecord(
     if (slice_id is None) != (slice_count is None):
         raise ValueError("give both slice_id and slice_count, or neither")
     if shuffle is not None:
-        provider = _provider_of(files, storage_options)
+        provider = _provider_of(source, storage_options)
         if not isinstance(provider, StaticSpans):
             raise ValueError(f"shuffle={shuffle!r} applies to files; {provider!r} hands out its own order "
                              "(a WorkQueue shuffles with WorkQueue(..., shuffle=True, seed=...))")
-        files = ShuffledSpans(provider.spans, seed, shuffle, block_size, storage_options,  # type: ignore[arg-type]
+        source = ShuffledSpans(provider.spans, seed, shuffle, block_size, storage_options,  # type: ignore[arg-type]
                               compression, cache=get_cache(cache_dir, cache_limit))
-    src = TFRecordSource(files, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads,
+    src = TFRecordSource(source, spec, compression, verify_crc, on_corrupt, storage_options, num_parallel_reads,
                          cache_dir, cache_limit, on_error)
     if slice_id is not None:
         split = src._split(slice_id, slice_count)  # type: ignore[arg-type]

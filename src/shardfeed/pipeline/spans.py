@@ -25,6 +25,7 @@ from ..formats.index import load_index
 from ..formats.tfrecord import normalize_compression
 from ..storage import size
 from ..storage.urls import mask
+from .ranges import slice_range
 
 logger = logging.getLogger(__name__)
 
@@ -279,9 +280,7 @@ def _split_records(spans: list[Span], index: int, count: int, storage_options: M
             b = len(idx) if s.end is None else int(_record_at(idx, s.end))
         sized.append((s, idx, a, b))
     total = sum(b - a for _, _, a, b in sized)
-    q, r = divmod(total, count)
-    lo = index * q + min(index, r)
-    hi = lo + q + (1 if index < r else 0)
+    lo, hi = slice_range(total, index, count)
     out: list[Span] = []
     base = 0
     for s, idx, a, b in sized:

@@ -15,14 +15,20 @@ import numpy as np
 
 from ..formats.spec import RaggedColumn, SparseColumn
 from .dataset import Dataset
+from .tree import StructureMismatch, tree_leaves, tree_map
 
 
 def elements_equal(a: Any, b: Any) -> bool:
-    """Deep equality for pipeline elements (dicts, tuples, numpy arrays, ragged columns)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(elements_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(elements_equal(x, y) for x, y in zip(a, b))
+    """Deep equality for pipeline elements (dicts, tuples, numpy arrays, ragged columns);
+    lists and tuples compare alike, object arrays value by value."""
+    try:
+        same = tree_map(_leaves_equal, a, b, sequences=(tuple, list))
+    except StructureMismatch:
+        return False
+    return all(tree_leaves(same))
+
+
+def _leaves_equal(a: Any, b: Any) -> bool:
     if isinstance(a, (RaggedColumn, SparseColumn)):
         return a == b
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

@@ -270,24 +270,15 @@ class PipelineStats:
     def write_tensorboard(self, logdir: str, step: int) -> bool:
         """Write scalars with ``tf.summary`` when TensorFlow and TensorBoard are installed;
         False (and nothing written) otherwise."""
-        try:
-            import tensorboard  # noqa: F401, PLC0415 - tf.summary needs it
-            import tensorflow as tf  # noqa: PLC0415 - optional, heavy
-        except ImportError:
-            logger.info("TensorFlow or TensorBoard is not installed; no TensorBoard scalars written")
-            return False
-        writer = tf.summary.create_file_writer(logdir)
-        with writer.as_default():
-            tf.summary.scalar("shardfeed/consumer_wait_fraction", self.wait_fraction, step=step)
-            for s in self.stages:
-                tf.summary.scalar(f"shardfeed/{s.name}/busy_s", s.busy_s, step=step)
-                tf.summary.scalar(f"shardfeed/{s.name}/elements", s.elements, step=step)
-                if s.queue_samples:  # as PAI's queue summaries: how full each queue ran
-                    tf.summary.scalar(f"shardfeed/{s.name}/fraction_of_queue_full", s.fraction_of_queue_full,
-                                      step=step)
-        writer.flush()
-        writer.close()
-        return True
+        from .tensorboard import write_scalars  # noqa: PLC0415 - the one TensorBoard writer
+
+        scalars = {"shardfeed/consumer_wait_fraction": self.wait_fraction}
+        for s in self.stages:
+            scalars[f"shardfeed/{s.name}/busy_s"] = s.busy_s
+            scalars[f"shardfeed/{s.name}/elements"] = s.elements
+            if s.queue_samples:  # as PAI's queue summaries: how full each queue ran
+                scalars[f"shardfeed/{s.name}/fraction_of_queue_full"] = s.fraction_of_queue_full
+        return write_scalars(scalars, step, logdir=logdir, what="the pipeline's statistics")
 
     def __str__(self) -> str:
         lines = [f"{'stage':<28}{'elements':>12}{'MB':>10}{'busy s':>10}{'workers':>9}"]

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import storage
+from ..deprecation import renamed_argument
 from ..formats.tfrecord import normalize_compression, open_stream
 from ..storage.cache import cacheable, get_cache
 from .sources import SourceDataset
@@ -116,10 +117,11 @@ class TextLineDataset(SourceDataset):
         return f"read_text({len(self.files)} files)"
 
 
-def read_text(files: str | os.PathLike | Iterable[str | os.PathLike], compression: str | None = "auto",
+@renamed_argument("files", "source")
+def read_text(source: str | os.PathLike | Iterable[str | os.PathLike], compression: str | None = "auto",
               encoding: str | None = "utf-8", storage_options: Mapping[str, Any] | None = None,
               cache_dir: str | None = None, cache_limit: int | str | None = None) -> TextLineDataset:
-    """The lines of text files (a URL, a glob or a list; any storage), newline removed.
+    """The lines of text files (``source``: a URL, a glob or a list; any storage), newline removed.
 
     Lines are ``str`` decoded with ``encoding`` (``None``: ``bytes``). ``compression`` as
     for :func:`read_tfrecord`. Resumes by byte offset. Raises ``FileNotFoundError`` when a
@@ -127,4 +129,4 @@ def read_text(files: str | os.PathLike | Iterable[str | os.PathLike], compressio
     Remote files are fetched in parallel ranged GETs; ``cache_dir``/``cache_limit`` keep
     them on local disk as :func:`read_tfrecord` does.
     """
-    return TextLineDataset(files, compression, encoding, storage_options, cache_dir, cache_limit)
+    return TextLineDataset(source, compression, encoding, storage_options, cache_dir, cache_limit)

@@ -3,8 +3,10 @@
 A default is a value (``0`` int64, ``0.0`` float32, ``np.float64(0)`` float64, ``""`` str,
 ``b""`` bytes, ``False`` bool; TF's one-element list ``[0.0]`` too), a type (``int``,
 ``float``, ``str``, ``bytes``, ``bool``, a numpy dtype or its name: the column gets that
-type and a NULL is an error), or ``None`` (the column keeps its table type; NULL is an
-error). Values are converted with Arrow's safe casts: a value that does not convert
+type and a NULL is an error), or ``None`` / ``[]`` (no default: the column keeps its table
+type; NULL is an error). ``None`` has this one meaning; ``read_csv``/``decode_csv``, whose
+text has no type to keep, deprecate it in favour of ``str`` or ``[]``. Values are
+converted with Arrow's safe casts: a value that does not convert
 (``"abc"`` as int, ``1.5`` as int) is a :class:`TableTypeError` naming column and row.
 """
 
@@ -94,10 +96,10 @@ def _type_of(spec: Any) -> pa.DataType | None:
 def column_type(spec: Any, position: int) -> ColumnType:
     """Interpret one element of ``record_defaults``."""
     if isinstance(spec, (list, tuple)):
-        if len(spec) != 1:
+        if len(spec) > 1:
             raise ValueError(f"record_defaults[{position}] is a list of {len(spec)} values; give one value, "
-                             "a one-element list ([0.0]) or a type")
-        spec = spec[0]
+                             "a one-element list ([0.0]), [] (no default) or a type")
+        spec = spec[0] if spec else None  # [] is TensorFlow's "no default": as None
     if spec is None:
         return ColumnType(None)
     if isinstance(spec, type) or isinstance(spec, (np.dtype, pa.DataType)) or (

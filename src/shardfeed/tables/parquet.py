@@ -34,12 +34,12 @@ from .. import storage
 from ..errors import ShardfeedError
 from ..storage.urls import mask
 from .backend import SliceWriter, TableBackend, WriterConflictError, slice_batches
-from .urls import TableURL
+from .urls import CSV_SUFFIXES, PARQUET_SUFFIXES, TableURL
 
 logger = logging.getLogger(__name__)
 
-_PARQUET = (".parquet", ".pq", ".parq")
-_CSV = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+_PARQUET = PARQUET_SUFFIXES
+_CSV = CSV_SUFFIXES
 _held_locks: set[tuple[str, int]] = set()
 _held_lock = threading.Lock()
 

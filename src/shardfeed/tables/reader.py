@@ -16,7 +16,9 @@ Reading ahead: ``num_threads`` threads (1..64; 0: a quarter of the cores, at lea
 read ranges of rows in turn, each holding up to ``ceil(capacity / num_threads)`` rows
 (``capacity`` 0: about 64 MB per thread, sized from the first 256 rows; a warning when
 a thread's share is above 1 GB). Results are delivered in table order whatever the
-number of threads.
+number of threads. The threads are a pipeline :class:`~shardfeed.pipeline.workers.WorkerPool`,
+each filling its own :class:`~shardfeed.pipeline.workers.ChunkQueue`; an error reaches the
+consumer in its place in the order, and ``close()`` stops and joins them.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ import copy
 import logging
 import math
 import os
-import queue
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..deprecation import renamed_argument
 from ..pipeline.dataset import Dataset, positive_int
+from ..pipeline.ranges import slice_range
 from ..pipeline.sources import SourceDataset
+from ..pipeline.workers import ChunkQueue, Closed, WorkerPool
 from .backend import TableBackend, open_table_backend
 from .convert import ColumnType, column_types, to_numpy
 from .urls import parse_table_url, table_urls
@@ -64,13 +68,6 @@ def count_rows(url: str, storage_options: Mapping[str, Any] | None = None) -> in
     filters in the URL apply). A ``WorkQueue`` or ``plan_shards`` over tables counts
     rows with it when no ``row_counts`` are given."""
     return int(open_table_backend(parse_table_url(url), storage_options).num_rows())
-
-
-def slice_range(total: int, slice_id: int, slice_count: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of slice ``slice_id`` of ``slice_count`` over ``total`` rows."""
-    base, extra = divmod(total, slice_count)
-    start = slice_id * base + min(slice_id, extra)
-    return start, start + base + (1 if slice_id < extra else 0)
 
 
 class TableRecordDataset(SourceDataset):
@@ -209,37 +206,30 @@ class TableRecordDataset(SourceDataset):
         return f"read_table({len(self.urls)} tables, {len(self.columns)} columns){extra}"
 
 
-class _Worker(threading.Thread):
-    def __init__(self, ds: TableRecordDataset, segments: list, q: queue.Queue, stop: threading.Event,
-                 chunk_rows: int) -> None:
-        super().__init__(daemon=True, name="shardfeed-table-reader")
-        self.ds, self.segments, self.q, self.stop_event, self.chunk_rows = ds, segments, q, stop, chunk_rows
-
-    def _put(self, item: Any) -> bool:
-        while not self.stop_event.is_set():
-            try:
-                self.q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run(self) -> None:
-        ds = self.ds
-        try:
-            for ti, start, stop in self.segments:
-                b = ds.backends[ti]
-                row = start
-                for rb in b.read(ds.columns, start, stop, self.chunk_rows):
-                    cols = [to_numpy(rb.column(j), t, b.masked, c, row)
-                            for j, (c, t) in enumerate(zip(ds.columns, ds.types))]
-                    row += rb.num_rows
-                    if not self._put((cols, rb.num_rows)) or self.stop_event.is_set():
-                        return
-                if not self._put(_END):
+def _read_segments(ds: TableRecordDataset, segments: list, q: ChunkQueue, stop: threading.Event,
+                   chunk_rows: int) -> None:
+    """One reader thread's task: its segments' rows, a chunk of columns at a time, into its
+    own queue (each segment closed by ``_END``); an error goes into the queue in its place
+    in the order. Returns when done, when ``stop`` is set or when the queue is closed."""
+    try:
+        for ti, start, stop_row in segments:
+            b = ds.backends[ti]
+            row = start
+            for rb in b.read(ds.columns, start, stop_row, chunk_rows):
+                cols = [to_numpy(rb.column(j), t, b.masked, c, row)
+                        for j, (c, t) in enumerate(zip(ds.columns, ds.types))]
+                row += rb.num_rows
+                q.put((cols, rb.num_rows), 1)
+                if stop.is_set():
                     return
-        except BaseException as exc:  # noqa: BLE001 - carried to the consumer
-            self._put(exc)
+            q.put(_END, 1)
+    except Closed:
+        return
+    except BaseException as exc:  # noqa: BLE001 - carried to the consumer
+        try:
+            q.put(exc, 1)
+        except Closed:
+            pass
 
 
 class _TableReader:
@@ -268,15 +258,15 @@ class _TableReader:
             ranges = segs
         n = max(1, min(n, len(ranges)))
         depth = max(1, per_thread // max(1, chunk))
-        self.queues = [queue.Queue(maxsize=depth) for _ in range(n)]
-        self.workers = [_Worker(ds, ranges[i::n], self.queues[i], self.stop, chunk) for i in range(n)]
+        self.queues = [ChunkQueue(depth) for _ in range(n)]
+        self.pool = WorkerPool(n, "table-reader")
         self.nseg = len(ranges)
         self.seg = 0
         self.cols: list[np.ndarray] | None = None
         self.pos = 0
         self.len = 0
-        for w in self.workers:
-            w.start()
+        for i in range(n):
+            self.pool.submit(_read_segments, ds, ranges[i::n], self.queues[i], self.stop, chunk)
 
     def _load(self) -> bool:
         """Make the next chunk current; False at the end of the pass."""
@@ -328,19 +318,16 @@ class _TableReader:
         return {"row": self.row}
 
     def close(self) -> None:
+        """Stop the reader threads and join them (idempotent)."""
         self.stop.set()
         for q in self.queues:
-            try:
-                while True:
-                    q.get_nowait()
-            except queue.Empty:
-                pass
-        for w in self.workers:
-            w.join(timeout=10)
+            q.close()  # a thread waiting to put gives up at once
+        self.pool.close()
 
 
+@renamed_argument("tables", "source")
 def read_table(
-    tables: str | os.PathLike | Iterable[str | os.PathLike],
+    source: str | os.PathLike | Iterable[str | os.PathLike],
     record_defaults: Sequence[Any] | None = None,
     selected_cols: str | Sequence[str] | None = None,
     excluded_cols: str | Sequence[str] | None = None,
@@ -354,13 +341,13 @@ def read_table(
 ) -> TableRecordDataset:
     """Read one or more tables as a pipeline source (see :class:`TableRecordDataset`).
 
-    ``tables``: a table URL or a list (Parquet/CSV files on any storage, ``duckdb://``,
+    ``source``: a table URL or a list (Parquet/CSV files on any storage, ``duckdb://``,
     ``postgresql://``, ``odps://``); ``record_defaults``: one type or default per column
     read; ``selected_cols``/``excluded_cols``: ``"a,b"`` or a list; ``slice_id`` of
     ``slice_count``: this worker's contiguous share of the rows; ``num_threads`` reader
     threads (0: auto); ``capacity`` rows read ahead in all (0: about 64 MB per thread).
     """
-    return TableRecordDataset(list(tables) if not isinstance(tables, (str, os.PathLike)) else tables,
+    return TableRecordDataset(list(source) if not isinstance(source, (str, os.PathLike)) else source,
                               record_defaults, selected_cols, excluded_cols, slice_id, slice_count,
                               num_threads, capacity, as_dict=as_dict, storage_options=storage_options)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..deprecation import renamed_argument
 from ..storage.urls import mask
 from .backend import open_table_backend
 from .reader import _cols
@@ -81,13 +82,14 @@ class TableRecordReader:
         self._inputs: dict[int, _Input] = {}
         self._lock = threading.Lock()
 
-    def read_up_to(self, tables: Any, num_records: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``num_records`` rows (fewer at the end, none after it) of ``tables`` (a
+    @renamed_argument("tables", "source")
+    def read_up_to(self, source: Any, num_records: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``num_records`` rows (fewer at the end, none after it) of ``source`` (a
         table URL, a list of them, an iterator of them, a ``WorkQueue`` or its
         ``input_producer()``): ``(keys, values)``, numpy object arrays of ``str``."""
         if isinstance(num_records, bool) or not isinstance(num_records, int) or num_records < 1:
             raise ValueError(f"num_records must be an int >= 1, got {num_records!r}")
-        inp = self._input(tables)
+        inp = self._input(source)
         keys: list[np.ndarray] = []
         values: list[np.ndarray] = []
         want = num_records
@@ -102,10 +104,11 @@ class TableRecordReader:
             return np.empty(0, dtype=object), np.empty(0, dtype=object)
         return np.concatenate(keys), np.concatenate(values)
 
-    def read(self, tables: Any) -> tuple[str, str]:
+    @renamed_argument("tables", "source")
+    def read(self, source: Any) -> tuple[str, str]:
         """One row: ``(key, value)``; raises ``EOFError`` after the last one (TensorFlow's
         ``OutOfRangeError``)."""
-        keys, values = self.read_up_to(tables, 1)
+        keys, values = self.read_up_to(source, 1)
         if not len(keys):
             raise EOFError("no rows left in the input of this TableRecordReader")
         return keys[0], values[0]

@@ -12,6 +12,10 @@ anything else (path, ``s3://``, ``oss://`` ...)    Parquet or CSV files: a file,
 
 Trailing ``k=v`` segments select a partition: a folder for files, a column filter for SQL
 stores. A value may be percent-encoded (``pt=a%2Fb``).
+
+Where a URL could also be a record file (a ``WorkQueue``'s works, static sharding),
+:func:`is_table_url` is the one answer: a table scheme, or Parquet/CSV files by suffix.
+This module needs no driver (no pyarrow): it imports on any machine.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from ..storage.urls import mask
+
+TABLE_SCHEMES = ("duckdb", "postgresql", "postgres", "odps")
+"""URL schemes that always name a table."""
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+"""File suffixes read as Parquet tables."""
+CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+"""File suffixes read as CSV tables."""
 
 _PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")
@@ -56,8 +67,8 @@ class TableURL:
 
 def _split_partitions(segments: list[str], url: str) -> tuple[list[str], tuple[tuple[str, str], ...]]:
     parts: list[tuple[str, str]] = []
-    while segments and _PART.match(segments[-1]):
-        m = _PART.match(segments.pop())
+    while segments and (m := _PART.match(segments[-1])):
+        segments.pop()
         parts.append((m.group(1), unquote(m.group(2))))
     parts.reverse()
     keys = [k for k, _ in parts]
@@ -132,6 +143,22 @@ def parse_table_url(url: str | os.PathLike) -> TableURL:
     return TableURL("files", location, "", parts, url)
 
 
+def is_table_url(url: str | os.PathLike) -> bool:
+    """Whether ``url`` names a table rather than a record file: a ``duckdb://``,
+    ``postgresql://``/``postgres://`` or ``odps://`` URL, or a Parquet or CSV file
+    (:data:`PARQUET_SUFFIXES`, :data:`CSV_SUFFIXES`; case, a query string and trailing
+    ``k=v`` partition folders ignored). The queue, static sharding and the table reader all
+    ask this function, so a URL is a table to all of them or to none."""
+    url = os.fspath(url).strip()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in TABLE_SCHEMES:
+        return True
+    segments = [s for s in url.split("?", 1)[0].split("/") if s]
+    while segments and _PART.match(segments[-1]):
+        segments.pop()
+    return bool(segments) and segments[-1].lower().endswith(PARQUET_SUFFIXES + CSV_SUFFIXES)
+
+
 def table_urls(filenames: str | os.PathLike | list | tuple) -> list[str]:
     """The list of table URLs in ``filenames``: a list, or one string (a comma-separated
     list of ``odps://``/``duckdb://``/``postgresql://`` URLs is split as PAI's ``-Dtables``)."""
@@ -146,4 +173,5 @@ def table_urls(filenames: str | os.PathLike | list | tuple) -> list[str]:
     return out
 
 
-__all__ = ["TableURL", "parse_table_url", "table_urls"]
+__all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "TABLE_SCHEMES", "TableURL", "is_table_url", "parse_table_url",
+           "table_urls"]
