@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import shardfeed as sf
+from shardfeed.errors import SubprocessError
 from shardfeed.pipeline import check_resume_everywhere, from_list
-from shardfeed.pipeline.process import SubprocessError
 from shardfeed.pipeline.state import elements_equal
 
 from .test_pipeline_helpers import started_since, wait_threads_back_to

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
-from ..errors import ShardfeedError
+from ..errors import SubprocessError
 from . import shm
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import Build, Context, Node
@@ -48,11 +48,6 @@ GROWTH = 1.25  # a slot that is too small is replaced by one this much larger th
 JOIN_TIMEOUT_S = 10.0
 _STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
                  "queue_samples", "mix_share_sum", "mix_batches", "extra")
-
-
-class SubprocessError(ShardfeedError, RuntimeError):
-    """The child process of an ``in_subprocess`` stage died, or failed with an exception
-    that could not be sent back as itself (its type and traceback are in the message)."""
 
 
 class _RemoteTraceback(Exception):
@@ -417,4 +412,4 @@ def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
     return False
 
 
-__all__ = ["SubprocessDataset", "SubprocessError", "check_picklable"]
+__all__ = ["SubprocessDataset", "check_picklable"]
