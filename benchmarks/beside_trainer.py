@@ -2,7 +2,7 @@
 pipeline whose Python ``map`` needs about one core, with the pipeline on threads in the
 trainer's process, in an ``in_subprocess`` stage, or in PyTorch DataLoader workers.
 
-    python benchmarks/beside_trainer.py [--steps 200] [--batch 256] [--step-ms 4] [--rounds 3]
+    python benchmarks/beside_trainer.py [--steps 100] [--batch 1024] [--step-ms 20] [--rounds 3]
 
 Each configuration runs in a fresh process (its peak memory is its own), interleaved over
 ``--rounds`` rounds; the table shows medians. Configurations:
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -245,10 +246,10 @@ CONFIGS = ["alone", "alone+busy", "threads", "subprocess", "dataloader1", "datal
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200, help="batches in the pass")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=100, help="batches in the pass")
+    ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--files", type=int, default=8)
-    ap.add_argument("--step-ms", type=float, default=4.0, help="the trainer step's pure-Python work")
+    ap.add_argument("--step-ms", type=float, default=20.0, help="the trainer step's pure-Python work")
     ap.add_argument("--map-share", type=float, default=0.8, help="the map's Python work per batch, in steps")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
@@ -262,16 +263,22 @@ def main() -> None:
         print(json.dumps(run_config(a.run, a, a.files_list.split(","))))
         return
     configs = a.configs.split(",")
+    if importlib.util.find_spec("torch") is None:
+        print("PyTorch is not installed: the DataLoader configurations are left out")
+        configs = [c for c in configs if not c.startswith("dataloader")]
     with tempfile.TemporaryDirectory() as d:
         files = write_data(d, a.steps * a.batch, a.files)
         calibrate(a, files)
         print(f"{a.steps * a.batch} CTR-like records in {a.files} files, batch {a.batch}; step {a.step_ms} ms of "
               f"Python ({a.spin} iterations); map {a.map_ms:.1f} ms of Python per batch ({a.map_rounds} rounds); "
-              f"{os.cpu_count()} cores; medians of {a.rounds} interleaved rounds", flush=True)
+              f"{os.cpu_count()} cores; medians of {a.rounds} interleaved rounds; load average before "
+              f"{os.getloadavg()[0]:.1f}", flush=True)
         results: dict[str, list[dict]] = {c: [] for c in configs}
         for _ in range(a.rounds):
             for c in configs:
                 results[c].append(measure(c, a, files))
+    load_after = os.getloadavg()[0]
+    print(f"load average after: {load_after:.1f} (other processes on the machine share its cores)")
     keys = ["step_ms", "records_per_s", "first_batch_s", "peak_pss_mb"]
     med = {c: {k: statistics.median(r[k] for r in rs) for k in keys} for c, rs in results.items()}
     ref = med.get("alone+busy", med.get("alone"))
@@ -297,7 +304,8 @@ def main() -> None:
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": {k: v for k, v in vars(a).items() if k not in ("run", "files_list")},
-                   "medians": med, "rounds": results, "handover": copies}, f, indent=2)
+                   "medians": med, "rounds": results, "handover": copies,
+                   "load_average_after": load_after}, f, indent=2)
 
 
 if __name__ == "__main__":
