@@ -219,6 +219,7 @@ def test_subprocess_backpressure_bounds_the_elements_made_ahead(tmp_path, monkey
         assert len(_segments()) <= 3
 
 
+@pytest.mark.timeout(900)  # 100 interpreters started: minutes on a loaded 2-core machine
 def test_subprocess_100_open_close_cycles_leave_no_process_segment_or_thread():
     ds = from_list(list(range(50))).batch(5).in_subprocess(buffer_size=2)
     with iter(ds) as it:  # the resource tracker starts once per interpreter: before the count
