@@ -149,7 +149,7 @@ def test_subprocess_stats_match_the_in_process_stats(tmp_path):
     assert s.stats().errors.total == 5 and s.stats().errors.examples[0]["error"] == "ValueError: odd 1"
 
 
-def test_an_unpicklable_stage_is_named_before_any_process_starts():
+def test_an_unpicklable_stage_is_named_at_once():
     with pytest.raises(TypeError, match=r"the map stage's fn \(<function .*<lambda>"):
         from_list([1, 2]).map(lambda x: x).batch(2).in_subprocess()
     with pytest.raises(ValueError, match="buffer_size must be a positive int"):
