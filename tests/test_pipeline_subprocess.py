@@ -169,6 +169,21 @@ def test_subprocess_child_exception_arrives_with_its_type_and_traceback():
     assert "raise_unpicklable" in str(info.value.__cause__)
 
 
+def test_subprocess_chain_the_child_cannot_import_is_a_clear_error():
+    import types
+
+    mod = types.ModuleType("sf_only_in_this_interpreter")  # importable here, not in a fresh child
+    exec("def double(x):\n    return 2 * x\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        ds = from_list([1, 2]).map(mod.double).in_subprocess()
+        with pytest.raises(SubprocessError, match="could not unpickle the chain above in_subprocess .*"
+                                                  "sf_only_in_this_interpreter"):
+            list(ds)
+    finally:
+        del sys.modules[mod.__name__]
+
+
 def _children() -> set[int]:
     me = str(os.getpid())
     out = set()

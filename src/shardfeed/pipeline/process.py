@@ -335,7 +335,13 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
     free = collections.deque(range(nslots))
     ctx: Context | None = None
     try:
-        ds, state, epoch, scope, budget = pickle.loads(payload)
+        try:
+            ds, state, epoch, scope, budget = pickle.loads(payload)
+        except Exception as exc:
+            raise SubprocessError(
+                f"the child process could not unpickle the chain above in_subprocess ({type(exc).__name__}: "
+                f"{exc}): every function in it must be importable in a fresh interpreter (defined in a module or "
+                "script file, not in a notebook or an interactive session)") from exc
         ctx = Context(budget)
         root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
         ctx.on_close(root.close)
