@@ -34,6 +34,7 @@ from .errors import (
     ParseError,
     ShardfeedError,
     StorageError,
+    SubprocessError,
     WorkQueueLostError,
 )
 from .formats.example import (
@@ -119,7 +120,7 @@ def native_info() -> str:
 
 __all__ = [
     "__version__", "CorruptRecordError", "DecodeError", "IteratorClosedError", "ParseError", "ShardfeedError",
-    "StorageError", "WorkQueueLostError", "ImageDecodeError", "DecodeImages", "decode_images",
+    "StorageError", "SubprocessError", "WorkQueueLostError", "ImageDecodeError", "DecodeImages", "decode_images",
     "decode_example", "decode_sequence_example", "encode_example", "encode_sequence_example",
     "parse_example", "parse_single_example", "parse_sequence_example", "parse_single_sequence_example",
     "FixedLenSequence", "IndexedTFRecord", "build_index", "read_index",

@@ -158,3 +158,9 @@ class ImageDecodeError(ShardfeedError, ValueError):
 
     def __reduce__(self):  # pickled with its attributes (process pools)
         return (_rebuild, (type(self), (self.args[0], self.feature, self.index), {}, self.__dict__))
+
+
+class SubprocessError(ShardfeedError, RuntimeError):
+    """The child process of an ``in_subprocess`` stage died (the message names the exit
+    code or signal), or failed with an exception that could not be sent back as itself
+    (its type and text are in the message, the child's traceback in ``__cause__``)."""

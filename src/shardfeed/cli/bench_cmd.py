@@ -159,6 +159,27 @@ def _rows_pipeline_seed003(res: dict) -> list[Row]:
              f"synchronous: {sync['step_ms']:.2f} ms (wait {sync['wait_fraction']:.1%})", _ratio(res["speedup"]))]
 
 
+def _rows_beside_trainer(res: dict) -> list[Row]:
+    med = res["medians"]
+    rows = []
+    ref = med.get("alone+busy")
+    sub = med.get("subprocess")
+    if ref and sub:
+        rows.append(("trainer step: in_subprocess vs alone beside a busy core", f"{sub['step_ms']:.2f} ms",
+                     f"alone+busy: {ref['step_ms']:.2f} ms", _ratio(sub["step_ms"] / ref["step_ms"])))
+    for name in ("threads", "dataloader1", "dataloader2"):
+        other = med.get(name)
+        if sub and other and other["records_per_s"]:
+            rows.append((f"records/s delivered: in_subprocess vs {name}", _rate(sub["records_per_s"], "rec/s"),
+                         f"{name}: {_rate(other['records_per_s'], 'rec/s')}",
+                         _ratio(sub["records_per_s"] / other["records_per_s"])))
+    if sub and med.get("dataloader2"):
+        rows.append(("peak memory (PSS): in_subprocess vs dataloader2", f"{sub['peak_pss_mb']:.0f} MB",
+                     f"dataloader2: {med['dataloader2']['peak_pss_mb']:.0f} MB",
+                     _ratio(sub["peak_pss_mb"] / med["dataloader2"]["peak_pss_mb"])))
+    return rows
+
+
 def _rows_convert(res: dict) -> list[Row]:
     results = res["results"]
     anchor_name = next((k for k in results if k.startswith("anchor")), None)
@@ -239,6 +260,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1"),
               _rows_pipeline_latency),
     Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4"), _rows_pipeline_memory),
+    Benchmark("beside_trainer", "--out", (), ("--steps", "40", "--rounds", "1"), _rows_beside_trainer),
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1"), _rows_long_tail),
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), _rows_pipeline_images, "--dir"),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), _rows_convert, "--data-dir"),

@@ -250,7 +250,10 @@ class SparseColumn:
         )
 
 
-def _values_equal(a: np.ndarray, b: np.ndarray) -> bool:
+def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) or isinstance(b, tuple):  # BytesBuffer values (bytes_as="buffer")
+        return (type(a) is type(b) and len(a) == len(b)
+                and all(np.array_equal(x, y) for x, y in zip(a, b)))
     if a.dtype == object or b.dtype == object:
         return len(a) == len(b) and all(x == y for x, y in zip(a, b))
     return np.array_equal(a, b)

@@ -217,6 +217,24 @@ class Dataset:
 
         return PrefetchDataset(self, buffer_size)
 
+    def in_subprocess(self, buffer_size: int = 4) -> "Dataset":
+        """Run everything above this stage in one child process (started with ``spawn``,
+        so safe with CUDA and threads here) and hand its elements over through
+        ``buffer_size`` shared-memory slots: numpy arrays (and object arrays of ``bytes``)
+        are written once into a slot by the child and copied once out of it for the
+        consumer; only the small structure around them is pickled. Python stages above it
+        (a ``map`` with a user function) then no longer hold this process's GIL.
+
+        It is named for where the chain runs, as ``map(use_processes=True)`` is; it prefetches
+        like ``prefetch(buffer_size)``. ``get_state()``/resume and ``stats()`` see through it.
+        The chain above must pickle (user functions at module top level); ``TypeError``
+        names the stage that does not. The child's exception is re-raised here with its
+        traceback; a child that dies raises :class:`~shardfeed.pipeline.process.SubprocessError`
+        naming the signal. See docs/pipeline.md, "Input beside the trainer"."""
+        from .process import SubprocessDataset  # noqa: PLC0415
+
+        return SubprocessDataset(self, buffer_size)
+
     def interleave(self, fn: Callable[[Any], "Dataset"], cycle_length: int = AUTOTUNE, block_length: int = 1,
                    num_parallel_calls: int | None = None, deterministic: bool = True) -> "Dataset":
         """Map each element to a dataset with ``fn`` and mix ``cycle_length`` of them,

@@ -1,0 +1,421 @@
+"""``in_subprocess``: the chain above this stage runs in one child process.
+
+Python stages hold the GIL; on threads in the trainer's process they slow the training
+loop they feed. This stage moves everything upstream of it into one child started with
+``spawn`` (safe with CUDA and threads in the parent). Elements, batches of numpy arrays in
+practice, come back through a ring of ``buffer_size`` shared-memory slots: the child
+writes an element's arrays into a free slot and sends only its small pickled structure
+and the slot's number down a pipe; the consumer copies the arrays out (see
+:mod:`shardfeed.pipeline.shm`) and hands the slot back. The child waits for a free slot
+before writing (backpressure by slot count), so at most ``buffer_size`` elements sit in
+shared memory plus one being made in the child; a slot grows (a new segment) when an
+element does not fit it.
+
+The child sends, with each element, the upstream state after it, so this stage's state is
+what was delivered, never what was read ahead; and, at most every ``STATS_EVERY_S`` and at
+the end, the upstream stages' statistics, which the consumer's ``stats()`` shows as its
+own. An exception in the child reaches the consumer with the child's traceback (the same
+type when it pickles); a child that dies is one :class:`SubprocessError` naming the exit
+code or signal. ``close()``, garbage collection, Ctrl-C (the child ignores SIGINT; the
+consumer stops it) and interpreter exit stop the child and remove its segments.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import os
+import pickle
+import secrets
+import signal
+import time
+import traceback
+from collections.abc import Mapping
+from multiprocessing.connection import wait
+from typing import Any
+
+from ..errors import SubprocessError
+from . import shm
+from .dataset import Dataset, UnaryDataset, positive_int
+from .node import Build, Context, Node
+from .stats import PipelineStats, StageStats
+
+logger = logging.getLogger(__name__)
+
+STATS_EVERY_S = 0.05  # the child sends its statistics at most this often (and at the end)
+GROWTH = 1.25  # a slot that is too small is replaced by one this much larger than needed
+JOIN_TIMEOUT_S = 10.0
+_STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
+                 "queue_samples", "mix_share_sum", "mix_batches", "extra")
+
+
+class _RemoteTraceback(Exception):
+    """The child's traceback, as the ``__cause__`` of the exception it raised."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+class SubprocessDataset(UnaryDataset):
+    kind = "subprocess"
+
+    def __init__(self, parent: Dataset, buffer_size: int = 4) -> None:
+        super().__init__(parent)
+        self.buffer_size = positive_int("in_subprocess buffer_size", buffer_size)
+        check_picklable(parent)
+
+    def cardinality(self) -> int | float | None:
+        return self.parent.cardinality()
+
+    def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        return SubprocessNode(b, self, state)
+
+
+def check_picklable(ds: Dataset) -> None:
+    """Raise ``TypeError`` naming the stage (and its attribute) of ``ds``'s chain that
+    cannot be pickled to a spawned child: user functions must be top-level functions of an
+    importable module, not lambdas or closures."""
+    try:
+        pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
+        return
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is reported below
+        first = exc
+    where = _unpicklable_part(ds)
+    raise TypeError(f"in_subprocess: the chain above it must be picklable to run in a spawned child, but "
+                    f"{where or 'a stage'} is not ({type(first).__name__}: {first}); give map/filter/interleave "
+                    "top-level functions of an importable module (not lambdas, closures or functions defined in "
+                    "__main__ of an interactive session)") from first
+
+
+def _unpicklable_part(ds: Any, depth: int = 0) -> str | None:
+    if depth > 100 or not isinstance(ds, Dataset):
+        return None
+    for attr, value in vars(ds).items():
+        inner = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(v, Dataset) for v in inner):
+            for v in inner:
+                found = _unpicklable_part(v, depth + 1)
+                if found:
+                    return found
+            continue
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - this is the part we were looking for
+            return f"the {ds.kind} stage's {attr} ({value!r:.80})"
+    return None
+
+
+class SubprocessNode(Node):
+    """The consumer's side: starts the child on the first ``next`` and reads the ring."""
+
+    def __init__(self, b: Build, ds: SubprocessDataset, state: Mapping[str, Any] | None) -> None:
+        super().__init__(b, ds, [])
+        self.ds = ds
+        self.build = b
+        self.cur_state: Any = state["parent"] if state else None
+        self.slots = ds.buffer_size
+        self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
+        self.maps: dict[int, Any] = {}  # slot -> (gen, SharedMemory) as attached here
+        self.gens = [-1] * self.slots  # the newest generation of each slot announced
+        self.proc: Any = None
+        self.conn: Any = None  # elements, errors, the end: child -> consumer
+        self.ctrl: Any = None  # free slots and stop: consumer -> child
+        self.pending: collections.deque = collections.deque()
+        self.done = False
+        self.closed = False
+        self.child_stages: list[StageStats] | None = None
+        self.seen_storage: dict[str, float] = {}
+        self.seen_errors: dict[str, int] = {}
+        self.seen_examples = 0
+        self.stats.threaded = True
+        self.stats.extra.update(slots=self.slots, shared_memory_bytes=0)
+        b.ctx.on_close(self.close)
+
+    # -- the child's lifetime ------------------------------------------------------------
+    def _start(self) -> None:
+        if self.ctx.closed or self.closed:
+            raise RuntimeError("the iterator was closed")
+        if multiprocessing.current_process().daemon:
+            raise SubprocessError("in_subprocess cannot start its child inside a daemonic process (a DataLoader "
+                                  "worker, say): use it with DataLoader(num_workers=0), one child per rank")
+        b = self.build
+        try:
+            payload = pickle.dumps((self.ds.parent, self.cur_state, b.epoch, b.scope, self.ctx.memory_budget),
+                                   protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - check_picklable names the stage
+            check_picklable(self.ds.parent)
+            raise
+        mp = multiprocessing.get_context("spawn")
+        self.conn, child_conn = mp.Pipe(duplex=False)
+        child_ctrl, self.ctrl = mp.Pipe(duplex=False)
+        self.proc = mp.Process(target=_child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots),
+                               name="shardfeed-subprocess", daemon=True)
+        self.proc.start()
+        child_conn.close()
+        child_ctrl.close()
+        self.stats.extra["child_pid"] = self.proc.pid
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        proc = self.proc
+        if proc is not None:
+            try:
+                self.ctrl.send(("stop",))
+            except (OSError, ValueError):
+                pass  # the child is gone already
+            proc.join(JOIN_TIMEOUT_S)
+            if proc.exitcode is None:
+                logger.warning("in_subprocess child %d did not stop within %.0f s; terminating it", proc.pid,
+                               JOIN_TIMEOUT_S)
+                proc.terminate()
+                proc.join(2.0)
+                if proc.exitcode is None:
+                    proc.kill()
+                    proc.join()
+            proc.close()
+            for c in (self.conn, self.ctrl):
+                c.close()
+        self.pending.clear()
+        for _, m in self.maps.values():
+            m.close()
+        self.maps.clear()
+        if proc is not None:
+            for slot, gen in enumerate(self.gens):
+                # the newest announced generation, and the next one: a child that died
+                # between making a segment and announcing it leaves it under that name
+                for g in (gen, gen + 1):
+                    if g >= 0:
+                        shm.unlink_quietly(shm.slot_name(self.token, slot, g))
+
+    # -- the consumer's side ------------------------------------------------------------
+    def _receive(self) -> None:
+        """Take every message waiting; block until there is one (or the child is gone)."""
+        while True:
+            try:
+                while self.conn.poll():
+                    self.pending.append(self.conn.recv())
+            except EOFError:
+                if self.pending:
+                    return
+                raise self._died() from None
+            if self.pending:
+                return
+            if self.ctx.closed:
+                raise RuntimeError("the iterator was closed")
+            ready = wait([self.conn, self.proc.sentinel], timeout=0.1)
+            if ready and self.conn not in ready and not self.conn.poll():
+                raise self._died()
+
+    def _died(self) -> SubprocessError:
+        self.done = True
+        self.proc.join(1.0)
+        code = self.proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"killed by signal {signal.Signals(-code).name} (exit code {code})"
+            except ValueError:
+                how = f"killed by signal {-code} (exit code {code})"
+        else:
+            how = f"exited with code {code}"
+        return SubprocessError(f"the in_subprocess child process (pid {self.proc.pid}) running the stages above "
+                               f"it died: {how}, before the end of the pass; the elements it had not sent are lost "
+                               "(resume from the last get_state() to read them)")
+
+    def _next(self) -> Any:
+        if self.done:
+            raise StopIteration
+        if self.proc is None:
+            self._start()
+        if not self.pending:
+            self._receive()
+        self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
+        msg = self.pending.popleft()
+        kind = msg[0]
+        if kind == "data":
+            _, slot, gen, structure, layout, state, size, work_s, snap = msg
+            t = time.perf_counter()
+            x = shm.decode(self._slot(slot, gen).buf, structure, layout)
+            try:
+                self.ctrl.send(("free", slot))
+            except OSError:
+                pass  # the child ended after sending its last elements
+            self.stats.work_s += work_s + time.perf_counter() - t
+            self.stats.bytes += size
+            self.cur_state = state
+            if snap is not None:
+                self._merge(snap)
+            return x
+        self.done = True
+        self._merge(msg[-1])
+        if kind == "end":
+            raise StopIteration
+        _, blob, type_name, text, tb = msg[:5]
+        exc = None
+        if blob is not None:
+            try:
+                exc = pickle.loads(blob)
+            except Exception:  # noqa: BLE001 - reported as SubprocessError below
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = SubprocessError(f"the in_subprocess child raised {type_name}: {text}")
+        raise exc from _RemoteTraceback(tb)
+
+    def _slot(self, slot: int, gen: int) -> Any:
+        have = self.maps.get(slot)
+        if have is None or have[0] != gen:
+            if have is not None:
+                have[1].close()
+            m = shm.attach(shm.slot_name(self.token, slot, gen))
+            self.maps[slot] = (gen, m)
+            self.gens[slot] = max(self.gens[slot], gen)
+            self.stats.extra["shared_memory_bytes"] = sum(mm.size for _, mm in self.maps.values())
+            return m
+        return have[1]
+
+    def _merge(self, snap: Mapping[str, Any] | None) -> None:
+        """Show the child's statistics (cumulative for this pass) as this pass's own."""
+        if snap is None:
+            return
+        stats: PipelineStats = self.ctx.stats
+        if self.child_stages is None:
+            self.child_stages = [StageStats(d["name"]) for d in snap["stages"]]
+            at = stats.stages.index(self.stats)
+            stats.stages[at:at] = self.child_stages
+            for i, s in enumerate(stats.stages):  # number the stages in pipeline order again
+                s.name = f"{i}:{s.name.split(':', 1)[-1]}"
+            for s, d in zip(self.child_stages, snap["stages"]):
+                s.upstream = [self.child_stages[i] for i in d["upstream"]]
+            if self.child_stages:
+                self.stats.upstream = [self.child_stages[-1]]
+        for s, d in zip(self.child_stages, snap["stages"]):
+            for f in _STAGE_FIELDS:
+                setattr(s, f, d[f])
+        for f, v in snap["storage"].items():  # add what is new since the last snapshot
+            stats.storage.add(**{f: v - self.seen_storage.get(f, 0)})
+        self.seen_storage = dict(snap["storage"])
+        for stage, n in snap["errors"]["by_stage"].items():
+            stats.errors.by_stage[stage] += n - self.seen_errors.get(stage, 0)
+        self.seen_errors = dict(snap["errors"]["by_stage"])
+        examples = snap["errors"]["examples"]
+        stats.errors.examples.extend(examples[self.seen_examples:])
+        self.seen_examples = len(examples)
+
+    def get_state(self) -> dict:
+        return {"parent": self.cur_state}
+
+
+# -- the child ----------------------------------------------------------------------------
+def _snapshot(stats: PipelineStats) -> dict:
+    index = {id(s): i for i, s in enumerate(stats.stages)}
+    stages = []
+    for s in stats.stages:
+        d = {f: getattr(s, f) for f in _STAGE_FIELDS}
+        d["extra"] = {k: list(v) if isinstance(v, list) else v for k, v in s.extra.items()}
+        d["name"] = s.name.split(":", 1)[-1]
+        d["upstream"] = [index[id(u)] for u in s.upstream if id(u) in index]
+        stages.append(d)
+    st = stats.storage
+    storage = {f: getattr(st, f) for f in st.FIELDS}
+    storage["active_s"] = st.active_s
+    return {"stages": stages, "storage": storage, "errors": stats.errors.to_dict()}
+
+
+def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -> None:
+    """Run the upstream chain and fill the ring until the end, an error, or a stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+    segments: list[Any] = [None] * nslots
+    gens = [-1] * nslots
+    free = collections.deque(range(nslots))
+    ctx: Context | None = None
+    try:
+        try:
+            ds, state, epoch, scope, budget = pickle.loads(payload)
+        except Exception as exc:
+            raise SubprocessError(
+                f"the child process could not unpickle the chain above in_subprocess ({type(exc).__name__}: "
+                f"{exc}): every function in it must be importable in a fresh interpreter (defined in a module or "
+                "script file, not in a notebook or an interactive session)") from exc
+        ctx = Context(budget)
+        root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
+        ctx.on_close(root.close)
+        last_stats = time.perf_counter()
+        while True:
+            if _take_messages(ctrl, free, block=False):
+                return
+            try:
+                x = next(root)
+            except StopIteration:
+                conn.send(("end", _snapshot(ctx.stats)))
+                return
+            state = root.get_state()
+            t = time.perf_counter()
+            structure, arrays, layout, size = shm.encode(x)
+            del x
+            work_s = time.perf_counter() - t
+            while not free:  # backpressure: wait for the consumer to hand a slot back
+                if _take_messages(ctrl, free, block=True):
+                    return
+            t = time.perf_counter()
+            k = free.popleft()
+            seg = segments[k]
+            if seg is None or seg.size < size:
+                new = shm.create(shm.slot_name(token, k, gens[k] + 1), int(size * GROWTH) + 4096)
+                if seg is not None:  # the consumer is done with it: it handed this slot back
+                    seg.close()
+                    seg.unlink()
+                segments[k] = new
+                gens[k] += 1
+            shm.write(segments[k].buf, arrays, layout)
+            del arrays
+            work_s += time.perf_counter() - t
+            now = time.perf_counter()
+            snap = None
+            if now - last_stats >= STATS_EVERY_S:
+                snap, last_stats = _snapshot(ctx.stats), now
+            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap))
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return  # the consumer is gone
+    except BaseException as exc:  # noqa: BLE001 - carried to the consumer
+        tb = traceback.format_exc()
+        try:
+            blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - sent as its type, text and traceback
+            blob = None
+        try:
+            conn.send(("error", blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb,
+                       _snapshot(ctx.stats) if ctx is not None else None))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if ctx is not None:
+            ctx.close()
+        for seg in segments:
+            if seg is not None:
+                seg.close()  # the consumer removes the segments
+        conn.close()
+        ctrl.close()
+
+
+def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
+    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
+    try:
+        while block or ctrl.poll():
+            msg = ctrl.recv()
+            if msg[0] == "stop":
+                return True
+            free.append(msg[1])
+            block = False
+    except (EOFError, OSError):
+        return True
+    return False
+
+
+__all__ = ["SubprocessDataset", "check_picklable"]

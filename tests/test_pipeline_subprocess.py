@@ -1,0 +1,346 @@
+"""``in_subprocess``: the chain above it in one spawned child, batches through shared memory.
+
+Tests that start a child have "subprocess" in their names (conftest marks them slow).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.errors import SubprocessError
+from shardfeed.pipeline import check_resume_everywhere, from_list
+from shardfeed.pipeline.state import elements_equal
+
+from .test_pipeline_helpers import started_since, wait_threads_back_to
+
+BSPEC = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=[2]), "ids": sf.VarLen("int64"),
+         "tok": sf.FixedLen("bytes"), "tags": sf.VarLen("bytes")}
+
+
+def _example(i: int) -> bytes:
+    return sf.encode_example({"id": [i], "x": np.array([i, -i], np.float32), "ids": list(range(i % 4)),
+                              "tok": [b"t%d" % i * (i % 5)], "tags": [b"g%d" % j for j in range(i % 3)]})
+
+
+def write_bytes_shards(tmp_path, n_files: int = 3, per_file: int = 9) -> list[str]:
+    paths = []
+    for f in range(n_files):
+        p = str(tmp_path / f"b-{f:03d}.tfrecord")
+        sf.write_records(p, [_example(f * 1000 + i) for i in range(per_file)], index=True)
+        paths.append(p)
+    return paths
+
+
+def add_total(batch):
+    """A user map function (top level, so it pickles to the child)."""
+    out = dict(batch)
+    out["total"] = batch["id"] + batch["x"][:, 0].astype(np.int64)
+    return out
+
+
+def fail_at_seven(x):
+    if x == 7:
+        raise ValueError(f"bad element {x}")
+    return x
+
+
+def skip_odd(x):
+    if x % 2:
+        raise ValueError(f"odd {x}")
+    return x
+
+
+class Unpicklable(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable(x):
+    raise Unpicklable(f"cannot travel {x}")
+
+
+def slow(x):
+    time.sleep(0.02)
+    return np.full(1000, x, np.int64)
+
+
+def grow(x):
+    """Element ``x`` is ``x`` KiB of int8, so the slots must grow."""
+    return {"v": np.full(x * 1024, x % 100, np.int8), "k": x}
+
+
+def logged(x):
+    with open(os.environ["SF_SUBPROCESS_TEST_LOG"], "a") as f:
+        f.write(f"{x}\n")
+    return np.arange(x, x + 3)
+
+
+def pipelines(files):
+    return {
+        "object": sf.read_tfrecord(files, spec=BSPEC).batch(4),
+        "buffer": sf.read_tfrecord(files, spec=BSPEC).batch(4, bytes_as="buffer"),
+        "shuffled_mapped": (sf.read_tfrecord(files, spec=BSPEC, shuffle="global", seed=3).batch(5)
+                            .map(add_total, num_parallel_calls=2)),
+    }
+
+
+def test_subprocess_output_equals_the_in_process_pipeline(tmp_path):
+    files = write_bytes_shards(tmp_path)
+    for name, ds in pipelines(files).items():
+        want = list(ds)
+        got = list(ds.in_subprocess(buffer_size=2))
+        assert len(got) == len(want) and elements_equal(got, want), name
+        ids = np.concatenate([b["id"] for b in got])
+        assert sorted(ids.tolist()) == sorted(f * 1000 + i for f in range(3) for i in range(9))  # exactly once
+    b = list(pipelines(files)["buffer"].in_subprocess())[1]
+    assert type(b["tok"]).__name__ == "BytesBuffer" and b["tok"].to_list() == [b"t4" * 4, b"", b"t6", b"t7" * 2]
+
+
+def test_subprocess_arrays_stay_valid_after_later_batches(tmp_path):
+    ds = from_list(list(range(12))).map(grow).in_subprocess(buffer_size=2)
+    got = list(ds)  # every slot reused (and grown) many times over while these are kept
+    for x, e in enumerate(got):
+        assert e["k"] == x and e["v"].shape == (x * 1024,) and (e["v"] == x % 100).all()
+    extra = ds.stats().stages[-1].extra
+    assert extra["slots"] == 2
+    # two slots, each at most 1.25x the largest element plus a page: memory is bounded
+    assert 0 < extra["shared_memory_bytes"] <= 2 * (int(11 * 1024 * 1.25) + 4096 + 4096)
+
+
+@pytest.mark.parametrize("after", ["none", "map_after"])
+def test_subprocess_resumes_at_every_step(tmp_path, after):
+    files = write_bytes_shards(tmp_path, n_files=2, per_file=5)
+    ds = sf.read_tfrecord(files, spec=BSPEC, shuffle="global", seed=1).batch(3).map(add_total).in_subprocess(2)
+    if after == "map_after":
+        ds = ds.unbatch().batch(2)
+    assert check_resume_everywhere(ds) == (5 if after == "none" else 6)
+
+
+def test_subprocess_stats_match_the_in_process_stats(tmp_path):
+    files = write_bytes_shards(tmp_path)
+    plain = sf.read_tfrecord(files, spec=BSPEC).batch(4).map(add_total)
+    list(plain)
+    inner = plain.in_subprocess()
+    list(inner)
+    a, b = plain.stats(), inner.stats()
+    assert [s.name for s in b.stages[:-1]] == [s.name for s in a.stages]
+    assert b.stages[-1].name == f"{len(a.stages)}:subprocess"
+    assert [(s.elements, s.bytes) for s in b.stages[:-1]] == [(s.elements, s.bytes) for s in a.stages]
+    assert b.stages[-1].elements == a.stages[-1].elements and b.consumer_elements == a.consumer_elements
+    assert b.to_dict()["stages"][-1]["shared_memory_bytes"] > 0
+    assert "subprocess" in str(b) and b.verdict()
+    skipping = from_list(list(range(10))).map(skip_odd, on_error="skip")
+    assert list(skipping.in_subprocess()) == [0, 2, 4, 6, 8]
+    s = skipping.in_subprocess()
+    list(s)
+    assert s.stats().errors.total == 5 and s.stats().errors.examples[0]["error"] == "ValueError: odd 1"
+
+
+def test_an_unpicklable_stage_is_named_at_once():
+    with pytest.raises(TypeError, match=r"the map stage's fn \(<function .*<lambda>"):
+        from_list([1, 2]).map(lambda x: x).batch(2).in_subprocess()
+    with pytest.raises(ValueError, match="buffer_size must be a positive int"):
+        from_list([1]).in_subprocess(0)
+
+
+def test_subprocess_child_exception_arrives_with_its_type_and_traceback():
+    it = iter(from_list(list(range(20))).map(fail_at_seven).in_subprocess())
+    got = []
+    with pytest.raises(ValueError, match="bad element 7") as info:
+        for x in it:
+            got.append(x)
+    assert got == list(range(7))
+    assert "fail_at_seven" in str(info.value.__cause__) and "Traceback" in str(info.value.__cause__)
+    with pytest.raises(SubprocessError, match=r"Unpicklable: cannot travel 0") as info:
+        list(from_list([0]).map(raise_unpicklable).in_subprocess())
+    assert "raise_unpicklable" in str(info.value.__cause__)
+
+
+def test_subprocess_chain_the_child_cannot_import_is_a_clear_error():
+    import types
+
+    mod = types.ModuleType("sf_only_in_this_interpreter")  # importable here, not in a fresh child
+    exec("def double(x):\n    return 2 * x\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        ds = from_list([1, 2]).map(mod.double).in_subprocess()
+        with pytest.raises(SubprocessError, match="could not unpickle the chain above in_subprocess .*"
+                                                  "sf_only_in_this_interpreter"):
+            list(ds)
+    finally:
+        del sys.modules[mod.__name__]
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    out = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                out.add(int(pid))
+    return out
+
+
+def _segments(pid: int | None = None) -> set[str]:
+    prefix = f"sf_{pid or os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+
+
+def test_subprocess_killed_child_is_one_clear_error():
+    ds = from_list(list(range(500))).map(slow).in_subprocess(buffer_size=2)
+    it = iter(ds)
+    next(it)
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(SubprocessError, match=r"killed by signal SIGKILL \(exit code -9\)"):
+        for _ in range(10):  # at most the batches already in the ring, then the error
+            next(it)
+    it.close()
+    assert not _segments() and pid not in _children()
+
+
+def test_subprocess_backpressure_bounds_the_elements_made_ahead(tmp_path, monkeypatch):
+    log = tmp_path / "made.txt"
+    monkeypatch.setenv("SF_SUBPROCESS_TEST_LOG", str(log))
+    ds = from_list(list(range(100))).map(logged).in_subprocess(buffer_size=3)
+    with iter(ds) as it:
+        for _ in range(5):
+            next(it)
+        seen, stable = -1, 0
+        while stable < 20:  # until the child stopped making elements (it waits for a slot)
+            time.sleep(0.05)
+            n = len(log.read_text().split())
+            stable, seen = (stable + 1, n) if n == seen else (0, n)
+        # delivered 5; at most 3 in the slots and 1 made and waiting for a slot
+        assert seen <= 5 + 3 + 1
+        assert len(_segments()) <= 3
+
+
+@pytest.mark.timeout(900)  # 100 interpreters started: minutes on a loaded 2-core machine
+def test_subprocess_100_open_close_cycles_leave_no_process_segment_or_thread():
+    ds = from_list(list(range(50))).batch(5).in_subprocess(buffer_size=2)
+    with iter(ds) as it:  # the resource tracker starts once per interpreter: before the count
+        next(it)
+    time.sleep(0.2)
+    threads, children, segments = set(threading.enumerate()), _children(), _segments()
+    for k in range(100):
+        it = iter(ds)
+        next(it)
+        if k % 3 == 0:
+            it.close()
+        elif k % 3 == 1:
+            del it  # garbage collection closes it
+            gc.collect()
+        else:
+            it.close()
+            it.close()  # idempotent
+    assert wait_threads_back_to(threads) == []
+    assert _children() <= children and not multiprocessing.active_children()
+    assert _segments() == segments == set()
+    assert started_since(threads) == []
+
+
+SCRIPT = """
+import os, sys, time
+import numpy as np
+sys.path[:0] = {paths!r}
+from tests.test_pipeline_subprocess import slow
+from shardfeed.pipeline import from_list
+
+if __name__ == "__main__":
+    it = iter(from_list(list(range(10000))).map(slow).in_subprocess(buffer_size=2))
+    next(it)
+    print("child", it.stats().stages[-1].extra["child_pid"], flush=True)
+    if {mode!r} == "exit":
+        sys.exit(0)  # normal interpreter exit with the pass open
+    for x in it:
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("mode", ["ctrl_c", "exit"])
+def test_subprocess_ctrl_c_and_interpreter_exit_leave_nothing_behind(mode):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(SCRIPT.format(paths=[root] + sys.path, mode="exit" if mode == "exit" else "run"))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("child"), p.stderr.read()
+    child = int(line.split()[1])
+    if mode == "ctrl_c":
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    if mode == "ctrl_c":
+        assert "KeyboardInterrupt" in err and p.returncode != 0, err
+    else:
+        assert p.returncode == 0 and "Traceback" not in err, err
+    assert "leaked" not in err and "resource_tracker" not in err, err
+    for _ in range(100):  # the orphaned child, if any, is reaped by init: wait for that
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert not _segments(p.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_subprocess_to_torch_one_child_per_rank_reads_its_share(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    files = write_bytes_shards(tmp_path, n_files=4, per_file=3)
+    ds = sf.read_tfrecord(files, spec=BSPEC).batch(2).map(add_total)
+    for rank in range(2):
+        want = list(DataLoader(ds.to_torch(slice_id=rank, slice_count=2), batch_size=None))
+        got = list(DataLoader(ds.in_subprocess().to_torch(slice_id=rank, slice_count=2), batch_size=None))
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want):
+            assert isinstance(g["id"], torch.Tensor) and torch.equal(g["id"], w["id"])
+            assert torch.equal(g["total"], w["total"])
+        ids = torch.cat([g["id"] for g in got]).tolist()
+        assert {i // 1000 for i in ids} == {rank, rank + 2}  # the rank's own files only
+    # in a DataLoader worker (a daemonic process) the child cannot start: said plainly
+    with pytest.raises(Exception, match="DataLoader\\(num_workers=0\\)"):
+        list(DataLoader(ds.in_subprocess().to_torch(slice_id=0, slice_count=1), batch_size=None, num_workers=1))
+
+
+@pytest.mark.tf
+def test_subprocess_to_tf_yields_the_same_batches():
+    tf = pytest.importorskip("tensorflow")
+    ds = from_list([{"a": np.arange(3) + i, "s": b"x%d" % i} for i in range(5)]).batch(2)
+    got = list(ds.in_subprocess().to_tf().as_numpy_iterator())
+    assert ds.in_subprocess().to_tf().element_spec["a"] == tf.TensorSpec((None, 3), tf.int64)
+    assert [g["a"].tolist() for g in got] == [b["a"].tolist() for b in ds]
+    assert got[2]["s"].tolist() == [b"x4"]
+
+
+def test_subprocess_to_jax_places_the_same_arrays():
+    pytest.importorskip("jax")
+    ds = from_list([np.arange(4) + i for i in range(6)]).batch(2)
+    got = list(ds.in_subprocess().to_jax())
+    assert [np.asarray(g).tolist() for g in got] == [b.tolist() for b in ds]
