@@ -289,10 +289,10 @@ class PipelineStats:
             lines.append(f"storage: {st.bytes_fetched / 1e6:.1f} MB in {st.requests} GETs ({st.retries} retries, "
                          f"{st.mb_per_s:.1f} MB/s); cache {st.cache_hits} hits, {st.cache_misses} misses, "
                          f"{st.cache_bypassed} read around it")
-            median = st.latency_quantile(0.5)
-            if median is not None:
+            median, p90 = st.latency_quantile(0.5), st.latency_quantile(0.9)
+            if median is not None and p90 is not None:
                 lines.append(f"storage latency: median <= {median * 1e3:g} ms, 90% <= "
-                             f"{st.latency_quantile(0.9) * 1e3:g} ms over {st.latency_count} requests; requests in "
+                             f"{p90 * 1e3:g} ms over {st.latency_count} requests; requests in "
                              f"flight {st.waiting_s:.2f} s")
         for s in self.stages:
             if s.mix_batches:
