@@ -35,6 +35,7 @@ import threading
 import time
 import zlib
 
+import _rows
 import numpy as np
 
 CAT = [f"C{k}" for k in range(26)]
@@ -244,6 +245,29 @@ def copy_costs(sizes_mb=(0.07, 1.0, 8.0), reps: int = 30) -> list[dict]:
 CONFIGS = ["alone", "alone+busy", "threads", "subprocess", "dataloader1", "dataloader2"]
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["medians"]
+    rows = []
+    ref = med.get("alone+busy")
+    sub = med.get("subprocess")
+    if ref and sub:
+        rows.append(("trainer step: in_subprocess vs alone beside a busy core", f"{sub['step_ms']:.2f} ms",
+                     f"alone+busy: {ref['step_ms']:.2f} ms", _rows.ratio(sub["step_ms"] / ref["step_ms"])))
+    for name in ("threads", "dataloader1", "dataloader2"):
+        other = med.get(name)
+        if sub and other and other["records_per_s"]:
+            rows.append((f"records/s delivered: in_subprocess vs {name}", _rows.rate(sub["records_per_s"], "rec/s"),
+                         f"{name}: {_rows.rate(other['records_per_s'], 'rec/s')}",
+                         _rows.ratio(sub["records_per_s"] / other["records_per_s"])))
+    if sub and med.get("dataloader2"):
+        rows.append(("peak memory (PSS): in_subprocess vs dataloader2", f"{sub['peak_pss_mb']:.0f} MB",
+                     f"dataloader2: {med['dataloader2']['peak_pss_mb']:.0f} MB",
+                     _rows.ratio(sub["peak_pss_mb"] / med["dataloader2"]["peak_pss_mb"])))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="batches in the pass")
@@ -302,10 +326,12 @@ def main() -> None:
     for r in copies:
         print(f"{r['mb']:>10}{r['encode_write']:>24.3f}{r['copy_out']:>23.3f}{r['pickle_unpickle']:>20.3f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    result = {"args": {k: v for k, v in vars(a).items() if k not in ("run", "files_list")},
+              "medians": med, "rounds": results, "handover": copies,
+              "load_average_after": load_after}
+    result["rows"] = table_rows(result)
     with open(a.out, "w") as f:
-        json.dump({"args": {k: v for k, v in vars(a).items() if k not in ("run", "files_list")},
-                   "medians": med, "rounds": results, "handover": copies,
-                   "load_average_after": load_after}, f, indent=2)
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

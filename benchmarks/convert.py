@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+import _rows
 import numpy as np
 
 import shardfeed
@@ -102,6 +103,19 @@ def shardfeed_run(csv_path: str, out: str, executor: str, workers: int) -> int:
     return res.records_written
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    results = res["results"]
+    anchor_name = next((k for k in results if k.startswith("anchor")), None)
+    anchor = results[anchor_name]["images_per_s"] if anchor_name else None
+    anchor_txt = f"{anchor_name.removeprefix('anchor: ')}: {_rows.rate(anchor, 'img/s')}" if anchor else None
+    return [(f"{res['images']} JPEGs -> max side {res['max_image_size']}: {name}",
+             _rows.rate(r["images_per_s"], "img/s"), anchor_txt or "- (no TensorFlow)",
+             _rows.ratio(r["images_per_s"] / anchor if anchor else None))
+            for name, r in results.items() if name != anchor_name]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=5000)
@@ -147,9 +161,11 @@ def main(argv=None) -> int:
                          "records": counts[name]}
         print(f"{name:<44} {med:>8.2f} {rate:>9.0f} {(f'{ratio:.2f}x' if ratio else '-'):>9}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"images": args.images, "size": [640, 480], "max_image_size": MAX_SIZE, "rounds": args.rounds,
+              "cores": os.cpu_count(), "shardfeed": shardfeed.__version__, "results": results}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"images": args.images, "size": [640, 480], "max_image_size": MAX_SIZE, "rounds": args.rounds,
-                   "cores": os.cpu_count(), "shardfeed": shardfeed.__version__, "results": results}, f, indent=1)
+        json.dump(result, f, indent=1)
     print(f"wrote {args.json}")
     return 0
 

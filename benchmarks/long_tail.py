@@ -25,6 +25,8 @@ import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+import _rows
+
 from shardfeed.distributed import WorkQueue, plan_shards  # noqa: E402
 from shardfeed.storage.urls import mask  # noqa: E402
 
@@ -71,6 +73,17 @@ def _timed(fn, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med, ideal = res["median_s"], res["ideal_s"]
+    static = med["static"]
+    conf = f"{res['workers']} workers, one {res['slow_factor']:g}x slower, {res['items']} items"
+    return [(f"{k}, {conf}, epoch time", f"{t:.3f} s ({t / ideal:.2f}x ideal)",
+             f"static: {static:.3f} s ({static / ideal:.2f}x ideal)", _rows.ratio(static / t))
+            for k, t in med.items() if k != "static"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--items", type=int, default=400)
@@ -110,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
               "median_s": {k: statistics.median(v) for k, v in runs.items()},
               "x_ideal": {k: statistics.median(v) / ideal for k, v in runs.items()}, "runs_s": runs,
               "items_per_worker": shares, "backends": {b: mask(u) for b, u in backends.items()}}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {args.json}")

@@ -56,6 +56,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 from _shaping_proxy import ShapingProxy  # noqa: E402
 
 # credentials for the loopback S3 server only; never real ones
@@ -400,6 +401,29 @@ def print_table(med: dict[str, dict | None], ceiling: float | None, errors: dict
               f"{r['mb_fetched']:>11,.1f}{_fmt(st.get('requests'), ',.0f'):>8}{_fmt(sf_mb, ',.1f'):>9}")
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med, p = res["median"], res["proxy"]
+    ceil = (med.get("ceiling (parallel ranged GETs)") or {}).get("mb_per_s")
+    where = f"S3 (moto) via {p['latency_ms']:g} ms/request, {p['conn_mbps']:g} MB/s per connection"
+    anchor = f"ceiling (parallel ranged GETs): {_rows.rate(ceil, 'MB/s')}" if ceil else "-"
+    rows: list[_rows.Row] = []
+    for name in ("naive fsspec loop (1 connection)", "shardfeed defaults", "shardfeed cache, epoch 1"):
+        r = med.get(name)
+        if r:
+            rows.append((f"{where}: {name}", _rows.rate(r["mb_per_s"], "MB/s"), anchor,
+                         _rows.ratio(r["mb_per_s"] / ceil if ceil else None)))
+    gets = res.get("epoch2_proxy_gets_full_cache")
+    if gets is not None:
+        rows.append(("full cache_dir, epoch 2: GETs", f"{gets:,}", "0 (target)", "-"))
+    refetch = res.get("refetch_fraction_half_cache")
+    if refetch is not None:
+        rows.append(("cache_limit = half the data, epoch 2: bytes fetched again", f"{refetch:.0%}",
+                     "<= 55% (target)", "-"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shards", type=int, default=200)
@@ -523,17 +547,19 @@ def main(argv: list[str] | None = None) -> int:
           f"({final['gets']:,} GET, {final['heads']:,} HEAD), {final['bytes_to_client'] / MB:,.1f} MB served")
 
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    result = {"shards": len(objects), "records": records, "record_bytes": record_bytes, "bytes": total,
+              "scale": args.scale, "rounds": args.rounds, "cores": os.cpu_count(),
+              "proxy": {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps,
+                        "total_mbps": args.total_mbps or None},
+              "ceiling": {"threads": args.threads, "range_mib": args.range_mb},
+              "runs": runs, "median": med, "errors": errors,
+              "mb_per_s": {k: v["mb_per_s"] for k, v in med.items() if v},
+              "shardfeed_vs_ceiling": sf_ratio, "ceiling_vs_naive": ceiling / naive if naive and ceiling else None,
+              "epoch2_gets_full_cache": e2_gets, "epoch2_proxy_gets_full_cache": e2_proxy_gets,
+              "refetch_fraction_half_cache": refetch, "targets_met": met}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"shards": len(objects), "records": records, "record_bytes": record_bytes, "bytes": total,
-                   "scale": args.scale, "rounds": args.rounds, "cores": os.cpu_count(),
-                   "proxy": {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps,
-                             "total_mbps": args.total_mbps or None},
-                   "ceiling": {"threads": args.threads, "range_mib": args.range_mb},
-                   "runs": runs, "median": med, "errors": errors,
-                   "mb_per_s": {k: v["mb_per_s"] for k, v in med.items() if v},
-                   "shardfeed_vs_ceiling": sf_ratio, "ceiling_vs_naive": ceiling / naive if naive and ceiling else None,
-                   "epoch2_gets_full_cache": e2_gets, "epoch2_proxy_gets_full_cache": e2_proxy_gets,
-                   "refetch_fraction_half_cache": refetch, "targets_met": met}, f, indent=2)
+        json.dump(result, f, indent=2)
     print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

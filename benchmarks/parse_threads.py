@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
@@ -29,6 +30,19 @@ def run(files, threads: int, bytes_as: str) -> float:
     n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
             .batch(BATCH, bytes_as=bytes_as))
     return n / (time.perf_counter() - t0)
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["median"]
+    rows = []
+    for name, rate in med.items():
+        one_name = name.split(",")[0] + ", 1 thread(s)"
+        if name != one_name:
+            rows.append((name, _rows.rate(rate, "rec/s"), f"{one_name}: {_rows.rate(med[one_name], 'rec/s')}",
+                         _rows.ratio(rate / med[one_name])))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -52,8 +66,10 @@ def main(argv=None) -> int:
         one = med[k.split(",")[0] + ", 1 thread(s)"]
         print(f"{k:<28} {v:>12,.0f} {v / one:>11.2f}x")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": args.records, "rounds": args.rounds, "rates": rates, "median": med}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": args.records, "rounds": args.rounds, "rates": rates, "median": med}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

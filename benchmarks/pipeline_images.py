@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+import _rows
 import numpy as np
 
 import shardfeed as sf
@@ -128,6 +129,18 @@ def run_tf(files):
     return n, time.perf_counter() - t0  # the clock stops at the last batch
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["median"]
+    anchor = med.get("tf.data, 2 threads")
+    w, h = res["size"]
+    return [(f"JPEG {w}x{h} -> 224, batch 64: {name}", _rows.rate(v, "img/s"),
+             f"tf.data: {_rows.rate(anchor, 'img/s')}" if anchor else "- (no TensorFlow)",
+             _rows.ratio(v / anchor if anchor else None))
+            for name, v in med.items() if not name.startswith("tf.data")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=3000)
@@ -160,9 +173,11 @@ def main(argv=None) -> int:
     for name, v in med.items():
         print(f"{name:<44} {v:>10,.0f} {(f'{v / anchor:.2f}x' if anchor else '-'):>11}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"images": args.images, "size": [args.width, args.height], "decoder": decoder, "rates": rates,
+              "median": med, "stage_vs_map": med[stage_name] / med[map_name]}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"images": args.images, "size": [args.width, args.height], "decoder": decoder, "rates": rates,
-                   "median": med, "stage_vs_map": med[stage_name] / med[map_name]}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

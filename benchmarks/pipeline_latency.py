@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 
+import _rows
 import numpy as np
 
 import shardfeed as sf
@@ -72,6 +73,15 @@ def run(urls: list[str], reads: int) -> tuple[float, int]:
     return n / (time.perf_counter() - t), n
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    rates = list(res["records_per_s"].items())
+    (base_name, base), (slow_name, slow) = rates[0], rates[1]
+    conf = f"HTTP {slow_name}, num_parallel_reads={res['reads']}"
+    return [(conf, _rows.rate(slow, "rec/s"), f"{base_name}: {_rows.rate(base, 'rec/s')}", _rows.ratio(res["ratio"]))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=32)
@@ -107,9 +117,11 @@ def main() -> None:
         print(f"{k:<20}{med[k]:>12,.0f}")
     print(f"kept {ratio:.0%} of the no-delay rate (target >= 80%)")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    result = {"files": a.files, "records_per_file": a.records, "delay_ms": a.delay_ms, "reads": a.reads,
+              "records_per_s": med, "ratio": round(ratio, 4), "target_met": ratio >= 0.8}
+    result["rows"] = table_rows(result)
     with open(a.out, "w") as f:
-        json.dump({"files": a.files, "records_per_file": a.records, "delay_ms": a.delay_ms, "reads": a.reads,
-                   "records_per_s": med, "ratio": round(ratio, 4), "target_met": ratio >= 0.8}, f, indent=2)
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

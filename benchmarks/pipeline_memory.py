@@ -14,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 
+import _rows
+
 CHILD = r"""
 import resource, sys, time
 import shardfeed as sf
@@ -25,6 +27,13 @@ for b in ds:
     n += len(b["id"])
 print(n, time.perf_counter() - t, base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    conf = f"peak RSS streaming {res['size_mb']} MB ({res['records']} records)"
+    return [(conf, f"{res['pipeline_mb']} MB above imports", "-", "-")]
 
 
 def main() -> None:
@@ -54,6 +63,7 @@ def main() -> None:
     print(f"{a.size_mb:>8}{res['records']:>10}{res['seconds']:>8}{res['rss_after_imports_mb']:>21}"
           f"{res['peak_rss_mb']:>13}{res['pipeline_mb']:>13}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    res["rows"] = table_rows(res)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
 

@@ -20,6 +20,7 @@ _blas = next((sys.argv[i + 1] for i, v in enumerate(sys.argv[:-1]) if v == "--bl
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, _blas)
 
+import _rows
 import numpy as np  # noqa: E402
 
 from shardfeed.pipeline import from_iterable  # noqa: E402
@@ -95,6 +96,15 @@ def run_pipeline(steps: int, produce_s: float) -> dict:
     return {"step_ms": wall / n * 1e3, "wait_fraction": wait / wall, "verdict": it.stats().verdict()}
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    pre, sync = res["shardfeed_prefetch"], res["sync"]
+    conf = f"MLP train step, batch production {res['produce_ms']} ms"
+    return [(conf, f"{pre['step_ms']:.2f} ms (wait {pre['wait_fraction']:.1%})",
+             f"synchronous: {sync['step_ms']:.2f} ms (wait {sync['wait_fraction']:.1%})", _rows.ratio(res["speedup"]))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
@@ -132,6 +142,7 @@ def main() -> None:
         print(f"{name:<22}{res[key]['step_ms']:>10.2f}{res[key]['wait_fraction'] * 100:>8.1f}%")
     print(f"speedup {res['speedup']:.2f}x (target >= 1.3x, wait < 5%): {'met' if res['targets_met'] else 'NOT met'}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    res["rows"] = table_rows(res)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
 

@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 from read_tfrecord import BATCH, SPEC, make_dataset, run_tf  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
@@ -98,6 +99,20 @@ def bytes_fetched(files, readers: int) -> int:
         _count(src.batch(BATCH))
         total += src.read_stats.bytes
     return total
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["median"]
+    anchor_name = res.get("anchor")
+    anchor = med.get(anchor_name) if anchor_name else None
+    anchor_txt = f"{anchor_name}: {_rows.rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)"
+    rows = [(name.strip(), _rows.rate(rate, "rec/s"), anchor_txt, _rows.ratio(rate / anchor if anchor else None))
+            for name, rate in med.items() if not name.startswith("tf.data")]
+    for what, ratio in res.get("bytes_fetched_ratio", {}).items():
+        rows.append((f"bytes fetched, {what}", f"{ratio:.3f}x the data", "1.05x (target)", "-"))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -177,11 +192,13 @@ def main(argv=None) -> int:
     print(f"\ndefault / one thread: {default / one:.2f}x (target >= 1.6x on 2 cores)"
           + (f"   default / best tf.data ({anchor_name}): {default / anchor:.2f}x (target >= 5x)" if anchor else ""))
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": n, "bytes": total_bytes, "rounds": args.rounds, "cores": cores,
+              "native": sf.native_info(), "rates": rates, "median": med, "anchor": anchor_name,
+              "default_vs_one_thread": default / one, "default_vs_best_tf": default / anchor if anchor else None,
+              "bytes_fetched_ratio": fetched_ratio}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": n, "bytes": total_bytes, "rounds": args.rounds, "cores": cores,
-                   "native": sf.native_info(), "rates": rates, "median": med, "anchor": anchor_name,
-                   "default_vs_one_thread": default / one, "default_vs_best_tf": default / anchor if anchor else None,
-                   "bytes_fetched_ratio": fetched_ratio}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

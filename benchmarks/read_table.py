@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+import _rows
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -72,6 +73,17 @@ def run_pandas(path: str) -> int:
     return n
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    rate = res["rows_per_s"]
+    sf_rate = rate["shardfeed"]
+    conf = f"{res['row_count']:,} rows x {res['cols']} cols, batch {res['batch']}"
+    return [(f"{conf}, vs {k}", _rows.rate(sf_rate, "rows/s"), f"{k}: {_rows.rate(rate[k], 'rows/s')}",
+             _rows.ratio(sf_rate / rate[k]))
+            for k in ("pyarrow", "pandas") if rate.get(k)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=5_000_000)
@@ -107,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio_pd = rate["shardfeed"] / rate["pandas"]
     print(f"\nshardfeed / pyarrow = {ratio_pa:.2f} (target >= 0.90); shardfeed / pandas = {ratio_pd:.2f} "
           "(target >= 3)")
-    result = {"rows": args.rows, "cols": args.cols, "batch": BATCH, "repeats": args.repeats,
+    result = {"row_count": args.rows, "cols": args.cols, "batch": BATCH, "repeats": args.repeats,
               "seconds": times, "median_seconds": med, "rows_per_s": rate,
               "shardfeed_vs_pyarrow": ratio_pa, "shardfeed_vs_pandas": ratio_pd}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {args.json}")

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 
+import _rows
 import numpy as np
 
 import shardfeed as sf
@@ -177,6 +178,27 @@ def run_naive(files, _n):
     return n, time.perf_counter() - t0
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["median"]
+    best = res.get("derived", {}).get("best_tf")
+    anchor = med.get(best) if best else None
+    rows = []
+    for name, rate in med.items():
+        if not name.startswith("shardfeed"):
+            continue
+        rows.append((name, _rows.rate(rate, "rec/s"),
+                     f"{best}: {_rows.rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
+                     _rows.ratio(rate / anchor if anchor else None)))
+    ceiling = med.get("page cache read (ceiling)")
+    framing = med.get("shardfeed framing + CRC")
+    if ceiling and framing:
+        rows.append(("framing + CRC vs page-cache read", _rows.rate(framing, "rec/s"),
+                     f"page cache: {_rows.rate(ceiling, 'rec/s')}", _rows.ratio(framing / ceiling)))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=250_000)
@@ -241,9 +263,11 @@ def main(argv=None) -> int:
           + (f"   shardfeed (1 thread) / best tf.data: {derived['shardfeed_1thread_vs_best_tf']:.2f}x"
              if anchor else ""))
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": n_records, "bytes": total_bytes, "rounds": args.rounds, "native": sf.native_info(),
+              "rates": rates, "median": med, "derived": derived}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": n_records, "bytes": total_bytes, "rounds": args.rounds, "native": sf.native_info(),
-                   "rates": rates, "median": med, "derived": derived}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

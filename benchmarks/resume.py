@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+import _rows
+
 import shardfeed as sf
 
 SPEC = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=[4])}
@@ -36,6 +38,17 @@ def make(directory: str, records: int) -> list[str]:
         sf.write_records(f, (sf.encode_example({"id": [i], "x": [float(i)] * 4}) for i in range(lo, hi)))
     open(marker, "w").close()
     return files
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    out = []
+    for frac, r in res["restores"].items():
+        out.append((f"restore at {float(frac):.0%} of {res['records']:,} records, shuffle {res['buffer']:,}",
+                    f"{r['restore_s'] * 1e3:.0f} ms, {r['records_reread']:,} re-read", "1 s (target)",
+                    _rows.ratio(1.0 / r["restore_s"] if r["restore_s"] else None)))
+    return out
 
 
 def main(argv=None) -> int:
@@ -72,8 +85,10 @@ def main(argv=None) -> int:
               f"re-read {reread:>8,} records, state {rows[frac]['state_bytes']:,} bytes "
               f"(getting there took {run_s:.1f} s)", flush=True)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": args.records, "buffer": args.buffer, "restores": rows}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": args.records, "buffer": args.buffer, "rows": rows}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 
+import _rows
 import numpy as np
 from native_micro import best  # the same timing helper (this folder is on sys.path)
 
@@ -57,6 +58,21 @@ def _check_equal(a, b) -> None:
                 assert np.array_equal(xa.row_splits, ya.row_splits) and np.array_equal(xa.values, ya.values)
             else:
                 assert xa.dtype == ya.dtype and np.array_equal(xa, ya)
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    rows = {r["path"]: r for r in res["paths"]}
+    anchor = rows.get("python reference (anchor)")
+    out: list[_rows.Row] = []
+    for name, r in rows.items():
+        if r is anchor or anchor is None:
+            continue
+        out.append((f"parse_sequence_example, {name}", _rows.rate(r["records_per_s"], "rec/s"),
+                    f"Python reference: {_rows.rate(anchor['records_per_s'], 'rec/s')}",
+                    _rows.ratio(r["speedup_vs_anchor"])))
+    return out
 
 
 def main() -> None:
@@ -101,9 +117,11 @@ def main() -> None:
                      "speedup_vs_anchor": anchor / t})
         print(f"{name:48} {t:9.3f} {args.records / t:11,.0f} {size / t / 1e6:8.1f} {anchor / t:9.1f}x")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": args.records, "bytes": size, "rounds": args.rounds, "native": nv.native_info(),
+              "paths": rows}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": args.records, "bytes": size, "rounds": args.rounds, "native": nv.native_info(),
-                   "rows": rows}, f, indent=2)
+        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 import numpy as np  # noqa: E402
 from read_tfrecord import BATCH, SPEC, _tf_spec, make_dataset  # noqa: E402
 
@@ -270,6 +271,24 @@ def mixing(files, make) -> float:
     return float(np.mean(shares)) if shares else float("nan")
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med, mix = res["median"], res.get("largest_file_share", {})
+    tf_name = res.get("anchor")
+    s3_name = (res.get("s3") or {}).get("anchor")  # object-storage rows compare with the sequential S3 read
+    rows = []
+    for name, rate in med.items():
+        if name == tf_name:
+            continue
+        anchor_name = s3_name if s3_name and name.startswith("S3 ") and name != s3_name else tf_name
+        anchor = med.get(anchor_name) if anchor_name else None
+        rows.append((f"{name} (largest file share {mix[name]:.3f})" if name in mix else name, _rows.rate(rate, "rec/s"),
+                     f"{anchor_name}: {_rows.rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
+                     _rows.ratio(rate / anchor if anchor else None)))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=250_000)
@@ -392,17 +411,19 @@ def main(argv=None) -> int:
               f"{proxy_totals['bytes_to_client'] / 1e6:,.1f} MB served", file=sys.stderr)
 
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"records": args.records, "rounds": args.rounds, "rates": rates, "median": med,
+              "largest_file_share": mixed, "anchor": TF if anchor else None,
+              "s3": None if s3 is None else {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps,
+                                             "bytes": s3.bytes, "anchor": S3_SEQ,
+                                             "global_nocache_records": expected.get(S3_GLOBAL_NOCACHE),
+                                             "proxy_totals": proxy_totals},
+              "prefix_records": {k: expected[k] for k in PREFIX_ROWS if k in expected},
+              "skipped": skipped, "targets": {"s3_blocks_vs_s3_sequential": blocks_vs_s3,
+                                              "global_vs_sequential_page_cache": global_vs_seq},
+              "targets_met": met}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"records": args.records, "rounds": args.rounds, "rates": rates, "median": med,
-                   "largest_file_share": mixed, "anchor": TF if anchor else None,
-                   "s3": None if s3 is None else {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps,
-                                                  "bytes": s3.bytes, "anchor": S3_SEQ,
-                                                  "global_nocache_records": expected.get(S3_GLOBAL_NOCACHE),
-                                                  "proxy_totals": proxy_totals},
-                   "prefix_records": {k: expected[k] for k in PREFIX_ROWS if k in expected},
-                   "skipped": skipped, "targets": {"s3_blocks_vs_s3_sequential": blocks_vs_s3,
-                                                   "global_vs_sequential_page_cache": global_vs_seq},
-                   "targets_met": met}, f, indent=2)
+        json.dump(result, f, indent=2)
     return 0
 
 

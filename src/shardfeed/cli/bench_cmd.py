@@ -1,11 +1,20 @@
 """``shardfeed bench [NAME ...] [--quick] [--json PATH]``: run the benchmark suite.
 
-Each benchmark is a script in the source tree's ``benchmarks/`` folder (they are not
-installed with the package). Every script runs in its own subprocess (so one benchmark's
-threads, caches and memory never bias the next), writes its JSON, and the results are
-gathered into one table (benchmark, configuration, shardfeed, anchor, ratio) and one
-combined JSON file. ``--quick`` passes small sizes, for a smoke run in a minute or two;
-the numbers it gives are not the ones to quote.
+The benchmark scripts are a source-checkout tool: they live in the repository's
+``benchmarks/`` folder and are not installed with the package, so ``shardfeed bench`` (and
+``shardfeed bench NAME``) needs a checkout installed with ``pip install -e .``, or
+``--benchmarks-dir`` (``$SHARDFEED_BENCHMARKS_DIR``) naming that folder. ``shardfeed bench
+storage URL`` and ``shardfeed bench feed`` are part of the package and work from an
+installed wheel.
+
+Every script runs in its own subprocess (so one benchmark's threads, caches and memory
+never bias the next), prints its own table and writes its JSON, whose top-level ``"rows"``
+list holds its part of the suite's table (``[configuration, shardfeed, anchor, ratio]``
+strings, made by the script from its own results). This command knows nothing of what a
+script measures: it prefixes each row with the benchmark's name and gathers them into one
+table (benchmark, configuration, shardfeed, anchor, ratio) and one combined JSON file; a
+script whose JSON has no ``"rows"`` is reported as failed. ``--quick`` passes small sizes,
+for a smoke run in a minute or two; the numbers it gives are not the ones to quote.
 """
 
 from __future__ import annotations
@@ -19,214 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-Row = tuple[str, str, str, str]  # configuration, shardfeed, anchor, ratio
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def _rate(x: float, unit: str) -> str:
-    return f"{x:,.0f} {unit}" if x >= 100 else f"{x:,.2f} {unit}"
-
-
-# -- how to read each script's JSON ---------------------------------------------------------------
-def _rows_read_tfrecord(res: dict) -> list[Row]:
-    med = res["median"]
-    best = res.get("derived", {}).get("best_tf")
-    anchor = med.get(best) if best else None
-    rows = []
-    for name, rate in med.items():
-        if not name.startswith("shardfeed"):
-            continue
-        rows.append((name, _rate(rate, "rec/s"), f"{best}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
-                     _ratio(rate / anchor if anchor else None)))
-    ceiling = med.get("page cache read (ceiling)")
-    framing = med.get("shardfeed framing + CRC")
-    if ceiling and framing:
-        rows.append(("framing + CRC vs page-cache read", _rate(framing, "rec/s"),
-                     f"page cache: {_rate(ceiling, 'rec/s')}", _ratio(framing / ceiling)))
-    return rows
-
-
-def _rows_read_paths(res: dict) -> list[Row]:
-    med = res["median"]
-    anchor_name = res.get("anchor")
-    anchor = med.get(anchor_name) if anchor_name else None
-    anchor_txt = f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)"
-    rows = [(name.strip(), _rate(rate, "rec/s"), anchor_txt, _ratio(rate / anchor if anchor else None))
-            for name, rate in med.items() if not name.startswith("tf.data")]
-    for what, ratio in res.get("bytes_fetched_ratio", {}).items():
-        rows.append((f"bytes fetched, {what}", f"{ratio:.3f}x the data", "1.05x (target)", "-"))
-    return rows
-
-
-def _rows_resume(res: dict) -> list[Row]:
-    out = []
-    for frac, r in res["rows"].items():
-        out.append((f"restore at {float(frac):.0%} of {res['records']:,} records, shuffle {res['buffer']:,}",
-                    f"{r['restore_s'] * 1e3:.0f} ms, {r['records_reread']:,} re-read", "1 s (target)",
-                    _ratio(1.0 / r["restore_s"] if r["restore_s"] else None)))
-    return out
-
-
-def _rows_shuffle(res: dict) -> list[Row]:
-    med, mix = res["median"], res.get("largest_file_share", {})
-    tf_name = res.get("anchor")
-    s3_name = (res.get("s3") or {}).get("anchor")  # object-storage rows compare with the sequential S3 read
-    rows = []
-    for name, rate in med.items():
-        if name == tf_name:
-            continue
-        anchor_name = s3_name if s3_name and name.startswith("S3 ") and name != s3_name else tf_name
-        anchor = med.get(anchor_name) if anchor_name else None
-        rows.append((f"{name} (largest file share {mix[name]:.3f})" if name in mix else name, _rate(rate, "rec/s"),
-                     f"{anchor_name}: {_rate(anchor, 'rec/s')}" if anchor else "- (no tf.data)",
-                     _ratio(rate / anchor if anchor else None)))
-    return rows
-
-
-def _rows_parse_threads(res: dict) -> list[Row]:
-    med = res["median"]
-    rows = []
-    for name, rate in med.items():
-        one_name = name.split(",")[0] + ", 1 thread(s)"
-        if name != one_name:
-            rows.append((name, _rate(rate, "rec/s"), f"{one_name}: {_rate(med[one_name], 'rec/s')}",
-                         _ratio(rate / med[one_name])))
-    return rows
-
-
-def _rows_read_table(res: dict) -> list[Row]:
-    rate = res["rows_per_s"]
-    sf_rate = rate["shardfeed"]
-    conf = f"{res['rows']:,} rows x {res['cols']} cols, batch {res['batch']}"
-    return [(f"{conf}, vs {k}", _rate(sf_rate, "rows/s"), f"{k}: {_rate(rate[k], 'rows/s')}", _ratio(sf_rate / rate[k]))
-            for k in ("pyarrow", "pandas") if rate.get(k)]
-
-
-def _rows_long_tail(res: dict) -> list[Row]:
-    med, ideal = res["median_s"], res["ideal_s"]
-    static = med["static"]
-    conf = f"{res['workers']} workers, one {res['slow_factor']:g}x slower, {res['items']} items"
-    return [(f"{k}, {conf}, epoch time", f"{t:.3f} s ({t / ideal:.2f}x ideal)",
-             f"static: {static:.3f} s ({static / ideal:.2f}x ideal)", _ratio(static / t))
-            for k, t in med.items() if k != "static"]
-
-
-def _rows_object_storage(res: dict) -> list[Row]:
-    med, p = res["median"], res["proxy"]
-    ceil = (med.get("ceiling (parallel ranged GETs)") or {}).get("mb_per_s")
-    where = f"S3 (moto) via {p['latency_ms']:g} ms/request, {p['conn_mbps']:g} MB/s per connection"
-    anchor = f"ceiling (parallel ranged GETs): {_rate(ceil, 'MB/s')}" if ceil else "-"
-    rows: list[Row] = []
-    for name in ("naive fsspec loop (1 connection)", "shardfeed defaults", "shardfeed cache, epoch 1"):
-        r = med.get(name)
-        if r:
-            rows.append((f"{where}: {name}", _rate(r["mb_per_s"], "MB/s"), anchor,
-                         _ratio(r["mb_per_s"] / ceil if ceil else None)))
-    gets = res.get("epoch2_proxy_gets_full_cache")
-    if gets is not None:
-        rows.append(("full cache_dir, epoch 2: GETs", f"{gets:,}", "0 (target)", "-"))
-    refetch = res.get("refetch_fraction_half_cache")
-    if refetch is not None:
-        rows.append(("cache_limit = half the data, epoch 2: bytes fetched again", f"{refetch:.0%}",
-                     "<= 55% (target)", "-"))
-    return rows
-
-
-def _rows_pipeline_latency(res: dict) -> list[Row]:
-    rates = list(res["records_per_s"].items())
-    (base_name, base), (slow_name, slow) = rates[0], rates[1]
-    conf = f"HTTP {slow_name}, num_parallel_reads={res['reads']}"
-    return [(conf, _rate(slow, "rec/s"), f"{base_name}: {_rate(base, 'rec/s')}", _ratio(res["ratio"]))]
-
-
-def _rows_pipeline_memory(res: dict) -> list[Row]:
-    conf = f"peak RSS streaming {res['size_mb']} MB ({res['records']} records)"
-    return [(conf, f"{res['pipeline_mb']} MB above imports", "-", "-")]
-
-
-def _rows_pipeline_seed003(res: dict) -> list[Row]:
-    pre, sync = res["shardfeed_prefetch"], res["sync"]
-    conf = f"MLP train step, batch production {res['produce_ms']} ms"
-    return [(conf, f"{pre['step_ms']:.2f} ms (wait {pre['wait_fraction']:.1%})",
-             f"synchronous: {sync['step_ms']:.2f} ms (wait {sync['wait_fraction']:.1%})", _ratio(res["speedup"]))]
-
-
-def _rows_beside_trainer(res: dict) -> list[Row]:
-    med = res["medians"]
-    rows = []
-    ref = med.get("alone+busy")
-    sub = med.get("subprocess")
-    if ref and sub:
-        rows.append(("trainer step: in_subprocess vs alone beside a busy core", f"{sub['step_ms']:.2f} ms",
-                     f"alone+busy: {ref['step_ms']:.2f} ms", _ratio(sub["step_ms"] / ref["step_ms"])))
-    for name in ("threads", "dataloader1", "dataloader2"):
-        other = med.get(name)
-        if sub and other and other["records_per_s"]:
-            rows.append((f"records/s delivered: in_subprocess vs {name}", _rate(sub["records_per_s"], "rec/s"),
-                         f"{name}: {_rate(other['records_per_s'], 'rec/s')}",
-                         _ratio(sub["records_per_s"] / other["records_per_s"])))
-    if sub and med.get("dataloader2"):
-        rows.append(("peak memory (PSS): in_subprocess vs dataloader2", f"{sub['peak_pss_mb']:.0f} MB",
-                     f"dataloader2: {med['dataloader2']['peak_pss_mb']:.0f} MB",
-                     _ratio(sub["peak_pss_mb"] / med["dataloader2"]["peak_pss_mb"])))
-    return rows
-
-
-def _rows_convert(res: dict) -> list[Row]:
-    results = res["results"]
-    anchor_name = next((k for k in results if k.startswith("anchor")), None)
-    anchor = results[anchor_name]["images_per_s"] if anchor_name else None
-    return [(f"{res['images']} JPEGs -> max side {res['max_image_size']}: {name}", _rate(r["images_per_s"], "img/s"),
-             f"{anchor_name.removeprefix('anchor: ')}: {_rate(anchor, 'img/s')}" if anchor else "- (no TensorFlow)",
-             _ratio(r["images_per_s"] / anchor if anchor else None))
-            for name, r in results.items() if name != anchor_name]
-
-
-def _rows_pipeline_images(res: dict) -> list[Row]:
-    med = res["median"]
-    anchor = med.get("tf.data, 2 threads")
-    w, h = res["size"]
-    return [(f"JPEG {w}x{h} -> 224, batch 64: {name}", _rate(v, "img/s"),
-             f"tf.data: {_rate(anchor, 'img/s')}" if anchor else "- (no TensorFlow)",
-             _ratio(v / anchor if anchor else None))
-            for name, v in med.items() if not name.startswith("tf.data")]
-
-
-def _rows_native_micro(res: dict) -> list[Row]:
-    rows: list[Row] = []
-    anchor: dict | None = None  # rows are grouped: an anchor row ("1.00") and the rows it anchors
-    for r in res["rows"]:
-        if r["vs_anchor"] == "1.00":
-            anchor = r
-            continue
-        ratio = r["vs_anchor"]
-        if ratio == "-" or anchor is None:  # no anchor measured for this row
-            rows.append((r["what"], _rate(r["rate"], r["unit"]), "-", "-"))
-            continue
-        rows.append((r["what"], _rate(r["rate"], r["unit"]),
-                     f"{anchor['what'].removesuffix(' (anchor)')}: {_rate(anchor['rate'], anchor['unit'])}",
-                     f"{ratio}x" if " " not in ratio else ratio.replace(" (", "x (", 1)))
-    return rows
-
-
-def _rows_sequence_parse(res: dict) -> list[Row]:
-    rows = {r["path"]: r for r in res["rows"]}
-    anchor = rows.get("python reference (anchor)")
-    out: list[Row] = []
-    for name, r in rows.items():
-        if r is anchor or anchor is None:
-            continue
-        out.append((f"parse_sequence_example, {name}", _rate(r["records_per_s"], "rec/s"),
-                    f"Python reference: {_rate(anchor['records_per_s'], 'rec/s')}", _ratio(r["speedup_vs_anchor"])))
-    return out
 
 
 @dataclass(frozen=True)
@@ -235,7 +39,6 @@ class Benchmark:
     json_flag: str                                   # the script's option naming its JSON output
     full: tuple[str, ...]                            # extra arguments for a full run
     quick: tuple[str, ...]                           # small sizes for --quick
-    rows: Callable[[dict], list[Row]]
     data_flag: str | None = None                     # the script's option for its data folder
 
     def command(self, script: Path, json_path: Path, data_dir: Path, quick: bool) -> list[str]:
@@ -245,26 +48,29 @@ class Benchmark:
         return cmd
 
 
-# the order they run in: micro-benchmarks first, the long ones last
+# How to call each script, and the order they run in (micro-benchmarks first, the long ones last).
+# This table holds only what `shardfeed bench` needs to start a script (its JSON and data options,
+# its --quick sizes); what a script measured, and how it reads as table rows, is the script's own
+# (its JSON's "rows"). The table stays here rather than as a constant in each script because the
+# scripts are not importable from here (they import tensorflow, torch, moto... at the top) and one
+# table shows the suite's order and its quick sizes at a glance.
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
-    Benchmark("native_micro", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_native_micro),
-    Benchmark("sequence_parse", "--json", (), ("--records", "2000", "--rounds", "1"), _rows_sequence_parse),
-    Benchmark("read_tfrecord", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_read_tfrecord, "--dir"),
-    Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), _rows_read_paths,
-              "--dir"),
-    Benchmark("parse_threads", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_parse_threads, "--dir"),
-    Benchmark("resume", "--json", (), ("--records", "100000", "--buffer", "1000"), _rows_resume, "--dir"),
-    Benchmark("shuffle", "--json", (), ("--records", "20000", "--rounds", "1"), _rows_shuffle, "--dir"),
-    Benchmark("read_table", "--json", (), ("--rows", "200000", "--repeats", "1"), _rows_read_table, "--data"),
-    Benchmark("pipeline_seed003", "--out", (), ("--steps", "20", "--repeats", "1"), _rows_pipeline_seed003),
-    Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1"),
-              _rows_pipeline_latency),
-    Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4"), _rows_pipeline_memory),
-    Benchmark("beside_trainer", "--out", (), ("--steps", "40", "--rounds", "1"), _rows_beside_trainer),
-    Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1"), _rows_long_tail),
-    Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), _rows_pipeline_images, "--dir"),
-    Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), _rows_convert, "--data-dir"),
-    Benchmark("object_storage", "--json", (), ("--quick",), _rows_object_storage, "--dir"),
+    Benchmark("native_micro", "--json", (), ("--records", "20000", "--rounds", "1")),
+    Benchmark("sequence_parse", "--json", (), ("--records", "2000", "--rounds", "1")),
+    Benchmark("read_tfrecord", "--json", (), ("--records", "20000", "--rounds", "1"), "--dir"),
+    Benchmark("read_paths", "--json", (), ("--records", "20000", "--rounds", "1", "--no-torch"), "--dir"),
+    Benchmark("parse_threads", "--json", (), ("--records", "20000", "--rounds", "1"), "--dir"),
+    Benchmark("resume", "--json", (), ("--records", "100000", "--buffer", "1000"), "--dir"),
+    Benchmark("shuffle", "--json", (), ("--records", "20000", "--rounds", "1"), "--dir"),
+    Benchmark("read_table", "--json", (), ("--rows", "200000", "--repeats", "1"), "--data"),
+    Benchmark("pipeline_seed003", "--out", (), ("--steps", "20", "--repeats", "1")),
+    Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1")),
+    Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4")),
+    Benchmark("beside_trainer", "--out", (), ("--steps", "40", "--rounds", "1")),
+    Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1")),
+    Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
+    Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
+    Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
 )}
 
 
@@ -323,10 +129,29 @@ def run_one(bench: Benchmark, script: Path, out_dir: Path, quick: bool, timeout:
         return entry
     entry["result"] = result
     try:
-        entry["rows"] = [list(r) for r in bench.rows(result)]
-    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
-        entry["error"] = f"unexpected JSON from {script.name} ({type(exc).__name__}: {exc})"
+        entry["rows"] = table_rows(result, script.name)
+    except ValueError as exc:
+        entry["error"] = str(exc)
     return entry
+
+
+def table_rows(result: Any, script: str) -> list[list[str]]:
+    """The ``"rows"`` a benchmark script wrote in its JSON ``result``: a list of
+    ``[configuration, shardfeed, anchor, ratio]`` strings, the script's own part of the table.
+
+    Raises:
+        ValueError: naming ``script``, when ``result`` has no ``"rows"`` or they are not rows.
+    """
+    rows = result.get("rows") if isinstance(result, dict) else None
+    if rows is None:
+        raise ValueError(f"{script} wrote no \"rows\" in its JSON: every benchmark script that `shardfeed bench` runs "
+                         "puts its table rows there ([configuration, shardfeed, anchor, ratio] strings, see "
+                         "benchmarks/_rows.py)")
+    if not isinstance(rows, list) or not all(
+            isinstance(r, list) and len(r) == 4 and all(isinstance(v, str) for v in r) for r in rows):
+        raise ValueError(f"{script} wrote \"rows\" that are not [configuration, shardfeed, anchor, ratio] strings: "
+                         f"{json.dumps(rows)[:200]}")
+    return [list(r) for r in rows]
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -424,12 +249,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the ``shardfeed`` parser's subparsers."""
     sp = subparsers.add_parser(
         "bench", help="run the benchmark suite (or the named benchmarks) and print one table",
-        description="Run the scripts in the source tree's benchmarks/ folder, each in its own process, and "
-                    "print one table (benchmark, configuration, shardfeed, anchor, ratio); the combined JSON "
-                    f"goes to --json. Benchmarks: {', '.join(BENCHMARKS)}. `shardfeed bench storage URL` measures "
-                    "the link to one object instead: latency, one connection's rate, and the concurrency "
-                    "shardfeed picks (storage options from the environment). `shardfeed bench feed` says how "
-                    "many simulated accelerators a pipeline keeps busy (options below).")
+        description="Run the scripts in a source checkout's benchmarks/ folder (or --benchmarks-dir), each "
+                    "in its own process, and print one table (benchmark, configuration, shardfeed, anchor, "
+                    f"ratio); the combined JSON goes to --json. Benchmarks: {', '.join(BENCHMARKS)}. "
+                    "`shardfeed bench storage URL` measures the link to one object instead: latency, one "
+                    "connection's rate, and the concurrency shardfeed picks (storage options from the "
+                    "environment). `shardfeed bench feed` says how many simulated accelerators a pipeline keeps "
+                    "busy (options below). These two are part of the package and work from an installed wheel.")
     sp.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all there are)")
     sp.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not numbers to quote")
     sp.add_argument("--json", default=_DEFAULT_JSON,
