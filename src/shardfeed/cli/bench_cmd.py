@@ -71,6 +71,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
+    Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
 )}
 
 
