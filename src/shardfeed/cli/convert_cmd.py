@@ -100,6 +100,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         _opt(sp, name)
     _opt(sp, "test_ratio", type=float, default=0.0, help="share of rows without a split that go to test")
     sp.add_argument("--seed", type=int, default=0, help="seed of the test_ratio split (default 0)")
+    _opt(sp, "split_key", help="column whose value decides a row's test_ratio split (default: the row's content)")
     _opt(sp, "max_image_size", type=int, help="longest side in pixels (never upscaled)")
     _opt(sp, "max_test_image_size", type=int, help="the same for validation/test (default max_image_size)")
     _opt(sp, "image_format", default="jpg", choices=["jpg", "jpeg", "png"])
@@ -150,7 +151,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     compression = None if args.compression in (None, "", "none", "NONE") else args.compression
     common: dict[str, Any] = dict(
         class_list_file=args.class_list_file, default_class=args.default_class, error_class=args.error_class,
-        ignore_class=args.ignore_class, test_ratio=args.test_ratio, seed=args.seed,
+        ignore_class=args.ignore_class, test_ratio=args.test_ratio, seed=args.seed, split_key=args.split_key,
         max_image_size=args.max_image_size, max_test_image_size=args.max_test_image_size,
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, max_image_pixels=args.max_image_pixels,
         read_parallel_num=args.read_parallel_num,

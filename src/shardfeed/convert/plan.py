@@ -96,15 +96,49 @@ def source_digest(rows: list[Row], discards: list[DiscardRecord]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def assign_splits(rows: list[Row], test_ratio: float, seed: int) -> None:
-    """Rows without a split: ``round(n * test_ratio)`` of them, chosen by a permutation seeded
-    with ``seed``, go to ``test``; the rest to ``train``."""
-    free = [r for r in rows if r.split is None]
-    n_test = round(len(free) * test_ratio)
-    order = np.random.default_rng(seed).permutation(len(free)) if free else []
-    test = {int(i) for i in order[:n_test]}
-    for i, r in enumerate(free):
-        r.split = "test" if i in test else "train"
+def split_key_value(row: Row, split_key: str | None) -> Any:
+    """What decides ``row``'s split: the value of the column ``split_key`` names (a schema
+    column, or ``image_uri`` / ``label``), else the row's content (image URI, label,
+    typed columns, annotation; not its number or origin, so the same row read from a CSV,
+    a Parquet file or a DataFrame lands in the same split)."""
+    if split_key is None:
+        return [row.image_uri, row.label, row.values, row.annotation]
+    if split_key in row.values:
+        return row.values[split_key]
+    if split_key == "image_uri":
+        return row.image_uri
+    if split_key == "label":
+        return row.label
+    raise ValueError(f"split_key {split_key!r} names no column of the input (columns: "
+                     f"{', '.join(['image_uri', 'label', *row.values])})")
+
+
+def key_split(key: Any, test_ratio: float, seed: int) -> str:
+    """``"test"`` or ``"train"`` for a row whose split key is ``key``: the row goes to test
+    when blake2b(seed, canonical JSON of key), read as a fraction in [0, 1), is below
+    ``test_ratio``. A function of the key alone: no other row, no row order, no
+    partitioning, no worker count changes it."""
+    if test_ratio <= 0.0:
+        return "train"
+    data = json.dumps(_canon(key), ensure_ascii=False, sort_keys=True).encode()
+    h = hashlib.blake2b(data, digest_size=8, key=str(int(seed)).encode()).digest()
+    return "test" if int.from_bytes(h, "big") / 2.0 ** 64 < test_ratio else "train"
+
+
+def assign_split(row: Row, options: ConvertOptions) -> None:
+    """Give ``row`` its split when the input had none (see :func:`key_split`)."""
+    if row.split is None:
+        row.split = key_split(split_key_value(row, options.split_key), options.test_ratio, options.seed)
+
+
+def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str | None = None) -> None:
+    """Rows without a split go to ``test`` by :func:`key_split` of their split key, the
+    rest to ``train``: each row independently, so about (not exactly) ``n * test_ratio``
+    of ``n`` rows go to test, and every runner (local, Beam, Spark) puts a row in the
+    same split."""
+    for r in rows:
+        if r.split is None:
+            r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
 
 
 def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | None, options: ConvertOptions,
@@ -112,7 +146,7 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
               annotated: bool = False) -> Plan:
     """Place rows in splits and shards, build the label map and the feature spec."""
     digest = source_digest(rows, discards)
-    assign_splits(rows, options.test_ratio, options.seed)
+    assign_splits(rows, options.test_ratio, options.seed, options.split_key)
     mt = options.model_type
     label_type = schema.label_type if (schema is not None and not annotated) else None
     needs_classes = (mt in ("CLASSIFICATION", "VIDEO_CLASSIFICATION", "DETECTION", "INSTANCE_SEGMENTATION",
