@@ -31,10 +31,15 @@ def _looks_like_pai_annotations(url: str) -> bool:
 
     from .. import storage  # noqa: PLC0415
 
+    if url.lower().rstrip("/").endswith((".parquet", ".pq", ".parq", ".jsonl", ".ndjson", ".json")):
+        return False  # tables Spark and pandas write; a PAI annotation file is a CSV
     try:
-        head = storage.read_bytes(url, 0, 64 << 10).decode("utf-8", errors="replace")
+        raw = storage.read_bytes(url, 0, 64 << 10)
     except (OSError, ValueError):
         return False  # a folder, or unreadable: convert() says what is wrong
+    if raw.startswith(b"PAR1") or b"\0" in raw:
+        return False  # Parquet (or another binary file) is not an annotation CSV
+    head = raw.decode("utf-8", errors="replace")
     rows = [r for r in csv.reader(io.StringIO(head)) if r][:3]  # the first may be PAI's header row
     return any(len(r) >= 3 and r[1].lstrip().startswith("{") and r[2].lstrip().startswith(("{", "[")) for r in rows)
 

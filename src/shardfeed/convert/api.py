@@ -15,7 +15,7 @@ from .annotations import read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
 from .schema import Schema, as_schema
-from .sources import read_csv, read_dataframe, read_image_folder
+from .sources import parquet_parts, read_dataframe, read_image_folder, read_table_file
 from .writer import finalize, join, manifest_url, spec_from_json
 
 logger = logging.getLogger(__name__)
@@ -176,12 +176,15 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
     else:
         url = fspath(source)
         desc = mask(url)
-        if _is_folder(url, storage_options):
+        parts = parquet_parts(url, storage_options) if _is_folder(url, storage_options) else None
+        if parts:
+            rows, discards, used = read_table_file(url, sch, storage_options, parts=parts)
+        elif _is_folder(url, storage_options):
             if sch is not None:
                 raise ValueError("a schema applies to tables; an image folder has no columns")
             rows, discards, used = read_image_folder(url, storage_options)
         else:
-            rows, discards, used = read_csv(url, sch, storage_options)
+            rows, discards, used = read_table_file(url, sch, storage_options)
     if sch is None and used.label_type == "string label":
         used = _integer_labels(rows, used)
     has_image = used.column_of("image_uri") is not None

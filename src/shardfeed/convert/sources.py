@@ -106,10 +106,12 @@ def _default_schema(columns: Sequence[str], what: str) -> Schema:
     return Schema(cols)
 
 
-def read_dataframe(df: Any, schema: Schema | None) -> tuple[list[Row], list[DiscardRecord], Schema]:
-    """Rows of a pandas DataFrame (row numbers are 1-based positions)."""
+def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", base: str | None = None
+                   ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a pandas DataFrame (row numbers are 1-based positions); ``origin`` names it
+    in the discard report, ``base`` is the folder relative image paths are taken from."""
     columns = [str(c) for c in df.columns]
-    schema = schema or _default_schema(columns, "the DataFrame")
+    schema = schema or _default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
@@ -119,8 +121,83 @@ def read_dataframe(df: Any, schema: Schema | None) -> tuple[list[Row], list[Disc
         for i, tup in enumerate(df.itertuples(index=False, name=None), start=1):
             yield i, {str(names[j]): v for j, v in enumerate(tup)}, None
 
-    rows, discards = rows_from_records(records(), schema, "<DataFrame>", None)
+    rows, discards = rows_from_records(records(), schema, origin, base)
     return rows, discards, schema
+
+
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def table_format(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``"parquet"``, ``"json"`` (JSON lines) or ``"csv"``: by the name's suffix, else by the
+    file's first bytes (Parquet's ``PAR1`` magic)."""
+    low = url.lower().rstrip("/")
+    if low.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if low.endswith(JSON_SUFFIXES):
+        return "json"
+    if low.endswith((".csv", ".tsv", ".txt")):
+        return "csv"
+    try:
+        head = storage.read_bytes(url, 0, 4, storage_options=storage_options)
+    except (OSError, ValueError):
+        return "csv"
+    return "parquet" if head == b"PAR1" else "csv"
+
+
+def parquet_parts(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str] | None:
+    """The part files of a folder that holds a Parquet dataset (what Spark and pandas write:
+    ``part-*.parquet``, maybe ``_SUCCESS``), sorted; None when the folder holds anything else."""
+    try:
+        names = sorted(storage.list_dir(url, storage_options))
+    except (OSError, ValueError):
+        return None
+    data = [u for u in names if not u.rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))]
+    if data and all(u.lower().endswith(PARQUET_SUFFIXES) for u in data):
+        return data
+    return None
+
+
+def read_table_file(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
+                    parts: list[str] | None = None) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a Parquet file (or the ``parts`` of a Parquet folder) or a JSON-lines file,
+    read with pyarrow / pandas; image paths relative to the file's folder. Other files are
+    CSV (:func:`read_csv`)."""
+    fmt = "parquet" if parts else table_format(url, storage_options)
+    if fmt == "csv":
+        return read_csv(url, schema, storage_options)
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError(f"reading {mask(url)} ({fmt}) needs pandas: pip install 'shardfeed[convert]'") from exc
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"reading {mask(url)} (Parquet) needs pyarrow: pip install pyarrow") from exc
+        tables = []
+        for part in parts or [url]:
+            try:
+                tables.append(pq.read_table(io.BytesIO(storage.read_bytes(part, storage_options=storage_options))))
+            except (OSError, ValueError) as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                raise ValueError(f"{mask(part)}: not a readable Parquet file ({exc})") from None
+        import pyarrow as pa
+
+        df = pa.concat_tables(tables, promote_options="default").to_pandas() if tables else pd.DataFrame()
+        base = url.rstrip("/") if parts else _dirname(url)
+    else:
+        text = storage.read_bytes(url, storage_options=storage_options).decode("utf-8-sig")
+        try:
+            df = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+        except ValueError as exc:
+            raise ValueError(f"{mask(url)}: not JSON lines ({exc})") from None
+        base = _dirname(url)
+    if parts and parse_url(base).is_local:
+        base = os.path.abspath(parse_url(base).path)
+    return read_dataframe(df, schema, mask(url), base)
 
 
 def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
