@@ -64,36 +64,51 @@ def _dirname(url: str) -> str:
     return os.path.dirname(os.path.abspath(url))
 
 
+class RowBuilder:
+    """Typed rows from ``(number, {column: cell}, error)``, one at a time (a Spark executor
+    builds its partition's rows with it, without holding them all)."""
+
+    def __init__(self, schema: Schema, origin: str, base: str | None):
+        self.schema, self.origin, self.base = schema, origin, base
+        self.split_col = schema.column_of("split")
+        self.image_col = schema.column_of("image_uri")
+        self.label_col = schema.column_of("label")
+        self.features = schema.feature_columns()
+
+    def build(self, number: int, cells: Mapping[str, Any] | None, error: str | None) -> Row | DiscardRecord:
+        """The row, or the discard record of a row with an error or a cell that does not parse."""
+        image = None
+        schema = self.schema
+        try:
+            if error is not None or cells is None:
+                raise Discard(error or "unreadable row")
+            if self.image_col is not None:
+                raw = cells.get(self.image_col)
+                if is_missing(raw):
+                    raise Discard(f"column {self.image_col!r} (image_uri) is empty")
+                image = resolve_uri(str(raw), self.base)
+            split = normalize_split(cells.get(self.split_col)) if self.split_col else None
+            label = parse_cell(schema, self.label_col, cells.get(self.label_col)) if self.label_col else None
+            values = {c: parse_cell(schema, c, cells.get(c)) for c in self.features}
+            return Row(number, self.origin, image, split, label, values)
+        except Discard as d:
+            return DiscardRecord(number, image or f"{self.origin}#{number}", str(d))
+
+
 def rows_from_records(records: Iterable[tuple[int, Mapping[str, Any] | None, str | None]], schema: Schema,
                       origin: str, base: str | None) -> tuple[list[Row], list[DiscardRecord]]:
     """Typed rows from ``(number, {column: cell}, error)`` tuples; a tuple with an error
     (or a cell that does not parse) becomes a discard record."""
-    split_col = schema.column_of("split")
-    image_col = schema.column_of("image_uri")
-    label_col = schema.column_of("label")
-    features = schema.feature_columns()
+    builder = RowBuilder(schema, origin, base)
     rows: list[Row] = []
     discards: list[DiscardRecord] = []
     for number, cells, error in records:
-        image = None
-        try:
-            if error is not None or cells is None:
-                raise Discard(error or "unreadable row")
-            if image_col is not None:
-                raw = cells.get(image_col)
-                if is_missing(raw):
-                    raise Discard(f"column {image_col!r} (image_uri) is empty")
-                image = resolve_uri(str(raw), base)
-            split = normalize_split(cells.get(split_col)) if split_col else None
-            label = parse_cell(schema, label_col, cells.get(label_col)) if label_col else None
-            values = {c: parse_cell(schema, c, cells.get(c)) for c in features}
-            rows.append(Row(number, origin, image, split, label, values))
-        except Discard as d:
-            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
+        r = builder.build(number, cells, error)
+        (rows if isinstance(r, Row) else discards).append(r)
     return rows, discards
 
 
-def _default_schema(columns: Sequence[str], what: str) -> Schema:
+def default_schema(columns: Sequence[str], what: str) -> Schema:
     lowered = [str(c).strip().lower() for c in columns]
     missing = [c for c in AUTOML_COLUMNS[1:] if c not in lowered]
     if missing:
@@ -111,7 +126,7 @@ def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", 
     """Rows of a pandas DataFrame (row numbers are 1-based positions); ``origin`` names it
     in the discard report, ``base`` is the folder relative image paths are taken from."""
     columns = [str(c) for c in df.columns]
-    schema = schema or _default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
+    schema = schema or default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
@@ -230,7 +245,7 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
     else:
         columns, body = list(AUTOML_COLUMNS), lines
     if schema is None:
-        schema = _default_schema(columns, origin)
+        schema = default_schema(columns, origin)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"{origin}: schema names columns the CSV lacks: {', '.join(absent)} (header: {columns})")
