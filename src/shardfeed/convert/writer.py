@@ -64,6 +64,8 @@ def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | Non
         return records, None
     except Discard as d:
         return None, str(d)
+    except ImportError:
+        raise  # a missing package (Pillow on a worker) is the environment's fault, not the row's
     except Exception as exc:
         logger.warning("row %s (%s): converter failed", row.number, row.source, exc_info=True)
         return None, f"converter error: {type(exc).__name__}: {str(exc)[:160]}"
