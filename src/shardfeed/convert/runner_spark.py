@@ -95,7 +95,13 @@ def executor_pythonpath() -> str:
     return os.pathsep.join(entries)
 
 
+_MASTER_FORMS = ("local", "local[", "local-cluster[", "spark://", "yarn", "k8s://", "mesos://")
+
+
 def _check_master(master: str) -> None:
+    if not master.startswith(_MASTER_FORMS):
+        raise ValueError(f"spark_master {master!r} is not a Spark master URL: local[N], local-cluster[N,cores,MB], "
+                         "spark://host:port, yarn or k8s://https://host:port")
     if master.startswith("spark://"):
         for hostport in master[len("spark://"):].split(","):
             host, _, port = hostport.rpartition(":")
@@ -127,12 +133,12 @@ def spark_session(master: str | None = None, app_name: str = "shardfeed-convert"
         raise ValueError(f"a SparkSession on master {active.sparkContext.master!r} is running in this process; "
                          f"Spark allows one, so spark_master={master!r} cannot start another: leave spark_master "
                          "out to use the running one, or stop it first")
+    master = master or "local[*]"
+    _check_master(master)
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         raise RuntimeError("runner='spark' needs Java 17 or newer (Spark runs in a JVM) and found none on PATH "
                            "nor JAVA_HOME: install it (Debian/Ubuntu: apt-get install default-jre-headless; "
                            "scripts/system-deps.sh test does) or set JAVA_HOME")
-    master = master or "local[*]"
-    _check_master(master)
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
     # pyspark starts the executors' Python workers with PYSPARK_PYTHON (default: python3 on PATH)
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
