@@ -22,6 +22,7 @@ pd = pytest.importorskip("pandas")
 pytest.importorskip("pyarrow")
 from PIL import Image
 
+from shardfeed.cli import convert_cmd
 from shardfeed.convert import api as sc
 from shardfeed.convert.runner_spark import spark_session
 from shardfeed.formats.tfrecord import read_records
@@ -141,8 +142,9 @@ def test_resume_on_spark_rewrites_only_the_shards_not_committed(spark, tmp_path)
     assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in kept} == kept
     assert {n: os.stat(os.path.join(out, n)).st_ino for n in kept} == inodes
     assert again.manifest == first.manifest
-    fresh = str(tmp_path / "fresh")
-    sc.convert(src, fresh, runner="spark", **OPTS)
+    fresh = str(tmp_path / "fresh")  # and the CLI, on the running session
+    assert convert_cmd.main(["convert", src, fresh, "--runner", "spark", "--test_ratio", "0.5",
+                             "--num_samples_per_tfrecord", "3", "--max_image_size", "40", "-q"]) == 0
     same_output(out, fresh)
 
 

@@ -131,7 +131,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(video, "decode_keep_size", type=int, default=0,
          help="frames a clip shares with the previous one (default 0)")
     sp.add_argument("--executor", choices=["thread", "process"], default="thread")
-    sp.add_argument("--runner", choices=["local", "beam"], default="local")
+    sp.add_argument("--runner", choices=["local", "beam", "spark"], default="local",
+                    help="local (threads/processes here), beam, or spark (executors read, convert and write)")
+    _opt(sp, "spark_master", help="Spark master URL for --runner spark (default: the running session under "
+                                  "spark-submit, else local[*]), e.g. spark://host:7077, yarn, local-cluster[2,1,1024]")
     _opt(sp, "beam_runner", help="Beam runner (default DirectRunner)")
     _opt(sp, "beam_option", action="append", metavar="KEY=VALUE",
          help="Beam pipeline option, e.g. direct_num_workers=2 (values parsed as JSON when they are)")
@@ -168,7 +171,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         decode_type=args.decode_type, sample_fps=args.sample_fps, reshape_size=args.reshape_size or None,
         decode_batch_size=args.decode_batch_size, decode_keep_size=args.decode_keep_size,
         executor=args.executor, runner=args.runner, resume=args.resume, progress=not args.quiet,
-        beam_runner=args.beam_runner,
+        beam_runner=args.beam_runner, spark_master=args.spark_master,
         beam_options={k: _beam_value(v) for k, v in _key_values(args.beam_option, "--beam_option").items()} or None,
     )
     annotated = (args.annotations or args.model_type in _ANNOTATION_TYPES
