@@ -135,7 +135,7 @@ def _run_spark(source: Any, output_dir: str, schema: Schema | None, opts: Conver
                resume: bool, spark_master: str | None, annotated_rows=None) -> ConvertResult:
     """``runner="spark"``: executors read ``source`` (or the rows the driver read, for an
     annotation file), convert and write; see :mod:`shardfeed.convert.runner_spark`."""
-    from .runner_spark import is_spark_dataframe, open_source, rows_source, run_spark, spark_session
+    from .runner_spark import is_spark_dataframe, open_source, rows_source, run_spark, spark_session, storage_url
 
     if is_spark_dataframe(source):
         spark = source.sparkSession
@@ -149,7 +149,7 @@ def _run_spark(source: Any, output_dir: str, schema: Schema | None, opts: Conver
         desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
         src = rows_source(spark, rows, discards, used, desc, detect_integer_labels=schema is None)
     else:
-        folder = not is_spark_dataframe(source) and _is_folder(fspath(source), storage_options)
+        folder = not is_spark_dataframe(source) and _is_folder(storage_url(fspath(source)), storage_options)
         src = open_source(spark, source if is_spark_dataframe(source) else fspath(source), schema, storage_options,
                           folder)
     plan, states = run_spark(src, opts, output_dir, storage_options, resume=resume)

@@ -207,10 +207,19 @@ def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None,
                        detect_integer_labels=schema is None and used.label_type == "string label")
 
 
+def storage_url(url: str) -> str:
+    """``url`` as shardfeed's storage layer opens it: Hadoop's ``s3a://`` / ``s3n://`` are ``s3://``."""
+    for hadoop in ("s3a://", "s3n://"):
+        if url.startswith(hadoop):
+            return "s3://" + url[len(hadoop):]
+    return url
+
+
 def _csv_frame(spark: Any, url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType
 
-    head = storage.read_bytes(url, 0, 64 << 10, storage_options=storage_options).decode("utf-8-sig", "replace")
+    head = storage.read_bytes(storage_url(url), 0, 64 << 10, storage_options=storage_options)
+    head = head.decode("utf-8-sig", "replace")
     first = next((r for r in csv.reader(io.StringIO(head)) if r and any(c.strip() for c in r)), [])
     first = [c.strip() for c in first]
     header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
@@ -230,22 +239,22 @@ def open_source(spark: Any, source: Any, schema: Schema | None, storage_options:
     url = str(source)
     desc = mask(url)
     if is_folder:
-        if parquet_parts(url, storage_options):
-            return _table_source(spark.read.parquet(url), schema, desc, url.rstrip("/"), desc)
+        if parquet_parts(storage_url(url), storage_options):
+            return _table_source(spark.read.parquet(url), schema, desc, storage_url(url).rstrip("/"), desc)
         if schema is not None:
             raise ValueError("a schema applies to tables; an image folder has no columns")
         from .sources import read_image_folder
 
-        rows, discards, used = read_image_folder(url, storage_options)
+        rows, discards, used = read_image_folder(storage_url(url), storage_options)
         return rows_source(spark, rows, discards, used, desc, detect_integer_labels=True)
-    fmt = table_format(url, storage_options)
+    fmt = table_format(storage_url(url), storage_options)
     if fmt == "parquet":
         frame = spark.read.parquet(url)
     elif fmt == "json":
         frame = spark.read.json(url)
     else:
         frame = _csv_frame(spark, url, schema, storage_options)
-    return _table_source(frame, schema, desc, _dirname(url), desc)
+    return _table_source(frame, schema, desc, _dirname(storage_url(url)), desc)
 
 
 def rows_source(spark: Any, rows: list[Row], discards: list[DiscardRecord], schema: Schema | None,
