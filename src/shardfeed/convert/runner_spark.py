@@ -20,7 +20,8 @@ Exactly once: a task attempt writes its shard to its own hidden staging file
 (:class:`~shardfeed.storage.io.AtomicWriter`) and commits it by an atomic rename, then
 the shard's state file; a shard's bytes are a function of the plan, so two attempts (a
 retry, a speculative copy) commit the same bytes, and an attempt that finds the state
-file already written returns it without writing. A killed attempt leaves only its hidden
+file already written by this job (or, with ``resume``, by the same plan) returns it
+without writing. A killed attempt leaves only its hidden
 staging file, which the driver removes at the end. The driver collects the task states
 (counts, discards, file names: small) and writes the manifest with
 :func:`~shardfeed.convert.writer.finalize`.
@@ -48,6 +49,7 @@ import os
 import shutil
 import socket
 import sys
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -397,7 +399,8 @@ def _keyed(src: SparkSource, sp: SparkPlan, pending: Mapping[tuple[str, int], in
 
 
 def _write_shard(plan: Plan, shards: list[tuple[str, int, int, int]], output_dir: str,
-                 storage_options: Mapping[str, Any] | None, index: int, items: Iterable[Any]) -> Iterator[dict]:
+                 storage_options: Mapping[str, Any] | None, job: str, resume: bool, index: int,
+                 items: Iterable[Any]) -> Iterator[dict]:
     split, number, count, expected = shards[index]
     placed = sorted((pos_row for _, pos_row in items), key=lambda t: t[0])
     shard = Shard(split, number, count, [row for _, row in placed])
@@ -407,11 +410,12 @@ def _write_shard(plan: Plan, shards: list[tuple[str, int, int, int]], output_dir
                            f"{len(shard.rows)}: the input did not read the same rows twice (cache() a "
                            "DataFrame built with a non-deterministic step, or write it out first)")
     done = finished_state(plan, shard, output_dir, storage_options)
-    if done is not None:  # another attempt of this task committed it
+    if done is not None and (resume or done.get("job") == job):  # another attempt of this task committed it
         yield done
         return
     converter = _converter(plan, storage_options)
     sink = ShardSink(plan, shard, output_dir, storage_options)
+    sink.extra_state["job"] = job
     try:
         for row in shard.rows:
             records, reason = convert_row(converter, row)
@@ -460,6 +464,7 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
         # rows each shard gets: per, and the last of a split the rest
         specs = [(s.split, s.index, s.count, min(per, sp.split_rows[s.split] - s.index * per)) for s in todo]
         shipped = dataclasses.replace(plan, shards=[], discards=[])
+        job = uuid.uuid4().hex  # attempts of this job's tasks trust each other's commits
         sp_shipped = dataclasses.replace(sp, plan=shipped)
         ship = _shipped(src)
         sc = src.rdd.context
@@ -467,7 +472,7 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
         written = (src.rdd.mapPartitionsWithIndex(lambda i, it: _keyed(ship, sp_shipped, pending, i, it))
                    .partitionBy(len(todo), lambda k: k)
                    .mapPartitionsWithIndex(lambda i, it: _write_shard(shipped, specs, output_dir, storage_options,
-                                                                      i, it))
+                                                                      job, resume, i, it))
                    .collect())
         for st in written:
             states[st["file"]] = st
