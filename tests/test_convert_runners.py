@@ -185,3 +185,31 @@ def test_parquet_and_json_lines_inputs_convert_like_the_csv_in_the_api_and_the_c
         got = json.loads(capsys.readouterr().out)
         assert rc == 0 and got["rows_read"] == 12 and got["records_written"] == 11, name
         assert output_bytes(str(tmp_path / f"cli_{name}"))[0] == files, name
+
+
+def test_beam_workers_read_the_table_files_themselves(tmp_path, monkeypatch):
+    pytest.importorskip("apache_beam")
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from shardfeed.convert import sources
+
+    src = dataset(tmp_path, n=14)
+    table = pd.read_csv(src, keep_default_na=False, dtype=str)
+    table = table.assign(image_uri=[str(tmp_path / u) for u in table.image_uri])
+    (tmp_path / "parts").mkdir()
+    for i, (a, b) in enumerate([(0, 5), (5, 6), (6, 14)]):  # parts of 5, 1 and 8 rows
+        table.iloc[a:b].to_parquet(tmp_path / "parts" / f"part-{i:05d}.parquet")
+    folder = str(tmp_path / "parts")
+    local = str(tmp_path / "local")
+    sc.convert(folder, local, **OPTS)
+    reads = []
+    real = sources.read_table_part
+    monkeypatch.setattr(sources, "read_table_part", lambda url, *a, **k: reads.append(url) or real(url, *a, **k))
+    out = str(tmp_path / "beam")
+    opts = PipelineOptions(flags=[], direct_num_workers=2, direct_running_mode="multi_threading")
+    res = sc.convert(folder, out, runner="beam", pipeline_options=opts, **OPTS)
+    # each part read twice: by the driver to plan, by a Beam worker for the rows it converts
+    assert sorted(reads) == sorted(2 * [os.path.join(folder, f"part-{i:05d}.parquet") for i in range(3)])
+    assert res.rows_read == 14 and output_bytes(out) == output_bytes(local)

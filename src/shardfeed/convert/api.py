@@ -15,7 +15,7 @@ from .annotations import read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
 from .schema import Schema, as_schema
-from .sources import parquet_parts, read_dataframe, read_image_folder, read_table_file
+from .sources import _dirname, parquet_parts, read_dataframe, read_image_folder, read_table_file
 from .writer import finalize, join, manifest_url, spec_from_json
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,31 @@ def _warn_stale(plan: Plan, output_dir: str, storage_options) -> None:
                        o.prefix, stale[0])
 
 
+def table_reread(url: str, files: list[str], counts: list[int], rows, schema: Schema | None,
+                 integer_labels: bool) -> dict[str, Any]:
+    """How Beam workers read a table's rows again, one task per file: each file's first row
+    number and, per split, how many rows of that split come before it."""
+    per_file = []
+    first = 1
+    it = iter(rows)
+    row = next(it, None)
+    before = dict.fromkeys(("train", "validation", "test"), 0)
+    for f, n in zip(files, counts):
+        per_file.append({"url": f, "first": first, "before": dict(before)})
+        first += n
+        while row is not None and row.number < first:
+            before[row.split] += 1
+            row = next(it, None)
+    origin = mask(url)
+    if files == [url]:
+        base = _dirname(url)
+    else:
+        base = url.rstrip("/")
+        if parse_url(base).is_local:
+            base = os.path.abspath(parse_url(base).path)
+    return {"files": per_file, "schema": schema, "integer_labels": integer_labels, "origin": origin, "base": base}
+
+
 def _finish(plan: Plan, output_dir: str, states, storage_options, runner: str) -> ConvertResult:
     manifest = finalize(plan, output_dir, states, storage_options, runner)
     _warn_stale(plan, output_dir, storage_options)
@@ -206,6 +231,8 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
     sch = as_schema(schema, defaults, opts.separator)
     if runner == "spark" or type(source).__module__.startswith("pyspark.sql"):
         return _run_spark(source, out, sch, opts, storage_options, resume, spark_master)
+    counts: list[int] = []
+    files = None
     if _is_dataframe(source):
         rows, discards, used = read_dataframe(source, sch)
         desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
@@ -214,17 +241,22 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
         desc = mask(url)
         parts = parquet_parts(url, storage_options) if _is_folder(url, storage_options) else None
         if parts:
-            rows, discards, used = read_table_file(url, sch, storage_options, parts=parts)
+            rows, discards, used = read_table_file(url, sch, storage_options, parts=parts, counts=counts)
+            files = parts
         elif _is_folder(url, storage_options):
             if sch is not None:
                 raise ValueError("a schema applies to tables; an image folder has no columns")
             rows, discards, used = read_image_folder(url, storage_options)
         else:
-            rows, discards, used = read_table_file(url, sch, storage_options)
+            rows, discards, used = read_table_file(url, sch, storage_options, counts=counts)
+            files = [url]
+    integer_labels = False
     if sch is None and used.label_type == "string label":
-        used = _integer_labels(rows, used)
+        integer_labels = (used := _integer_labels(rows, used)).label_type == "integer label"
     has_image = used.column_of("image_uri") is not None
     plan = make_plan(rows, discards, used, opts, desc, storage_options, has_image=has_image)
+    if runner == "beam" and files:
+        plan.reread = table_reread(url, files, counts, rows, sch, integer_labels)
     return _run(plan, out, storage_options, runner, resume, progress, beam_runner, beam_options, pipeline_options)
 
 

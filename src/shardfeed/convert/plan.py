@@ -58,6 +58,8 @@ class Plan:
     source_digest: str
     plan_digest: str = ""
     feature_spec: dict[str, Any] = field(default_factory=dict)
+    # where a runner's workers may read the rows again themselves (runner_beam), or None
+    reread: dict[str, Any] | None = None
 
     def context(self, storage_options: Mapping[str, Any] | None) -> ConvertContext:
         return ConvertContext(self.options, self.label_map, self.chars, storage_options, self.schema,

@@ -174,14 +174,8 @@ def parquet_parts(url: str, storage_options: Mapping[str, Any] | None = None) ->
     return None
 
 
-def read_table_file(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
-                    parts: list[str] | None = None) -> tuple[list[Row], list[DiscardRecord], Schema]:
-    """Rows of a Parquet file (or the ``parts`` of a Parquet folder) or a JSON-lines file,
-    read with pyarrow / pandas; image paths relative to the file's folder. Other files are
-    CSV (:func:`read_csv`)."""
-    fmt = "parquet" if parts else table_format(url, storage_options)
-    if fmt == "csv":
-        return read_csv(url, schema, storage_options)
+def _frame(url: str, fmt: str, storage_options: Mapping[str, Any] | None) -> Any:
+    """A pandas DataFrame of one Parquet or JSON-lines file."""
     try:
         import pandas as pd
     except ImportError as exc:
@@ -191,28 +185,69 @@ def read_table_file(url: str, schema: Schema | None, storage_options: Mapping[st
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError(f"reading {mask(url)} (Parquet) needs pyarrow: pip install pyarrow") from exc
-        tables = []
-        for part in parts or [url]:
-            try:
-                tables.append(pq.read_table(io.BytesIO(storage.read_bytes(part, storage_options=storage_options))))
-            except (OSError, ValueError) as exc:
-                if isinstance(exc, FileNotFoundError):
-                    raise
-                raise ValueError(f"{mask(part)}: not a readable Parquet file ({exc})") from None
-        import pyarrow as pa
-
-        df = pa.concat_tables(tables, promote_options="default").to_pandas() if tables else pd.DataFrame()
-        base = url.rstrip("/") if parts else _dirname(url)
-    else:
-        text = storage.read_bytes(url, storage_options=storage_options).decode("utf-8-sig")
         try:
-            df = pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
-        except ValueError as exc:
-            raise ValueError(f"{mask(url)}: not JSON lines ({exc})") from None
-        base = _dirname(url)
-    if parts and parse_url(base).is_local:
+            return pq.read_table(io.BytesIO(storage.read_bytes(url, storage_options=storage_options))).to_pandas()
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{mask(url)}: not a readable Parquet file ({exc})") from None
+    text = storage.read_bytes(url, storage_options=storage_options).decode("utf-8-sig")
+    try:
+        return pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+    except ValueError as exc:
+        raise ValueError(f"{mask(url)}: not JSON lines ({exc})") from None
+
+
+def read_table_part(file_url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None,
+                    origin: str, base: str | None, first: int = 1, fmt: str | None = None
+                    ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of one file of a table (CSV, Parquet or JSON lines), numbered from ``first``
+    and named ``origin`` (the table's name, for a part of a folder)."""
+    fmt = fmt or table_format(file_url, storage_options)
+    if fmt == "csv":
+        rows, discards, used = read_csv(file_url, schema, storage_options)
+    else:
+        rows, discards, used = read_dataframe(_frame(file_url, fmt, storage_options), schema, origin, base)
+    if first != 1 or (fmt == "csv" and origin != mask(file_url)):
+        shift = first - 1
+        for r in rows:
+            r.number += shift
+            r.origin = origin
+        for d in discards:
+            own = d.source.startswith(f"{mask(file_url) if fmt == 'csv' else origin}#")
+            d.row += shift
+            if own:
+                d.source = f"{origin}#{d.row}"
+    return rows, discards, used
+
+
+def read_table_file(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
+                    parts: list[str] | None = None, counts: list[int] | None = None
+                    ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a Parquet file (or the ``parts`` of a Parquet folder, numbered on across
+    parts in name order) or a JSON-lines file, read with pyarrow / pandas; image paths
+    relative to the file's folder. Other files are CSV (:func:`read_csv`). ``counts``, when
+    given, receives the number of records each file held."""
+    if not parts:
+        fmt = table_format(url, storage_options)
+        rows, discards, used = read_table_part(url, schema, storage_options, mask(url), _dirname(url), fmt=fmt)
+        if counts is not None:
+            counts.append(len(rows) + len(discards))
+        return rows, discards, used
+    base = url.rstrip("/")
+    if parse_url(base).is_local:
         base = os.path.abspath(parse_url(base).path)
-    return read_dataframe(df, schema, mask(url), base)
+    rows, discards, used = [], [], schema
+    for part in parts:
+        r, d, used = read_table_part(part, schema, storage_options, mask(url), base, len(rows) + len(discards) + 1,
+                                     fmt="parquet")
+        rows.extend(r)
+        discards.extend(d)
+        if counts is not None:
+            counts.append(len(r) + len(d))
+    if used is None:
+        used = default_schema([], mask(url))
+    return rows, discards, used
 
 
 def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
