@@ -11,6 +11,7 @@ if [ "$what" = test ]; then
   command -v clang >/dev/null 2>&1 || need clang   # libFuzzer + AddressSanitizer for fuzz/run_smoke.sh
   [ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need postgresql
   command -v redis-server >/dev/null 2>&1 || need redis-server
+  command -v java >/dev/null 2>&1 || need default-jre-headless   # Spark (pyspark) for the runner="spark" tests
 fi
 [ ${#pkgs[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = 0 ]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else

@@ -157,3 +157,59 @@ def test_inspect_output_draws_samples_and_lists_their_fields(tmp_path, capsys):
     with open(tmp_path / "look" / "samples.csv", encoding="utf-8") as f:
         row = next(csv.DictReader(f))
     assert row["image/object/class/text"] == "car" and "image/encoded" not in row
+
+
+def test_parquet_and_json_lines_inputs_convert_like_the_csv_in_the_api_and_the_cli(tmp_path, capsys):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    src = dataset(tmp_path)
+    table = pd.read_csv(src, keep_default_na=False, dtype=str)
+    table.to_parquet(tmp_path / "a.parquet")
+    (tmp_path / "parts").mkdir()  # a folder of part files, as Spark writes it; absolute image paths
+    absolute = table.assign(image_uri=[str(tmp_path / u) for u in table.image_uri])
+    absolute.iloc[:5].to_parquet(tmp_path / "parts" / "part-00000.parquet")
+    absolute.iloc[5:].to_parquet(tmp_path / "parts" / "part-00001.parquet")
+    (tmp_path / "parts" / "_SUCCESS").write_bytes(b"")
+    table.to_json(tmp_path / "a.jsonl", orient="records", lines=True)
+    want = str(tmp_path / "from_csv")
+    sc.convert(src, want, **OPTS)
+    files, manifest = output_bytes(want)
+    for name in ("a.parquet", "parts", "a.jsonl"):
+        out = str(tmp_path / f"api_{name}")
+        res = sc.convert(str(tmp_path / name), out, **OPTS)
+        assert res.rows_read == 12 and res.rows_discarded == 1, name
+        assert output_bytes(out)[0] == files, name  # same shards, index files and discard report
+        # the CLI reads the Parquet file as a table (it used to read it as an annotation CSV and fail)
+        rc = convert_cmd.main(["convert", str(tmp_path / name), str(tmp_path / f"cli_{name}"), "--test_ratio",
+                               "0.25", "--num_samples_per_tfrecord", "3", "--max_image_size", "40", "--json", "-q"])
+        got = json.loads(capsys.readouterr().out)
+        assert rc == 0 and got["rows_read"] == 12 and got["records_written"] == 11, name
+        assert output_bytes(str(tmp_path / f"cli_{name}"))[0] == files, name
+
+
+def test_beam_workers_read_the_table_files_themselves(tmp_path, monkeypatch):
+    pytest.importorskip("apache_beam")
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from shardfeed.convert import sources
+
+    src = dataset(tmp_path, n=14)
+    table = pd.read_csv(src, keep_default_na=False, dtype=str)
+    table = table.assign(image_uri=[str(tmp_path / u) for u in table.image_uri])
+    (tmp_path / "parts").mkdir()
+    for i, (a, b) in enumerate([(0, 5), (5, 6), (6, 14)]):  # parts of 5, 1 and 8 rows
+        table.iloc[a:b].to_parquet(tmp_path / "parts" / f"part-{i:05d}.parquet")
+    folder = str(tmp_path / "parts")
+    local = str(tmp_path / "local")
+    sc.convert(folder, local, **OPTS)
+    reads = []
+    real = sources.read_table_part
+    monkeypatch.setattr(sources, "read_table_part", lambda url, *a, **k: reads.append(url) or real(url, *a, **k))
+    out = str(tmp_path / "beam")
+    opts = PipelineOptions(flags=[], direct_num_workers=2, direct_running_mode="multi_threading")
+    res = sc.convert(folder, out, runner="beam", pipeline_options=opts, **OPTS)
+    # each part read twice: by the driver to plan, by a Beam worker for the rows it converts
+    assert sorted(reads) == sorted(2 * [os.path.join(folder, f"part-{i:05d}.parquet") for i in range(3)])
+    assert res.rows_read == 14 and output_bytes(out) == output_bytes(local)

@@ -16,6 +16,7 @@ from PIL import Image
 
 # `shardfeed.convert` is also the name of the function sf.convert: import the package's api module.
 from shardfeed.convert import api as sc
+from shardfeed.convert.plan import key_split
 from shardfeed.formats.example import decode_example
 from shardfeed.formats.tfrecord import read_records
 
@@ -211,7 +212,7 @@ def test_dataframe_missing_values_use_defaults_or_are_rejected(tmp_path):
     assert [r["w"].tolist() for r in records(out, "train")] == [[0.5], [-1.0]]
 
 
-def test_test_ratio_split_is_seeded_and_exact(tmp_path):
+def test_test_ratio_split_is_a_seeded_function_of_each_row(tmp_path):
     for i in range(20):
         make_jpeg(tmp_path / "d" / f"{i}.jpg", w=8, h=8)
     rows = [("", f"d/{i}.jpg", "a") for i in range(20)]
@@ -220,12 +221,47 @@ def test_test_ratio_split_is_seeded_and_exact(tmp_path):
     for k in range(2):
         out = str(tmp_path / f"o{k}")
         res = sc.convert(path, out, test_ratio=0.25, seed=3, progress=False)
-        assert res.splits["test"]["records"] == 5 and res.splits["train"]["records"] == 15
-        ids.append([r["image/source_id"] for r in records(out, "test")])
+        assert res.splits["test"]["records"] + res.splits["train"]["records"] == 20
+        assert 0 < res.splits["test"]["records"] < 20
+        ids.append(sorted(r["image/source_id"] for r in records(out, "test")))
     assert ids[0] == ids[1]
+    # the same rows in another order (as another partitioning would read them): the same test set
+    shuffled = write_csv(tmp_path / "b.csv", rows[::-1])
+    sc.convert(shuffled, str(tmp_path / "o_rev"), test_ratio=0.25, seed=3, progress=False)
+    assert sorted(r["image/source_id"] for r in records(str(tmp_path / "o_rev"), "test")) == ids[0]
+    # and each row's split does not depend on the other rows: a subset keeps its rows' splits
+    half = write_csv(tmp_path / "h.csv", rows[:10])
+    sc.convert(half, str(tmp_path / "o_half"), test_ratio=0.25, seed=3, progress=False)
+    assert sorted(r["image/source_id"] for r in records(str(tmp_path / "o_half"), "test")) == \
+        [i for i in ids[0] if int(os.path.basename(i[0].decode()).split(".")[0]) < 10]
     other = sc.convert(path, str(tmp_path / "o9"), test_ratio=0.25, seed=4, progress=False)
-    assert [r["image/source_id"] for r in records(str(tmp_path / "o9"), "test")] != ids[0]
+    assert sorted(r["image/source_id"] for r in records(str(tmp_path / "o9"), "test")) != ids[0]
     assert other.records_written == 20
+
+
+def test_key_split_ratio_seed_and_split_key():
+    from shardfeed.convert.options import ConvertOptions, Row
+    from shardfeed.convert.plan import assign_split, key_split
+
+    n = 20_000
+    for ratio in (0.1, 0.25, 0.5):
+        test = sum(key_split(f"img/{i}.jpg", ratio, 0) == "test" for i in range(n))
+        sd = (n * ratio * (1 - ratio)) ** 0.5
+        assert abs(test - n * ratio) < 4 * sd, (ratio, test)
+    assert all(key_split(i, 0.0, 0) == "train" for i in range(1000))
+    a = [key_split(i, 0.5, 1) for i in range(200)]
+    assert a == [key_split(i, 0.5, 1) for i in range(200)] and a != [key_split(i, 0.5, 2) for i in range(200)]
+    # split_key: rows sharing the key's value (one patient, one video) share a split
+    opts = ConvertOptions(test_ratio=0.5, split_key="group")
+    rows = [Row(i, "x", f"{i}.jpg", None, "a", {"group": i % 7}) for i in range(100)]
+    for r in rows:
+        assign_split(r, opts)
+    by_group = {}
+    for r in rows:
+        by_group.setdefault(r.values["group"], set()).add(r.split)
+    assert all(len(s) == 1 for s in by_group.values()) and len({next(iter(s)) for s in by_group.values()}) == 2
+    with pytest.raises(ValueError, match="split_key 'nope' names no column"):
+        assign_split(Row(1, "x", "1.jpg", None, "a", {"group": 1}), ConvertOptions(test_ratio=0.5, split_key="nope"))
 
 
 def test_image_folder_layouts(tmp_path):
@@ -239,8 +275,11 @@ def test_image_folder_layouts(tmp_path):
     for label in ("x", "y"):
         for i in range(5):
             make_jpeg(tmp_path / "b" / label / f"{i}.jpg", w=8, h=8)
-    res = sc.convert(str(tmp_path / "b"), str(tmp_path / "ob"), test_ratio=0.2, progress=False)
-    assert res.splits["test"]["records"] == 2 and res.manifest["classes"] == ["x", "y"]
+    res = sc.convert(str(tmp_path / "b"), str(tmp_path / "ob"), test_ratio=0.4, progress=False)
+    assert res.records_written == 10 and res.manifest["classes"] == ["x", "y"]
+    assert 0 < res.splits["test"]["records"] == sum(
+        key_split([os.path.join(str(tmp_path / "b"), label, f"{i}.jpg"), label, {}, None], 0.4, 0) == "test"
+        for label in ("x", "y") for i in range(5))
 
 
 def test_resize_options_apply_per_split_and_png_output(tmp_path):

@@ -31,10 +31,15 @@ def _looks_like_pai_annotations(url: str) -> bool:
 
     from .. import storage  # noqa: PLC0415
 
+    if url.lower().rstrip("/").endswith((".parquet", ".pq", ".parq", ".jsonl", ".ndjson", ".json")):
+        return False  # tables Spark and pandas write; a PAI annotation file is a CSV
     try:
-        head = storage.read_bytes(url, 0, 64 << 10).decode("utf-8", errors="replace")
+        raw = storage.read_bytes(url, 0, 64 << 10)
     except (OSError, ValueError):
         return False  # a folder, or unreadable: convert() says what is wrong
+    if raw.startswith(b"PAR1") or b"\0" in raw:
+        return False  # Parquet (or another binary file) is not an annotation CSV
+    head = raw.decode("utf-8", errors="replace")
     rows = [r for r in csv.reader(io.StringIO(head)) if r][:3]  # the first may be PAI's header row
     return any(len(r) >= 3 and r[1].lstrip().startswith("{") and r[2].lstrip().startswith(("{", "[")) for r in rows)
 
@@ -100,6 +105,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         _opt(sp, name)
     _opt(sp, "test_ratio", type=float, default=0.0, help="share of rows without a split that go to test")
     sp.add_argument("--seed", type=int, default=0, help="seed of the test_ratio split (default 0)")
+    _opt(sp, "split_key", help="column whose value decides a row's test_ratio split (default: the row's content)")
     _opt(sp, "max_image_size", type=int, help="longest side in pixels (never upscaled)")
     _opt(sp, "max_test_image_size", type=int, help="the same for validation/test (default max_image_size)")
     _opt(sp, "image_format", default="jpg", choices=["jpg", "jpeg", "png"])
@@ -125,7 +131,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(video, "decode_keep_size", type=int, default=0,
          help="frames a clip shares with the previous one (default 0)")
     sp.add_argument("--executor", choices=["thread", "process"], default="thread")
-    sp.add_argument("--runner", choices=["local", "beam"], default="local")
+    sp.add_argument("--runner", choices=["local", "beam", "spark"], default="local",
+                    help="local (threads/processes here), beam, or spark (executors read, convert and write)")
+    _opt(sp, "spark_master", help="Spark master URL for --runner spark (default: the running session under "
+                                  "spark-submit, else local[*]), e.g. spark://host:7077, yarn, local-cluster[2,1,1024]")
     _opt(sp, "beam_runner", help="Beam runner (default DirectRunner)")
     _opt(sp, "beam_option", action="append", metavar="KEY=VALUE",
          help="Beam pipeline option, e.g. direct_num_workers=2 (values parsed as JSON when they are)")
@@ -150,7 +159,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     compression = None if args.compression in (None, "", "none", "NONE") else args.compression
     common: dict[str, Any] = dict(
         class_list_file=args.class_list_file, default_class=args.default_class, error_class=args.error_class,
-        ignore_class=args.ignore_class, test_ratio=args.test_ratio, seed=args.seed,
+        ignore_class=args.ignore_class, test_ratio=args.test_ratio, seed=args.seed, split_key=args.split_key,
         max_image_size=args.max_image_size, max_test_image_size=args.max_test_image_size,
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, max_image_pixels=args.max_image_pixels,
         read_parallel_num=args.read_parallel_num,
@@ -162,7 +171,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         decode_type=args.decode_type, sample_fps=args.sample_fps, reshape_size=args.reshape_size or None,
         decode_batch_size=args.decode_batch_size, decode_keep_size=args.decode_keep_size,
         executor=args.executor, runner=args.runner, resume=args.resume, progress=not args.quiet,
-        beam_runner=args.beam_runner,
+        beam_runner=args.beam_runner, spark_master=args.spark_master,
         beam_options={k: _beam_value(v) for k, v in _key_values(args.beam_option, "--beam_option").items()} or None,
     )
     annotated = (args.annotations or args.model_type in _ANNOTATION_TYPES

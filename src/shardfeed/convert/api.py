@@ -16,12 +16,12 @@ from .annotations import read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
 from .schema import Schema, as_schema
-from .sources import read_csv, read_dataframe, read_image_folder
+from .sources import _dirname, parquet_parts, read_dataframe, read_image_folder, read_table_file
 from .writer import finalize, join, manifest_url, spec_from_json
 
 logger = logging.getLogger(__name__)
 
-RUNNERS = ("local", "beam")
+RUNNERS = ("local", "beam", "spark")
 _ALIASES = {"num_samples_per_shard": "num_samples_per_tfrecord", "output_prefix": "prefix"}
 
 
@@ -124,6 +124,64 @@ def _warn_stale(plan: Plan, output_dir: str, storage_options) -> None:
                        o.prefix, stale[0])
 
 
+def table_reread(url: str, files: list[str], counts: list[int], rows, schema: Schema | None,
+                 integer_labels: bool) -> dict[str, Any]:
+    """How Beam workers read a table's rows again, one task per file: each file's first row
+    number and, per split, how many rows of that split come before it."""
+    per_file = []
+    first = 1
+    it = iter(rows)
+    row = next(it, None)
+    before = dict.fromkeys(("train", "validation", "test"), 0)
+    for f, n in zip(files, counts):
+        per_file.append({"url": f, "first": first, "before": dict(before)})
+        first += n
+        while row is not None and row.number < first:
+            before[row.split] += 1
+            row = next(it, None)
+    origin = mask(url)
+    if files == [url]:
+        base = _dirname(url)
+    else:
+        base = url.rstrip("/")
+        if parse_url(base).is_local:
+            base = os.path.abspath(parse_url(base).path)
+    return {"files": per_file, "schema": schema, "integer_labels": integer_labels, "origin": origin, "base": base}
+
+
+def _finish(plan: Plan, output_dir: str, states, storage_options, runner: str) -> ConvertResult:
+    manifest = finalize(plan, output_dir, states, storage_options, runner)
+    _warn_stale(plan, output_dir, storage_options)
+    result = ConvertResult(output_dir, manifest)
+    logger.info("%s", result)
+    return result
+
+
+def _run_spark(source: Any, output_dir: str, schema: Schema | None, opts: ConvertOptions, storage_options,
+               resume: bool, spark_master: str | None, annotated_rows=None) -> ConvertResult:
+    """``runner="spark"``: executors read ``source`` (or the rows the driver read, for an
+    annotation file), convert and write; see :mod:`shardfeed.convert.runner_spark`."""
+    from .runner_spark import is_spark_dataframe, open_source, rows_source, run_spark, spark_session, storage_url
+
+    if is_spark_dataframe(source):
+        spark = source.sparkSession
+    else:
+        spark = spark_session(spark_master)
+    if annotated_rows is not None:
+        rows, discards, desc = annotated_rows
+        src = rows_source(spark, rows, discards, None, desc, annotated=True)
+    elif _is_dataframe(source):
+        rows, discards, used = read_dataframe(source, schema)
+        desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
+        src = rows_source(spark, rows, discards, used, desc, detect_integer_labels=schema is None)
+    else:
+        folder = not is_spark_dataframe(source) and _is_folder(storage_url(fspath(source)), storage_options)
+        src = open_source(spark, source if is_spark_dataframe(source) else fspath(source), schema, storage_options,
+                          folder)
+    plan, states = run_spark(src, opts, output_dir, storage_options, resume=resume)
+    return _finish(plan, output_dir, states, storage_options, "spark")
+
+
 def _run(plan: Plan, output_dir: str, storage_options, runner: str, resume: bool, progress: bool,
          beam_runner: str | None, beam_options, pipeline_options) -> ConvertResult:
     if runner == "local":
@@ -137,33 +195,34 @@ def _run(plan: Plan, output_dir: str, storage_options, runner: str, resume: bool
                           pipeline_options=pipeline_options, beam_options=beam_options)
     else:
         raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
-    manifest = finalize(plan, output_dir, states, storage_options, runner)
-    _warn_stale(plan, output_dir, storage_options)
-    result = ConvertResult(output_dir, manifest)
-    logger.info("%s", result)
-    return result
+    return _finish(plan, output_dir, states, storage_options, runner)
 
 
 def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapping[str, Any] | None = None,
             defaults: Mapping[str, Any] | None = None, runner: str = "local", resume: bool = False,
             storage_options: Mapping[str, Any] | None = None, progress: bool = True,
             beam_runner: str | None = None, beam_options: Mapping[str, Any] | None = None,
-            pipeline_options: Any = None, options: ConvertOptions | None = None, **kwargs: Any) -> ConvertResult:
-    """Convert a DataFrame, a CSV (any storage URL) or an image folder into sharded,
-    indexed TFRecords under ``output_dir``, with a manifest and a discard report.
+            pipeline_options: Any = None, spark_master: str | None = None, options: ConvertOptions | None = None,
+            **kwargs: Any) -> ConvertResult:
+    """Convert a DataFrame (pandas or Spark), a CSV, Parquet or JSON-lines file (any
+    storage URL) or an image folder into sharded, indexed TFRecords under ``output_dir``,
+    with a manifest and a discard report.
 
     Without ``schema`` the input is the AutoML layout ``split,image_uri,label`` (label text
     or integer); a folder is ``split/label/file`` or ``label/file``. ``schema`` maps column
     -> type (see :mod:`shardfeed.convert.schema`), ``defaults`` column -> value for missing
     cells. Other keyword arguments are :class:`ConvertOptions` (PAI names:
     ``max_image_size``, ``test_ratio``, ``num_samples_per_tfrecord``, ``image_format``,
-    ``class_list_file``, ``compression``, ``prefix``, ...). ``runner`` is ``"local"`` or
-    ``"beam"`` (``beam_runner``, ``beam_options`` / ``pipeline_options`` passed to Beam).
+    ``class_list_file``, ``compression``, ``prefix``, ...). ``runner`` is ``"local"``,
+    ``"beam"`` (``beam_runner``, ``beam_options`` / ``pipeline_options`` passed to Beam) or
+    ``"spark"`` (executors read, convert and write; the running ``SparkSession``, or one
+    started on ``spark_master``); a ``pyspark.sql.DataFrame`` source implies ``"spark"``.
     ``resume=True`` keeps shards a previous run of the same plan finished.
 
     Bad rows never stop the job: they are listed in the discard report. Raises
     ``ValueError`` for a bad option or an input it cannot read as a table at all,
-    ``FileNotFoundError`` for a missing input.
+    ``FileNotFoundError`` for a missing input, ``RuntimeError`` when Spark cannot start
+    (no Java, a wrong ``spark_master``).
     """
     opts = _options(options, kwargs)
     if opts.model_type not in ("CLASSIFICATION", "SELF_DEFINED"):
@@ -171,22 +230,34 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
                          f"for {opts.model_type} annotations use convert_annotations()")
     out = fspath(output_dir)
     sch = as_schema(schema, defaults, opts.separator)
+    if runner == "spark" or type(source).__module__.startswith("pyspark.sql"):
+        return _run_spark(source, out, sch, opts, storage_options, resume, spark_master)
+    counts: list[int] = []
+    files = None
     if _is_dataframe(source):
         rows, discards, used = read_dataframe(source, sch)
         desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
     else:
         url = fspath(source)
         desc = mask(url)
-        if _is_folder(url, storage_options):
+        parts = parquet_parts(url, storage_options) if _is_folder(url, storage_options) else None
+        if parts:
+            rows, discards, used = read_table_file(url, sch, storage_options, parts=parts, counts=counts)
+            files = parts
+        elif _is_folder(url, storage_options):
             if sch is not None:
                 raise ValueError("a schema applies to tables; an image folder has no columns")
             rows, discards, used = read_image_folder(url, storage_options)
         else:
-            rows, discards, used = read_csv(url, sch, storage_options)
+            rows, discards, used = read_table_file(url, sch, storage_options, counts=counts)
+            files = [url]
+    integer_labels = False
     if sch is None and used.label_type == "string label":
-        used = _integer_labels(rows, used)
+        integer_labels = (used := _integer_labels(rows, used)).label_type == "integer label"
     has_image = used.column_of("image_uri") is not None
     plan = make_plan(rows, discards, used, opts, desc, storage_options, has_image=has_image)
+    if runner == "beam" and files:
+        plan.reread = table_reread(url, files, counts, rows, sch, integer_labels)
     return _run(plan, out, storage_options, runner, resume, progress, beam_runner, beam_options, pipeline_options)
 
 
@@ -194,7 +265,8 @@ def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.Path
                         runner: str = "local", resume: bool = False, storage_options: Mapping[str, Any] | None = None,
                         progress: bool = True, beam_runner: str | None = None,
                         beam_options: Mapping[str, Any] | None = None, pipeline_options: Any = None,
-                        options: ConvertOptions | None = None, **kwargs: Any) -> ConvertResult:
+                        spark_master: str | None = None, options: ConvertOptions | None = None,
+                        **kwargs: Any) -> ConvertResult:
     """Convert a PAI annotation CSV (``id, raw JSON {url}, answer JSON``) or an iTAG
     ``.manifest`` (JSON lines) for ``model_type`` (CLASSIFICATION, DETECTION, SEGMENTATION,
     INSTANCE_SEGMENTATION, TEXT_RECOGNITION, TEXT_DETECTION, TEXT_END2END,
@@ -216,6 +288,9 @@ def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.Path
         rows, discards = read_itag_manifest(url, opts.model_type, storage_options)
     else:
         rows, discards = read_annotation_csv(url, opts.model_type, storage_options)
+    if runner == "spark":  # the driver parsed the file; executors convert and write
+        return _run_spark(None, fspath(output_dir), None, opts, storage_options, resume, spark_master,
+                          annotated_rows=(rows, discards, mask(url)))
     plan = make_plan(rows, discards, None, opts, mask(url), storage_options, has_image=True, annotated=True)
     return _run(plan, fspath(output_dir), storage_options, runner, resume, progress, beam_runner, beam_options,
                 pipeline_options)

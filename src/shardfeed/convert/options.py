@@ -63,7 +63,10 @@ class ConvertOptions:
     ``max_image_size`` / ``max_test_image_size``: longest side in pixels (aspect kept, never
     upscaled; the test size applies to the validation and test splits and defaults to
     ``max_image_size``). ``image_format``: ``"jpg"`` or ``"png"``. ``test_ratio``: share of
-    rows without a split that go to ``test`` (seeded by ``seed``).
+    rows without a split that go to ``test``: a row goes there when a hash (seeded by
+    ``seed``) of its ``split_key`` column (default: of its content) falls below the ratio,
+    so the count is about, not exactly, ``round(n * test_ratio)``, and the same on every
+    runner and any partitioning.
     ``num_samples_per_tfrecord``: input rows per shard (a shard holds fewer records when
     rows of it are discarded; for VIDEO_CLASSIFICATION it counts videos, and a shard holds
     every clip of its videos). ``compression``: ``None`` or ``"GZIP"`` (index files only
@@ -84,6 +87,7 @@ class ConvertOptions:
     ignore_class: str | None = None
     test_ratio: float = 0.0
     seed: int = 0
+    split_key: str | None = None
     max_image_size: int | None = None
     max_test_image_size: int | None = None
     image_format: str = "jpg"

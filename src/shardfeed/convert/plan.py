@@ -58,6 +58,8 @@ class Plan:
     source_digest: str
     plan_digest: str = ""
     feature_spec: dict[str, Any] = field(default_factory=dict)
+    # where a runner's workers may read the rows again themselves (runner_beam), or None
+    reread: dict[str, Any] | None = None
 
     def context(self, storage_options: Mapping[str, Any] | None) -> ConvertContext:
         return ConvertContext(self.options, self.label_map, self.chars, storage_options, self.schema,
@@ -96,15 +98,93 @@ def source_digest(rows: list[Row], discards: list[DiscardRecord]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def assign_splits(rows: list[Row], test_ratio: float, seed: int) -> None:
-    """Rows without a split: ``round(n * test_ratio)`` of them, chosen by a permutation seeded
-    with ``seed``, go to ``test``; the rest to ``train``."""
-    free = [r for r in rows if r.split is None]
-    n_test = round(len(free) * test_ratio)
-    order = np.random.default_rng(seed).permutation(len(free)) if free else []
-    test = {int(i) for i in order[:n_test]}
-    for i, r in enumerate(free):
-        r.split = "test" if i in test else "train"
+def split_key_value(row: Row, split_key: str | None) -> Any:
+    """What decides ``row``'s split: the value of the column ``split_key`` names (a schema
+    column, or ``image_uri`` / ``label``), else the row's content (image URI, label as
+    text, typed columns, annotation; not its number or origin, so the same row read from a CSV,
+    a Parquet file or a DataFrame lands in the same split)."""
+    if split_key is None:
+        return [row.image_uri, None if row.label is None else str(row.label), row.values, row.annotation]
+    if split_key in row.values:
+        return row.values[split_key]
+    if split_key == "image_uri":
+        return row.image_uri
+    if split_key == "label":
+        return row.label
+    raise ValueError(f"split_key {split_key!r} names no column of the input (columns: "
+                     f"{', '.join(['image_uri', 'label', *row.values])})")
+
+
+def key_split(key: Any, test_ratio: float, seed: int) -> str:
+    """``"test"`` or ``"train"`` for a row whose split key is ``key``: the row goes to test
+    when blake2b(seed, canonical JSON of key), read as a fraction in [0, 1), is below
+    ``test_ratio``. A function of the key alone: no other row, no row order, no
+    partitioning, no worker count changes it."""
+    if test_ratio <= 0.0:
+        return "train"
+    data = json.dumps(_canon(key), ensure_ascii=False, sort_keys=True).encode()
+    h = hashlib.blake2b(data, digest_size=8, key=str(int(seed)).encode()).digest()
+    return "test" if int.from_bytes(h, "big") / 2.0 ** 64 < test_ratio else "train"
+
+
+def assign_split(row: Row, options: ConvertOptions) -> None:
+    """Give ``row`` its split when the input had none (see :func:`key_split`)."""
+    if row.split is None:
+        row.split = key_split(split_key_value(row, options.split_key), options.test_ratio, options.seed)
+
+
+def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str | None = None) -> None:
+    """Rows without a split go to ``test`` by :func:`key_split` of their split key, the
+    rest to ``train``: each row independently, so about (not exactly) ``n * test_ratio``
+    of ``n`` rows go to test, and every runner (local, Beam, Spark) puts a row in the
+    same split."""
+    for r in rows:
+        if r.split is None:
+            r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
+
+
+def needs_class_list(model_type: str, label_type: str | None, annotated: bool) -> bool:
+    """Whether the plan builds a label map from class names found in the data."""
+    return (model_type in ("CLASSIFICATION", "VIDEO_CLASSIFICATION", "DETECTION", "INSTANCE_SEGMENTATION",
+                           "TEXT_DETECTION", "TEXT_END2END")
+            and (annotated or label_type == "string label"))
+
+
+def is_multi_label(model_type: str, row: Row) -> bool:
+    """Whether an annotated row names several classes (multi-label classification)."""
+    return (model_type in ("CLASSIFICATION", "VIDEO_CLASSIFICATION") and isinstance(row.annotation, dict)
+            and len(row.annotation.get("classes", ())) > 1)
+
+
+def shard_layout(split_counts: Mapping[str, int], per: int) -> list[Shard]:
+    """Shards of ``per`` rows each, per split in SPLITS order, without their rows."""
+    shards = []
+    for split in SPLITS:
+        count = math.ceil(split_counts.get(split, 0) / per)
+        shards.extend(Shard(split, i, count, []) for i in range(count))
+    return shards
+
+
+def finish_plan(shards: list[Shard], discards: list[DiscardRecord], rows_read: int, schema: Schema | None,
+                options: ConvertOptions, source: str, digest: str, class_names: set[str] | None,
+                multi_label: bool, storage_options: Mapping[str, Any] | None = None, has_image: bool = True,
+                annotated: bool = False) -> Plan:
+    """The plan from what was learnt reading the input (by the driver, or summed over a
+    cluster's partitions): the label map from ``class_names`` (None: no label map), the
+    feature spec and the plan digest."""
+    label_map = None
+    if class_names is not None:
+        label_map = build_label_map(class_names, options.class_list_file, default_class=options.default_class,
+                                    error_class=options.error_class, ignore_class=options.ignore_class,
+                                    storage_options=storage_options)
+    chars = load_char_table(options.char_replace_map_path, options.default_char_dict_path, storage_options)
+    plan = Plan(options, schema if not annotated else None, label_map, chars, multi_label, has_image, shards,
+                discards, rows_read, source, digest)
+    plan.feature_spec = make_converter(plan.context(storage_options), has_image).feature_spec()
+    opts = {k: v for k, v in options.to_dict().items() if k not in RUNTIME_OPTIONS}
+    plan.plan_digest = "sha256:" + hashlib.sha256(json.dumps(
+        _canon([digest, opts, __version__]), sort_keys=True, default=str).encode()).hexdigest()
+    return plan
 
 
 def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | None, options: ConvertOptions,
@@ -112,23 +192,15 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
               annotated: bool = False) -> Plan:
     """Place rows in splits and shards, build the label map and the feature spec."""
     digest = source_digest(rows, discards)
-    assign_splits(rows, options.test_ratio, options.seed)
+    assign_splits(rows, options.test_ratio, options.seed, options.split_key)
     mt = options.model_type
     label_type = schema.label_type if (schema is not None and not annotated) else None
-    needs_classes = (mt in ("CLASSIFICATION", "VIDEO_CLASSIFICATION", "DETECTION", "INSTANCE_SEGMENTATION",
-                            "TEXT_DETECTION", "TEXT_END2END")
-                     and (annotated or label_type == "string label"))
-    label_map = None
-    if needs_classes:
-        seen: set[str] = set()
+    class_names = None
+    if needs_class_list(mt, label_type, annotated):
+        class_names = set()
         for r in rows:
-            seen.update(row_class_names(mt, r))
-        label_map = build_label_map(seen, options.class_list_file, default_class=options.default_class,
-                                    error_class=options.error_class, ignore_class=options.ignore_class,
-                                    storage_options=storage_options)
-    chars = load_char_table(options.char_replace_map_path, options.default_char_dict_path, storage_options)
-    multi_label = annotated and mt in ("CLASSIFICATION", "VIDEO_CLASSIFICATION") and any(
-        isinstance(r.annotation, dict) and len(r.annotation.get("classes", ())) > 1 for r in rows)
+            class_names.update(row_class_names(mt, r))
+    multi_label = annotated and any(is_multi_label(mt, r) for r in rows)
     shards: list[Shard] = []
     per = options.num_samples_per_tfrecord
     for split in SPLITS:
@@ -136,10 +208,5 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
         count = math.ceil(len(in_split) / per)
         for i in range(count):
             shards.append(Shard(split, i, count, in_split[i * per:(i + 1) * per]))
-    plan = Plan(options, schema if not annotated else None, label_map, chars, multi_label, has_image, shards,
-                discards, len(rows) + len(discards), source, digest)
-    plan.feature_spec = make_converter(plan.context(storage_options), has_image).feature_spec()
-    opts = {k: v for k, v in options.to_dict().items() if k not in RUNTIME_OPTIONS}
-    plan.plan_digest = "sha256:" + hashlib.sha256(json.dumps(
-        _canon([digest, opts, __version__]), sort_keys=True, default=str).encode()).hexdigest()
-    return plan
+    return finish_plan(shards, discards, len(rows) + len(discards), schema, options, source, digest, class_names,
+                       multi_label, storage_options, has_image, annotated)

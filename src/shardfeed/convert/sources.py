@@ -64,36 +64,51 @@ def _dirname(url: str) -> str:
     return os.path.dirname(os.path.abspath(url))
 
 
+class RowBuilder:
+    """Typed rows from ``(number, {column: cell}, error)``, one at a time (a Spark executor
+    builds its partition's rows with it, without holding them all)."""
+
+    def __init__(self, schema: Schema, origin: str, base: str | None):
+        self.schema, self.origin, self.base = schema, origin, base
+        self.split_col = schema.column_of("split")
+        self.image_col = schema.column_of("image_uri")
+        self.label_col = schema.column_of("label")
+        self.features = schema.feature_columns()
+
+    def build(self, number: int, cells: Mapping[str, Any] | None, error: str | None) -> Row | DiscardRecord:
+        """The row, or the discard record of a row with an error or a cell that does not parse."""
+        image = None
+        schema = self.schema
+        try:
+            if error is not None or cells is None:
+                raise Discard(error or "unreadable row")
+            if self.image_col is not None:
+                raw = cells.get(self.image_col)
+                if is_missing(raw):
+                    raise Discard(f"column {self.image_col!r} (image_uri) is empty")
+                image = resolve_uri(str(raw), self.base)
+            split = normalize_split(cells.get(self.split_col)) if self.split_col else None
+            label = parse_cell(schema, self.label_col, cells.get(self.label_col)) if self.label_col else None
+            values = {c: parse_cell(schema, c, cells.get(c)) for c in self.features}
+            return Row(number, self.origin, image, split, label, values)
+        except Discard as d:
+            return DiscardRecord(number, image or f"{self.origin}#{number}", str(d))
+
+
 def rows_from_records(records: Iterable[tuple[int, Mapping[str, Any] | None, str | None]], schema: Schema,
                       origin: str, base: str | None) -> tuple[list[Row], list[DiscardRecord]]:
     """Typed rows from ``(number, {column: cell}, error)`` tuples; a tuple with an error
     (or a cell that does not parse) becomes a discard record."""
-    split_col = schema.column_of("split")
-    image_col = schema.column_of("image_uri")
-    label_col = schema.column_of("label")
-    features = schema.feature_columns()
+    builder = RowBuilder(schema, origin, base)
     rows: list[Row] = []
     discards: list[DiscardRecord] = []
     for number, cells, error in records:
-        image = None
-        try:
-            if error is not None or cells is None:
-                raise Discard(error or "unreadable row")
-            if image_col is not None:
-                raw = cells.get(image_col)
-                if is_missing(raw):
-                    raise Discard(f"column {image_col!r} (image_uri) is empty")
-                image = resolve_uri(str(raw), base)
-            split = normalize_split(cells.get(split_col)) if split_col else None
-            label = parse_cell(schema, label_col, cells.get(label_col)) if label_col else None
-            values = {c: parse_cell(schema, c, cells.get(c)) for c in features}
-            rows.append(Row(number, origin, image, split, label, values))
-        except Discard as d:
-            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
+        r = builder.build(number, cells, error)
+        (rows if isinstance(r, Row) else discards).append(r)
     return rows, discards
 
 
-def _default_schema(columns: Sequence[str], what: str) -> Schema:
+def default_schema(columns: Sequence[str], what: str) -> Schema:
     lowered = [str(c).strip().lower() for c in columns]
     missing = [c for c in AUTOML_COLUMNS[1:] if c not in lowered]
     if missing:
@@ -106,10 +121,12 @@ def _default_schema(columns: Sequence[str], what: str) -> Schema:
     return Schema(cols)
 
 
-def read_dataframe(df: Any, schema: Schema | None) -> tuple[list[Row], list[DiscardRecord], Schema]:
-    """Rows of a pandas DataFrame (row numbers are 1-based positions)."""
+def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", base: str | None = None
+                   ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a pandas DataFrame (row numbers are 1-based positions); ``origin`` names it
+    in the discard report, ``base`` is the folder relative image paths are taken from."""
     columns = [str(c) for c in df.columns]
-    schema = schema or _default_schema(columns, "the DataFrame")
+    schema = schema or default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
@@ -119,8 +136,118 @@ def read_dataframe(df: Any, schema: Schema | None) -> tuple[list[Row], list[Disc
         for i, tup in enumerate(df.itertuples(index=False, name=None), start=1):
             yield i, {str(names[j]): v for j, v in enumerate(tup)}, None
 
-    rows, discards = rows_from_records(records(), schema, "<DataFrame>", None)
+    rows, discards = rows_from_records(records(), schema, origin, base)
     return rows, discards, schema
+
+
+PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+def table_format(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``"parquet"``, ``"json"`` (JSON lines) or ``"csv"``: by the name's suffix, else by the
+    file's first bytes (Parquet's ``PAR1`` magic)."""
+    low = url.lower().rstrip("/")
+    if low.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if low.endswith(JSON_SUFFIXES):
+        return "json"
+    if low.endswith((".csv", ".tsv", ".txt")):
+        return "csv"
+    try:
+        head = storage.read_bytes(url, 0, 4, storage_options=storage_options)
+    except (OSError, ValueError):
+        return "csv"
+    return "parquet" if head == b"PAR1" else "csv"
+
+
+def parquet_parts(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str] | None:
+    """The part files of a folder that holds a Parquet dataset (what Spark and pandas write:
+    ``part-*.parquet``, maybe ``_SUCCESS``), sorted; None when the folder holds anything else."""
+    try:
+        names = sorted(storage.list_dir(url, storage_options))
+    except (OSError, ValueError):
+        return None
+    data = [u for u in names if not u.rstrip("/").rsplit("/", 1)[-1].startswith(("_", "."))]
+    if data and all(u.lower().endswith(PARQUET_SUFFIXES) for u in data):
+        return data
+    return None
+
+
+def _frame(url: str, fmt: str, storage_options: Mapping[str, Any] | None) -> Any:
+    """A pandas DataFrame of one Parquet or JSON-lines file."""
+    try:
+        import pandas as pd
+    except ImportError as exc:
+        raise ImportError(f"reading {mask(url)} ({fmt}) needs pandas: pip install 'shardfeed[convert]'") from exc
+    if fmt == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as exc:
+            raise ImportError(f"reading {mask(url)} (Parquet) needs pyarrow: pip install pyarrow") from exc
+        try:
+            return pq.read_table(io.BytesIO(storage.read_bytes(url, storage_options=storage_options))).to_pandas()
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{mask(url)}: not a readable Parquet file ({exc})") from None
+    text = storage.read_bytes(url, storage_options=storage_options).decode("utf-8-sig")
+    try:
+        return pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()
+    except ValueError as exc:
+        raise ValueError(f"{mask(url)}: not JSON lines ({exc})") from None
+
+
+def read_table_part(file_url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None,
+                    origin: str, base: str | None, first: int = 1, fmt: str | None = None
+                    ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of one file of a table (CSV, Parquet or JSON lines), numbered from ``first``
+    and named ``origin`` (the table's name, for a part of a folder)."""
+    fmt = fmt or table_format(file_url, storage_options)
+    if fmt == "csv":
+        rows, discards, used = read_csv(file_url, schema, storage_options)
+    else:
+        rows, discards, used = read_dataframe(_frame(file_url, fmt, storage_options), schema, origin, base)
+    if first != 1 or (fmt == "csv" and origin != mask(file_url)):
+        shift = first - 1
+        for r in rows:
+            r.number += shift
+            r.origin = origin
+        for d in discards:
+            own = d.source.startswith(f"{mask(file_url) if fmt == 'csv' else origin}#")
+            d.row += shift
+            if own:
+                d.source = f"{origin}#{d.row}"
+    return rows, discards, used
+
+
+def read_table_file(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
+                    parts: list[str] | None = None, counts: list[int] | None = None
+                    ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+    """Rows of a Parquet file (or the ``parts`` of a Parquet folder, numbered on across
+    parts in name order) or a JSON-lines file, read with pyarrow / pandas; image paths
+    relative to the file's folder. Other files are CSV (:func:`read_csv`). ``counts``, when
+    given, receives the number of records each file held."""
+    if not parts:
+        fmt = table_format(url, storage_options)
+        rows, discards, used = read_table_part(url, schema, storage_options, mask(url), _dirname(url), fmt=fmt)
+        if counts is not None:
+            counts.append(len(rows) + len(discards))
+        return rows, discards, used
+    base = url.rstrip("/")
+    if parse_url(base).is_local:
+        base = os.path.abspath(parse_url(base).path)
+    rows, discards, used = [], [], schema
+    for part in parts:
+        r, d, used = read_table_part(part, schema, storage_options, mask(url), base, len(rows) + len(discards) + 1,
+                                     fmt="parquet")
+        rows.extend(r)
+        discards.extend(d)
+        if counts is not None:
+            counts.append(len(r) + len(d))
+    if used is None:
+        used = default_schema([], mask(url))
+    return rows, discards, used
 
 
 def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any] | None = None,
@@ -153,7 +280,7 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
     else:
         columns, body = list(AUTOML_COLUMNS), lines
     if schema is None:
-        schema = _default_schema(columns, origin)
+        schema = default_schema(columns, origin)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"{origin}: schema names columns the CSV lacks: {', '.join(absent)} (header: {columns})")

@@ -64,6 +64,8 @@ def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | Non
         return records, None
     except Discard as d:
         return None, str(d)
+    except ImportError:
+        raise  # a missing package (Pillow on a worker) is the environment's fault, not the row's
     except Exception as exc:
         logger.warning("row %s (%s): converter failed", row.number, row.source, exc_info=True)
         return None, f"converter error: {type(exc).__name__}: {str(exc)[:160]}"
@@ -80,6 +82,7 @@ class ShardSink:
         self.writer = TFRecordWriter(self.url, compression=compression, index=compression is None,
                                      storage_options=storage_options)
         self.discards: list[DiscardRecord] = []
+        self.extra_state: dict[str, Any] = {}  # more to record in the state file (a runner's job id)
 
     def add(self, row: Row, records: list[bytes] | None, reason: str | None) -> None:
         if records is not None:
@@ -92,7 +95,7 @@ class ShardSink:
         self.writer.close()
         state = {"plan_digest": self.plan.plan_digest, "file": self.plan.shard_name(self.shard),
                  "split": self.shard.split, "rows": len(self.shard.rows), "records": self.writer.records,
-                 "discards": [[d.row, d.source, d.reason] for d in self.discards]}
+                 "discards": [[d.row, d.source, d.reason] for d in self.discards], **self.extra_state}
         storage.write_bytes(state_url(self.output_dir, self.plan, self.shard),
                             json.dumps(state, ensure_ascii=False).encode(), self.storage_options)
         return state

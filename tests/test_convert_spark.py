@@ -1,0 +1,225 @@
+"""The Spark runner on ``local-cluster[2,1,1024]``: two executor JVMs with their own Python
+workers, as on a cluster. The same records as the local runner for every input kind, a
+killed executor mid-job, resume, shard sizing, and the errors for a wrong master or no Java.
+
+One SparkSession for the whole session (starting one takes ~15 s here); few jobs per test.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+pytest.importorskip("pyspark")
+pd = pytest.importorskip("pandas")
+pytest.importorskip("pyarrow")
+from PIL import Image
+
+from shardfeed.cli import convert_cmd
+from shardfeed.convert import api as sc
+from shardfeed.convert.runner_spark import spark_session
+from shardfeed.formats.tfrecord import read_records
+
+from .test_convert_annotations import jpeg, pai_csv
+from .test_convert_runners import dataset, output_bytes
+
+pytestmark = pytest.mark.slow
+MASTER = "local-cluster[2,1,1024]"
+OPTS = {"test_ratio": 0.5, "num_samples_per_tfrecord": 3, "max_image_size": 40, "progress": False}
+JAVA = shutil.which("java") or os.environ.get("JAVA_HOME")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    if not JAVA:
+        pytest.skip("no Java here (scripts/system-deps.sh test installs default-jre-headless): Spark cannot start")
+    session = spark_session(MASTER)
+    yield session
+    session.stop()
+
+
+def split_records(out):
+    """{split: sorted list of record bytes}: what a conversion wrote, order aside."""
+    m = sc.load_manifest(out)
+    return {k: sorted(r for s in v["shards"] for r in read_records(os.path.join(out, s["file"])))
+            for k, v in m["splits"].items()}
+
+
+def discards(out):
+    """(source, reason) of every discarded row; a DataFrame row named by its position
+    (which a repartition changes) named by its DataFrame only."""
+    with open(os.path.join(out, "data-discards.csv"), encoding="utf-8") as f:
+        return sorted((d["source"].split("#")[0], d["reason"]) for d in csv.DictReader(f))
+
+
+def same_output(a, b):
+    """The two outputs hold the same files with the same bytes, and manifests that differ
+    only in how they were produced (runner; the source digest's composition)."""
+    fa, ma = output_bytes(a)
+    fb, mb = output_bytes(b)
+    for m in (ma, mb):
+        m.pop("source"), m.pop("plan_digest")
+    assert sorted(fa) == sorted(fb)
+    assert [n for n in fa if fa[n] != fb[n]] == []
+    assert ma == mb
+
+
+def test_spark_writes_what_the_local_runner_writes_for_csv_parquet_dataframe_folder_and_annotations(spark, tmp_path):
+    src = dataset(tmp_path, n=14, bad=(3,))
+    with open(src, "a", newline="") as f:
+        f.write("TRAIN,img/0.jpg\n")  # a row with 2 cells: discarded by both, with the same reason
+    local = str(tmp_path / "local")
+    res = sc.convert(src, local, **OPTS)
+    assert res.splits["train"]["records"] > 0 and res.splits["test"]["records"] > 0
+    # CSV read by Spark: byte for byte the local runner's shards, index files and discard report
+    out = str(tmp_path / "spark_csv")
+    got = sc.convert(src, out, runner="spark", **OPTS)
+    assert got.rows_read == 15 and got.rows_discarded == 2
+    same_output(local, out)
+    # Parquet, and a folder of Parquet parts as Spark writes it
+    table = pd.read_csv(src, keep_default_na=False, dtype=str, nrows=14)
+    table = table.assign(image_uri=[str(tmp_path / u) for u in table.image_uri])
+    table.to_parquet(tmp_path / "a.parquet")
+    sc.convert(str(tmp_path / "a.parquet"), str(tmp_path / "local_pq"), **OPTS)
+    sc.convert(str(tmp_path / "a.parquet"), str(tmp_path / "spark_pq"), runner="spark", **OPTS)
+    same_output(str(tmp_path / "local_pq"), str(tmp_path / "spark_pq"))
+    # a Spark DataFrame in more partitions than shards: the same records per split, in
+    # ceil(rows / num_samples_per_tfrecord) shards per split, not one (tiny) shard per partition
+    with_null = pd.concat([table, pd.DataFrame([{"split": "", "image_uri": None, "label": "c0"}])])
+    df = spark.createDataFrame(with_null).repartition(9)
+    assert df.rdd.getNumPartitions() == 9
+    out = str(tmp_path / "spark_df")
+    got = sc.convert(df, out, **OPTS)
+    want = sc.convert(with_null, str(tmp_path / "local_df"), **OPTS)
+    assert split_records(out) == split_records(str(tmp_path / "local_df"))
+    assert discards(out) == discards(str(tmp_path / "local_df"))
+    assert got.manifest["counts"] == want.manifest["counts"] and got.manifest["runtime"]["runner"] == "spark"
+    for split, info in got.splits.items():
+        assert len(info["shards"]) == -(-info["rows"] // 3), split
+        assert [s["rows"] for s in info["shards"][:-1]] == [3] * (len(info["shards"]) - 1)
+    # an image folder (label/file) with a corrupt image
+    for label in ("x", "y"):
+        for i in range(4):
+            p = tmp_path / "folder" / label / f"{i}.jpg"
+            p.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.full((20, 30, 3), 40 * i, np.uint8)).save(p)
+    (tmp_path / "folder" / "y" / "9.jpg").write_bytes(b"not a jpeg")
+    sc.convert(str(tmp_path / "folder"), str(tmp_path / "local_folder"), **OPTS)
+    got = sc.convert(str(tmp_path / "folder"), str(tmp_path / "spark_folder"), runner="spark", **OPTS)
+    assert got.rows_discarded == 1
+    same_output(str(tmp_path / "local_folder"), str(tmp_path / "spark_folder"))
+    # a PAI annotation CSV (DETECTION) with a corrupt image
+    a, b = jpeg(tmp_path / "a.jpg"), jpeg(tmp_path / "b.jpg")
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 truncated")
+    box = [{"text": '{"class*": "car"}', "coord": ["10", "10", "90", "10", "90", "60", "10", "60"]}]
+    ann = pai_csv(tmp_path / "ann.csv", [(a, box), (b, box), (str(tmp_path / "bad.jpg"), box), (a, box)])
+    sc.convert_annotations(ann, str(tmp_path / "local_ann"), model_type="DETECTION", **OPTS)
+    got = sc.convert_annotations(ann, str(tmp_path / "spark_ann"), model_type="DETECTION", runner="spark", **OPTS)
+    assert got.rows_discarded == 1 and got.records_written == 3
+    same_output(str(tmp_path / "local_ann"), str(tmp_path / "spark_ann"))
+
+
+def test_resume_on_spark_rewrites_only_the_shards_not_committed(spark, tmp_path):
+    src = dataset(tmp_path, n=12, bad=())
+    out = str(tmp_path / "out")
+    first = sc.convert(src, out, runner="spark", **OPTS)
+    written = output_bytes(out)
+    names = [s["file"] for sp in first.splits.values() for s in sp["shards"]]
+    assert len(names) >= 3
+    lost = names[1]  # as if the driver died before this task's commit
+    os.unlink(os.path.join(out, lost))
+    os.unlink(os.path.join(out, f".data-state/{lost}.json"))
+    inodes = {n: os.stat(os.path.join(out, n)).st_ino for n in names if n != lost}
+    mtimes = {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in names if n != lost}
+    again = sc.convert(src, out, runner="spark", resume=True, **OPTS)
+    assert os.path.exists(os.path.join(out, lost))
+    assert {n: os.stat(os.path.join(out, n)).st_ino for n in inodes} == inodes
+    assert {n: os.stat(os.path.join(out, n)).st_mtime_ns for n in mtimes} == mtimes
+    assert again.manifest == first.manifest and output_bytes(out) == written
+    # without resume (here through the CLI, on the running session) every shard is written again
+    assert convert_cmd.main(["convert", src, out, "--runner", "spark", "--test_ratio", "0.5",
+                             "--num_samples_per_tfrecord", "3", "--max_image_size", "40", "-q"]) == 0
+    assert all(os.stat(os.path.join(out, n)).st_ino != inodes[n] for n in inodes)
+    assert output_bytes(out) == written
+
+
+def test_a_killed_executor_mid_job_still_gives_every_record_exactly_once(spark, tmp_path):
+    n = 16
+    src = dataset(tmp_path, n=n, bad=(2,))
+    marker = str(tmp_path / "killed")
+    opts = {"model_type": "SELF_DEFINED", "converter_class": "tests.spark_helpers:KillingConverter",
+            "converter_options": {"marker": marker, "kill_row": 7}, "num_samples_per_tfrecord": 4,
+            "progress": False}
+    out = str(tmp_path / "out")
+    res = sc.convert(src, out, runner="spark", **opts)
+    with open(marker) as f:
+        pid = int(f.read())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the executor really died
+    assert res.rows_read == n and res.records_written == n - 1 and res.rows_discarded == 1
+    ids = sorted(r for r in split_records(out)["train"])
+    assert len(ids) == len(set(ids)) == n - 1
+    want = str(tmp_path / "local")
+    sc.convert(src, want, **{**opts, "converter_options": {"marker": marker, "kill_row": 7}})
+    assert split_records(out) == split_records(want)
+    # no partial shard, no staging file left: only what the manifest lists
+    listed = {s["file"] for s in res.splits["train"]["shards"]}
+    assert set(os.listdir(out)) == listed | {f + ".idx" for f in listed} | {
+        "data-manifest.json", "data-discards.csv", ".data-state"}
+    assert all(not n.endswith(".tmp") for n in os.listdir(os.path.join(out, ".data-state")))
+
+
+def _convert_in_subprocess(tmp_path, code, env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                          env=env, cwd=str(tmp_path))
+
+
+def test_no_java_and_a_wrong_master_are_one_clear_error_each(tmp_path):
+    src = dataset(tmp_path, n=2, bad=())
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_PYTHON", "SPARK_HOME")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(sc.__file__.rsplit(os.sep, 1)[0]))
+    code = ("import sys\nfrom shardfeed.convert import api as sc\n"
+            "try:\n"
+            f"    sc.convert({src!r}, 'out', runner='spark', spark_master=sys.argv[1] if len(sys.argv) > 1 else None,"
+            " progress=False)\n"
+            "except (RuntimeError, ValueError) as e:\n"
+            "    print('ERROR', e)\n")
+    no_java = dict(env, PATH=os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                             if not os.path.exists(os.path.join(p, "java"))))
+    r = _convert_in_subprocess(tmp_path, code, no_java)
+    assert "ERROR runner='spark' needs Java 17" in r.stdout, r.stdout + r.stderr
+    with socket_closed_port() as port:
+        r = subprocess.run([sys.executable, "-c", code, f"spark://127.0.0.1:{port}"], capture_output=True,
+                           text=True, timeout=240, env=env, cwd=str(tmp_path))
+    assert f"ERROR cannot reach the Spark master 'spark://127.0.0.1:{port}'" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "nonsense://x"], capture_output=True, text=True,
+                       timeout=240, env=env, cwd=str(tmp_path))
+    assert "ERROR spark_master 'nonsense://x' is not a Spark master URL" in r.stdout, r.stdout + r.stderr
+    if JAVA:
+        # a master of the right form that Spark still refuses: Spark's reason, in one error
+        r = subprocess.run([sys.executable, "-c", code, "local[x]"], capture_output=True, text=True,
+                           timeout=240, env=env, cwd=str(tmp_path))
+        assert "ERROR Spark did not start on master 'local[x]'" in r.stdout, r.stdout + r.stderr
+
+
+class socket_closed_port:
+    """A loopback port nothing listens on (bound, then closed)."""
+
+    def __enter__(self):
+        import socket
+
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        return self.port
+
+    def __exit__(self, *exc):
+        return False
