@@ -41,6 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 if os.path.isdir(SRC):
     sys.path.insert(0, SRC)
+sys.path.insert(0, HERE)
+
+import _rows
 
 SCHEMA = {"label": "integer label", **{f"f{i}": "float" for i in range(8)}, "name": "string"}
 
@@ -155,6 +158,15 @@ def run_child(runner: str, inp: str, out: str, options: dict, schema: bool, mast
     raise RuntimeError(f"{runner} on {inp} failed:\n{p.stderr[-3000:]}")
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows". The anchor is the local
+    runner on the same input."""
+    return [(f"runner='spark' on {res['master']}, {r['input']}" + ("" if r["same_output"] else " (OUTPUT DIFFERS)"),
+             _rows.rate(r["spark_rows_s"], "rows/s"), f"local runner: {_rows.rate(r['local_rows_s'], 'rows/s')}",
+             _rows.ratio(r["ratio"])) for r in res["results"]]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
@@ -220,8 +232,10 @@ def main(argv=None) -> int:
               f"{r['local_first_convert_s']:.1f} / {r['spark_first_convert_s']:.1f} s" for r in results)
           + "; rows/s are from the second conversion")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    result = {"master": args.master, "rounds": args.rounds, "results": results}
+    result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
-        json.dump({"master": args.master, "rounds": args.rounds, "results": results}, f, indent=1)
+        json.dump(result, f, indent=1)
     print(f"wrote {args.json}")
     return 0 if all(r["same_output"] for r in results) else 1
 

@@ -72,6 +72,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
+    # starts Spark (local-cluster, executor JVMs): about two minutes even with --quick sizes
+    Benchmark("convert_spark", "--json", (), ("--images", "40", "--rows-small", "2000", "--rows", "20000"), "--dir"),
 )}
 
 
