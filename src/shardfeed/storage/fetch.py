@@ -516,7 +516,10 @@ class RangeStream(io.RawIOBase):
         come back short, or empty past the end."""
         from .io import _http_status, _run  # noqa: PLC0415
 
-        learn = speculative and self.size_future is not None and not self.size_future.done()
+        # the direct GET's answer tells the size (a stream without one made its size future
+        # for this); otherwise a HEAD already runs beside this range
+        learn = (speculative and self.direct is not None and self.size_future is not None
+                 and not self.size_future.done())
 
         def attempt() -> Any:
             t = time.perf_counter()
