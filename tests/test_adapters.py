@@ -40,6 +40,7 @@ def test_torch_dataloader_workers_and_ranks_split_without_duplicates(tmp_path):
     assert sorted(seen) == sorted(f * 1000 + i for f in range(2) for i in range(12))
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_torch_without_workers_reads_everything():
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader

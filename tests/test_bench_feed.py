@@ -32,6 +32,7 @@ def slow():
     return sf.from_list(BATCHES).map(_slow, num_parallel_calls=1).repeat()
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_a_pipeline_with_batches_ready_feeds_accelerators_and_says_how_busy_each_was():
     sim = simulate(ready, accelerators=3, step_s=0.05, seconds=0.6)
     assert sim.accelerators == 3 and len(sim.utilisation) == 3
@@ -59,6 +60,7 @@ def test_bad_settings_are_clear_errors():
         feed_rate(lambda: sf.from_list([]), step_s=0.1, seconds=0.2)
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_the_command_runs_a_users_pipeline_and_writes_json(tmp_path):
     (tmp_path / "mypipe.py").write_text(
         "import numpy as np, shardfeed as sf\n"

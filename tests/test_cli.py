@@ -102,6 +102,7 @@ def test_demo_converts_trains_and_charts(tmp_path, capsys):
     assert "OK: 240 good records" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_the_demo_is_not_input_bound_by_its_own_verdict(tmp_path, capsys):
     # the simulated accelerator step (the host CPU free meanwhile, as with a device) is
     # long here, so that the pipeline is far ahead of the trainer on any machine; the
@@ -133,6 +134,7 @@ def test_version_says_which_parser_is_active():
     assert ("native" in out) == sf.native_available()
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_verbose_logging_masks_secrets_from_every_library_and_vv_opens_them(tmp_path):
     import subprocess
     import sys

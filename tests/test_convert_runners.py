@@ -95,6 +95,7 @@ def test_process_workers_write_the_same_bytes_as_threads(tmp_path):
     assert output_bytes(a) == output_bytes(b)
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_beam_runner_gives_the_same_records_as_the_local_runner(tmp_path):
     pytest.importorskip("apache_beam")
     from apache_beam.options.pipeline_options import PipelineOptions

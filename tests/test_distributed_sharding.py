@@ -132,6 +132,7 @@ def test_rank_from_tf_config_env_and_arguments():
         resolve_slice(2, 2)
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_rank_from_torch_distributed_when_initialized(tmp_path):
     pytest.importorskip("torch")
     code = (

@@ -65,6 +65,7 @@ def test_gs_shards_read_in_parallel_ranges_every_byte_counted(gcs_shards, small_
     assert st.requests > len(urls)  # ranges of 64 KiB, not one GET an object
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_gs_record_ranges_fetch_disjoint_bytes(gcs_shards, small_parts):
     urls, expected, opts = gcs_shards
     big = urls[2]

@@ -317,6 +317,7 @@ def test_batch_parse_equals_per_record_decode(batch):
         assert single["a"].tolist() == row.get("a", [])
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_features_the_spec_does_not_ask_for_are_checked_but_never_built():
     """A wide Example read for one feature: no value of the others is built (issue 15 #8)."""
     import tracemalloc

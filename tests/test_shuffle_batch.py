@@ -53,6 +53,7 @@ def test_same_batches_as_the_unfused_chain_for_many_shapes(tmp_path):
         assert a == b, (sizes, size, k, seed, drop)
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_large_pass_with_compaction_matches_and_resumes_across_chains(tmp_path):
     files = _files(tmp_path, [30_000, 20_000, 45_000])  # about 30 bytes a record: several 1 MiB chunks
     fused, unfused = _fused(files, 3000, 500, 7), _unfused(files, 3000, 500, 7)

@@ -212,6 +212,7 @@ def test_unreadable_bucket_error_names_url_and_reason(s3_bucket):
         proxy.close()
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_unreachable_endpoint_fails_with_storage_error_after_retries():
     storage.reset_retry_stats()
     with socket_closed_port() as port:

@@ -139,6 +139,7 @@ def test_slice_ranges_cover_every_row_once_with_sizes_within_one(total):
         assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_slices_over_several_tables_deliver_every_row_exactly_once(db, tmp_path):
     root = tmp_path / "pq"
     root.mkdir()
