@@ -81,3 +81,16 @@ def test_the_command_runs_a_users_pipeline_and_writes_json(tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "shardfeed.cli.main", "bench", "long_tail", "--step-ms", "5"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert wrong.returncode != 0 and "bench feed" in wrong.stderr
+
+
+@pytest.mark.slow  # writes the presets' data: several seconds
+def test_the_presets_write_their_data_once_and_it_reads_with_their_spec(tmp_path):
+    from shardfeed.cli.feed import preset
+
+    for name, records in (("resnet50", 800), ("ctr", 20_000)):
+        files, spec, batch, step = preset(name, str(tmp_path), quick=True)
+        assert len(files) == 4 and step > 0 and batch in (400, 1024)
+        mtimes = [f.stat().st_mtime_ns for f in sorted(tmp_path.glob(f"{name}-*.tfrecord"))]
+        assert sum(len(b[next(iter(spec))]) for b in sf.read_tfrecord(files, spec=spec).batch(batch)) == records
+        assert preset(name, str(tmp_path), quick=True)[0] == files  # written once: reused
+        assert [f.stat().st_mtime_ns for f in sorted(tmp_path.glob(f"{name}-*.tfrecord"))] == mtimes

@@ -254,50 +254,47 @@ RESNET50 = {"record_bytes": 114_660, "batch": 400, "step_s": 400 / (1607 / TARGE
 CTR = {"batch": 1024, "step_s": 0.020}
 
 
-def _resnet50_files(directory: str, records: int) -> list[str]:
+def _written_once(directory: str, name: str, records: int, write: Callable[[Any, Any, int], None]) -> list[str]:
+    """Four shards of ``records`` records for preset ``name`` in ``directory``, written once
+    (``write(writer, rng, count)`` fills one shard) and reused while their marker stands."""
     import numpy as np  # noqa: PLC0415
 
     import shardfeed as sf  # noqa: PLC0415
 
-    files = [os.path.join(directory, f"resnet50-{i:05d}-of-00004.tfrecord") for i in range(4)]
-    marker = os.path.join(directory, f"READY-resnet50-{records}")
+    files = [os.path.join(directory, f"{name}-{i:05d}-of-00004.tfrecord") for i in range(4)]
+    marker = os.path.join(directory, f"READY-{name}-{records}")
     if os.path.exists(marker):
         return files
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(0)
+    per = -(-records // len(files))
+    for f in files:
+        with sf.TFRecordWriter(f) as w:
+            write(w, rng, per)
+    open(marker, "w").close()
+    return files
+
+
+def _resnet50_shard(w: Any, rng: Any, n: int) -> None:
+    from ..formats.example_encode import encode_example  # noqa: PLC0415
+
     image_bytes = RESNET50["record_bytes"] - 60  # the Example's framing and label take the rest
-    per = -(-records // len(files))
-    for f in files:
-        with sf.TFRecordWriter(f) as w:
-            for j in range(per):
-                w.write(sf.encode_example({"image/encoded": rng.bytes(image_bytes), "image/class/label": [j % 1000]}))
-    open(marker, "w").close()
-    return files
+    for j in range(n):
+        w.write(encode_example({"image/encoded": rng.bytes(image_bytes), "image/class/label": [j % 1000]}))
 
 
-def _ctr_files(directory: str, records: int) -> list[str]:
+def _ctr_shard(w: Any, rng: Any, n: int) -> None:
     import numpy as np  # noqa: PLC0415
 
-    import shardfeed as sf  # noqa: PLC0415
+    from ..formats.example_encode import encode_example  # noqa: PLC0415
 
-    files = [os.path.join(directory, f"ctr-{i:05d}-of-00004.tfrecord") for i in range(4)]
-    marker = os.path.join(directory, f"READY-ctr-{records}")
-    if os.path.exists(marker):
-        return files
-    os.makedirs(directory, exist_ok=True)
-    rng = np.random.default_rng(0)
-    per = -(-records // len(files))
-    for f in files:
-        dense = rng.normal(size=(per, 13)).astype(np.float32)
-        cats = rng.integers(0, 1 << 32, size=(per, 26))
-        with sf.TFRecordWriter(f) as w:
-            for j in range(per):
-                ex: dict[str, Any] = {"label": [int(j % 2)], "ids": [int(x) for x in cats[j, :3]]}
-                ex.update({f"I{i + 1}": [float(dense[j, i])] for i in range(13)})
-                ex.update({f"C{i + 1}": [f"{int(cats[j, i]):08x}".encode()] for i in range(26)})
-                w.write(sf.encode_example(ex))
-    open(marker, "w").close()
-    return files
+    dense = rng.normal(size=(n, 13)).astype(np.float32)
+    cats = rng.integers(0, 1 << 32, size=(n, 26))
+    for j in range(n):
+        ex: dict[str, Any] = {"label": [int(j % 2)], "ids": [int(x) for x in cats[j, :3]]}
+        ex.update({f"I{i + 1}": [float(dense[j, i])] for i in range(13)})
+        ex.update({f"C{i + 1}": [f"{int(cats[j, i]):08x}".encode()] for i in range(26)})
+        w.write(encode_example(ex))
 
 
 def preset(name: str, directory: str, quick: bool) -> tuple[list[str], dict, int, float]:
@@ -306,11 +303,11 @@ def preset(name: str, directory: str, quick: bool) -> tuple[list[str], dict, int
     import shardfeed as sf  # noqa: PLC0415
 
     if name == "resnet50":
-        files = _resnet50_files(directory, 800 if quick else 4000)
+        files = _written_once(directory, "resnet50", 800 if quick else 4000, _resnet50_shard)
         spec = {"image/encoded": sf.FixedLen("bytes"), "image/class/label": sf.FixedLen("int64")}
         return files, spec, RESNET50["batch"], RESNET50["step_s"]
     if name == "ctr":
-        files = _ctr_files(directory, 20_000 if quick else 200_000)
+        files = _written_once(directory, "ctr", 20_000 if quick else 200_000, _ctr_shard)
         spec: dict[str, Any] = {"label": sf.FixedLen("int64"), "ids": sf.VarLen("int64")}
         spec.update({f"I{i}": sf.FixedLen("float32") for i in range(1, 14)})
         spec.update({f"C{i}": sf.FixedLen("bytes") for i in range(1, 27)})
