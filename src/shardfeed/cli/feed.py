@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..pipeline.tree import tree_leaves
+
 TARGET_UTILISATION = 0.9
 """MLPerf Storage's accelerator utilisation (AU) threshold."""
 
@@ -81,12 +83,11 @@ class FeedResult:
 
 
 def _len(batch: Any) -> int:
-    """Samples in a batch: the length of its first array (dicts and tuples walked)."""
-    while isinstance(batch, (dict, tuple, list)) and not hasattr(batch, "shape"):
-        if not batch:
-            return 0
-        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
-    return len(batch) if hasattr(batch, "__len__") else 1
+    """Samples in a batch: the length of its first leaf (dicts and tuples walked)."""
+    leaves = tree_leaves(batch)
+    if not leaves:
+        return 0
+    return len(leaves[0]) if hasattr(leaves[0], "__len__") else 1
 
 
 def _endless(make: Callable[[], Any]) -> Iterator[Any]:
