@@ -755,3 +755,77 @@ def test_gather_matches_a_python_copy_and_refuses_every_range_that_does_not_fit(
         native.gather(bytearray(4), np.zeros(2, np.int64), b"abcd", np.zeros(1, np.int64), np.zeros(2, np.int64))
     with pytest.raises(TypeError):
         native.gather(b"read-only", np.zeros(1, np.int64), b"abcd", np.zeros(1, np.int64), np.ones(1, np.int64))
+
+
+# ----------------------------------------------------------------------------- recycled batch buffers
+
+
+def _large_records(n: int, size: int, seed: int) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    return [rng.bytes(size + 97 * k) for k in range(n)]
+
+
+@needs_native
+def test_large_buffer_columns_come_from_recycled_blocks_and_hold_their_values():
+    """A bytes column of a megabyte or more in the buffer form is copied into pooled memory:
+    a batch whose arrays died gives its block to a later batch, while a batch the caller
+    still holds keeps its own values intact."""
+    from shardfeed import _native  # noqa: PLC0415
+
+    spec = {"img": FixedLen("bytes"), "n": FixedLen("int64")}
+    _native.pool_clear()
+    before = _native.pool_info()
+    kept = None
+    for round_ in range(6):
+        values = _large_records(4, 400_000, round_)
+        records = [ex.encode_example({"img": [v], "n": [k]}) for k, v in enumerate(values)]
+        got = nv.parse_example_batch(records, spec, bytes_as="buffer")
+        col = got["img"]
+        assert col.data.base is not None and col.data.flags.c_contiguous and col.data.flags.writeable
+        assert col.to_list() == values
+        if round_ == 0:
+            kept = (col, values)  # held: its block must not be handed out again
+        del got, col
+    assert kept[0].to_list() == kept[1]
+    blocks, held, reused, allocated = _native.pool_info()
+    assert reused - before[2] >= 4  # rounds 2..5 reused the block of the round before
+    assert allocated - before[3] == 2
+    assert blocks <= 8 and held <= 1 << 30
+    _native.pool_clear()
+    assert _native.pool_info()[:2] == (0, 0)
+    assert kept[0].to_list() == kept[1]  # clearing the pool never frees memory in use
+
+
+@needs_native
+def test_pooled_buffers_bound_the_memory_kept_for_later():
+    """However many large batches were alive at once, the pool keeps at most 8 blocks once
+    they die; the rest goes back to the system. Small columns never use the pool."""
+    from shardfeed import _native  # noqa: PLC0415
+
+    spec = {"img": FixedLen("bytes")}
+    _native.pool_clear()
+    alive = [nv.parse_example_batch([ex.encode_example({"img": [v]}) for v in _large_records(2, 600_000, s)],
+                                    spec, bytes_as="buffer") for s in range(12)]
+    assert _native.pool_info()[0] == 0
+    del alive
+    blocks, held, _, _ = _native.pool_info()
+    assert 1 <= blocks <= 8 and held >= blocks * 1_200_000
+    small = nv.parse_example_batch([ex.encode_example({"img": [b"x" * 100]})], spec, bytes_as="buffer")
+    assert small["img"].data.base is None  # numpy's own memory
+    _native.pool_clear()
+
+
+@needs_native
+def test_pooled_buffer_arrays_pickle_and_outlive_threads():
+    import pickle  # noqa: PLC0415
+
+    spec = {"img": FixedLen("bytes")}
+    values = _large_records(3, 500_000, 7)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(nv.parse_example_batch(
+        [ex.encode_example({"img": [v]}) for v in values], spec, bytes_as="buffer")))
+    t.start()
+    t.join()
+    col = out[0]["img"]
+    again = pickle.loads(pickle.dumps(col))
+    assert again.to_list() == values == col.to_list()

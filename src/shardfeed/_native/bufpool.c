@@ -1,0 +1,107 @@
+/* Recycled memory for large batch buffers: see bufpool.h. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdlib.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
+#define NO_IMPORT_ARRAY
+#include <numpy/arrayobject.h>
+
+#include "bufpool.h"
+
+#define POOL_MIN_BYTES ((size_t)1 << 20)   /* below this, numpy's own allocation is cheap */
+#define POOL_MAX_BLOCKS 8                   /* a few batches in flight (prefetch, parse threads) */
+#define POOL_MAX_BYTES ((size_t)1 << 30)    /* what the pool may hold while nobody uses it */
+#define POOL_GRAIN ((size_t)1 << 16)
+
+typedef struct {
+    PyObject_HEAD void *p;
+    size_t cap;
+} BlockObject;
+
+static struct {
+    void *p;
+    size_t cap;
+} pool[POOL_MAX_BLOCKS];
+static size_t pool_n, pool_bytes, pool_reused, pool_allocated;
+
+static void block_dealloc(BlockObject *self) {
+    if (self->p && pool_n < POOL_MAX_BLOCKS && pool_bytes + self->cap <= POOL_MAX_BYTES) {
+        pool[pool_n].p = self->p;
+        pool[pool_n].cap = self->cap;
+        pool_n++;
+        pool_bytes += self->cap;
+    } else {
+        free(self->p);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfeed._native.Block",
+    .tp_basicsize = sizeof(BlockObject),
+    .tp_dealloc = (destructor)block_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Memory behind a batch buffer; back to a small pool when the last array using it dies.",
+};
+
+/* The smallest pooled block that holds `need` without wasting more than half of itself. */
+static void *take(size_t need, size_t *cap) {
+    size_t best = pool_n;
+    for (size_t i = 0; i < pool_n; i++)
+        if (pool[i].cap >= need && pool[i].cap / 2 <= need && (best == pool_n || pool[i].cap < pool[best].cap))
+            best = i;
+    if (best == pool_n) return NULL;
+    void *p = pool[best].p;
+    *cap = pool[best].cap;
+    pool_bytes -= pool[best].cap;
+    pool[best] = pool[--pool_n];
+    pool_reused++;
+    return p;
+}
+
+PyObject *sf_pool_array(size_t nbytes) {
+    npy_intp dims[1] = {(npy_intp)nbytes};
+    if (nbytes < POOL_MIN_BYTES) return PyArray_SimpleNew(1, dims, NPY_UINT8);
+    size_t cap = 0;
+    void *p = take(nbytes, &cap);
+    if (!p) {
+        /* an eighth more than asked, so the next batch, a little larger, still fits */
+        cap = nbytes + nbytes / 8;
+        cap = (cap + POOL_GRAIN - 1) / POOL_GRAIN * POOL_GRAIN;
+        p = malloc(cap);
+        if (!p) return PyErr_NoMemory();
+        pool_allocated++;
+    }
+    BlockObject *block = PyObject_New(BlockObject, &BlockType);
+    if (!block) {
+        free(p);
+        return NULL;
+    }
+    block->p = p;
+    block->cap = cap;
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(NPY_UINT8), 1, dims, NULL, p,
+                                         NPY_ARRAY_CARRAY, NULL);
+    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)block) < 0) {
+        Py_XDECREF(arr);
+        if (!arr) Py_DECREF(block); /* SetBaseObject steals the block even when it fails */
+        return NULL;
+    }
+    return arr;
+}
+
+PyObject *sf_pool_info(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("nnnn", (Py_ssize_t)pool_n, (Py_ssize_t)pool_bytes, (Py_ssize_t)pool_reused,
+                         (Py_ssize_t)pool_allocated);
+}
+
+PyObject *sf_pool_clear(PyObject *self, PyObject *unused) {
+    while (pool_n) {
+        pool_n--;
+        free(pool[pool_n].p);
+    }
+    pool_bytes = 0;
+    Py_RETURN_NONE;
+}
+
+int sf_pool_init(void) { return PyType_Ready(&BlockType); }
