@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _rows
-from read_tfrecord import BATCH, SPEC, make_dataset, run_tf  # noqa: E402
+from read_tfrecord import BATCH, SPEC, make_dataset, run_tf, settle  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
 from shardfeed.adapters.torch import split_for_reader  # noqa: E402
@@ -156,6 +156,7 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for name, fn in runners.items():
             got, dt = fn(files, n)
+            settle()  # no thread of this configuration still busy while the next one is timed
             if got != n:
                 raise SystemExit(f"{name}: read {got} records, expected {n}")
             rates[name].append(got / dt)

@@ -158,7 +158,21 @@ def run_tf(files, _n, parallel: bool):
         n += len(cols["label"])
     elapsed = time.perf_counter() - t0  # the clock stops at the last batch, before teardown
     del it
+    settle()
     return n, elapsed
+
+
+def settle(timeout: float = 10.0) -> None:
+    """Wait until this process's background threads are idle (at most ``timeout`` s).
+
+    Dropping a tf.data iterator leaves its autotune and thread-pool teardown running for up
+    to seconds: measured next, the following configuration would share a core with it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        c0, t0 = time.process_time(), time.monotonic()
+        time.sleep(0.1)
+        if time.process_time() - c0 < 0.05 * (time.monotonic() - t0):
+            return
 
 
 def run_naive(files, _n):
