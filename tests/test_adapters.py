@@ -40,6 +40,64 @@ def test_torch_dataloader_workers_and_ranks_split_without_duplicates(tmp_path):
     assert sorted(seen) == sorted(f * 1000 + i for f in range(2) for i in range(12))
 
 
+def _bytes_shard(tmp_path, n: int) -> tuple[str, list[dict]]:
+    rows = [{"id": [i], "tag": [b"t%d" % i + b"\x00" * (i % 3)], "words": [b"w"] * (i % 4), "empty": [b""]}
+            for i in range(n)]
+    url = str(tmp_path / "bytes.tfrecord")
+    with sf.TFRecordWriter(url) as w:
+        for r in rows:
+            w.write(sf.encode_example(r))
+    return url, rows
+
+
+def test_torch_workers_send_bytes_columns_packed_and_the_main_process_gets_plain_object_arrays(tmp_path):
+    """In a DataLoader worker each object array of bytes pickles as one buffer plus offsets
+    (not value by value); the main process gets the same plain numpy object arrays, bytes
+    for bytes (trailing NULs and empty values included), as without workers."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    url, rows = _bytes_shard(tmp_path, 40)
+    spec = {"id": sf.FixedLen("int64"), "tag": sf.FixedLen("bytes"), "words": sf.VarLen("bytes"),
+            "empty": sf.FixedLen("bytes")}
+    ds = sf.read_tfrecord(url, spec=spec).batch(6).map(lambda b: (b, b["tag"].astype(str)))
+    got = {}
+    for batch, as_str in DataLoader(ds.to_torch(slice_id=0, slice_count=1), batch_size=None, num_workers=2):
+        assert isinstance(batch["id"], torch.Tensor)
+        assert type(batch["tag"]) is np.ndarray and batch["tag"].dtype == object and batch["tag"].shape[1:] == ()
+        assert type(batch["words"].values) is np.ndarray and batch["words"].values.dtype == object
+        assert as_str.dtype.kind == "U"  # not bytes: pickled as it is
+        for k, i in enumerate(batch["id"].tolist()):
+            got[i] = (batch["tag"][k], batch["words"][k].tolist(), batch["empty"][k])
+    assert got == {i: (r["tag"][0], r["words"], b"") for i, r in enumerate(rows)}
+
+
+class _Bytes(bytes):
+    pass
+
+
+def test_packed_object_arrays_pickle_as_one_buffer_and_refuse_nothing():
+    import pickle  # noqa: PLC0415
+
+    from shardfeed.adapters.torch import pack_for_transfer
+    from shardfeed.formats.native import BytesBuffer
+
+    tags = np.array([[b"a", b""], [b"\x00b", b"c" * 1000]], object)
+    mixed = np.array([b"x", "y", None], object)
+    sub = np.array([_Bytes(b"q")], object)  # a subclass of bytes stays itself
+    element = {"tags": tags, "mixed": mixed, "sub": sub, "n": np.arange(3),
+               "pair": (tags, 7), "buf": BytesBuffer(np.frombuffer(b"ab", np.uint8), np.array([0, 1, 2]))}
+    packed = pack_for_transfer(element)
+    wire = pickle.dumps(packed, protocol=4)
+    assert wire.count(b"c" * 1000) == 2 and len(wire) < 3000  # tags, and again in pair: one buffer each
+    back = pickle.loads(wire)
+    assert type(back["tags"]) is np.ndarray and back["tags"].shape == (2, 2)
+    assert back["tags"].tolist() == tags.tolist() and back["pair"][0].tolist() == tags.tolist()
+    assert back["mixed"].tolist() == [b"x", "y", None] and type(back["sub"][0]) is _Bytes
+    assert isinstance(back["buf"], BytesBuffer) and back["buf"].to_list() == [b"a", b"b"]
+    assert back["n"].tolist() == [0, 1, 2] and back["pair"][1] == 7
+
+
 @pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_torch_without_workers_reads_everything():
     pytest.importorskip("torch")

@@ -829,3 +829,36 @@ def test_pooled_buffer_arrays_pickle_and_outlive_threads():
     col = out[0]["img"]
     again = pickle.loads(pickle.dumps(col))
     assert again.to_list() == values == col.to_list()
+
+
+@needs_native
+@pytest.mark.parametrize("shape", [(0,), (5,), (3, 4)])
+def test_pack_and_unpack_bytes_round_trip_like_the_python_path(shape, monkeypatch):
+    rng = random.Random(3)
+    n = int(np.prod(shape))
+    values = np.empty(n, object)
+    values[:] = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(n)]
+    values = values.reshape(shape)
+    packed = nv.pack_bytes(values)
+    assert packed.to_numpy().reshape(shape).tolist() == values.tolist()
+    monkeypatch.setattr(nv, "_ext", None)
+    slow = nv.pack_bytes(values)
+    assert slow.data.tobytes() == packed.data.tobytes() and slow.offsets.tolist() == packed.offsets.tolist()
+    assert slow.to_numpy().tolist() == packed.to_numpy().tolist()
+
+
+@needs_native
+def test_pack_bytes_refuses_other_values_and_unpack_refuses_offsets_outside_the_data():
+    from shardfeed import _native  # noqa: PLC0415
+
+    for bad in ([b"a", "b"], [b"a", None], [bytearray(b"a")]):
+        arr = np.empty(len(bad), object)
+        arr[:] = bad
+        assert nv.pack_bytes(arr) is None
+    with pytest.raises(TypeError):
+        _native.pack_bytes(np.arange(3))
+    data = np.frombuffer(b"abcdef", np.uint8)
+    for offs in ([0, 7], [0, 3, 2], [1, 2], []):
+        with pytest.raises(ValueError, match="offsets"):
+            _native.unpack_bytes(data, np.array(offs, np.int64))
+    assert _native.unpack_bytes(data, np.array([0, 2, 2, 6])).tolist() == [b"ab", b"", b"cdef"]

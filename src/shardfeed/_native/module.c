@@ -14,6 +14,7 @@
 #include "crc32c.h"
 #include "example_parse.h"
 #include "frames.h"
+#include "packbytes.h"
 
 #define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
 
@@ -706,6 +707,9 @@ static PyMethodDef methods[] = {
      "validate_sequence_example(buf) -> None or a DecodeError message"},
     {"gather", py_gather, METH_VARARGS,
      "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
+    {"pack_bytes", sf_pack_bytes, METH_O,
+     "pack_bytes(array) -> (data, offsets), or None when a value is not exactly bytes"},
+    {"unpack_bytes", sf_unpack_bytes, METH_VARARGS, "unpack_bytes(data, offsets) -> 1-D object array of bytes"},
     {"pool_info", sf_pool_info, METH_NOARGS,
      "pool_info() -> (blocks, bytes, reused, allocated): the recycled batch-buffer pool"},
     {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},

@@ -9,7 +9,7 @@ from typing import Any
 import torch.utils.data
 
 from ..pipeline.dataset import Dataset
-from .torch import pipeline_for_worker
+from .torch import pack_for_transfer, pipeline_for_worker
 
 
 class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
@@ -36,7 +36,11 @@ class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
         it = ds.iter_from_state(resume["pipeline"]) if resume and resume.get("pipeline") else iter(ds)
         self._it, self._reader = it, (index, count)
         try:
-            yield from it
+            if torch.utils.data.get_worker_info() is None:
+                yield from it
+            else:  # each element is pickled to the main process: bytes columns as one buffer
+                for element in it:
+                    yield pack_for_transfer(element)
         finally:
             it.close()
 

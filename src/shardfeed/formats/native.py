@@ -59,7 +59,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "gather",
     "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
-    "compile_spec", "CompiledSpec", "BytesBuffer", "validate_example", "validate_sequence_example", "FRAME_CHECKS",
+    "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "validate_example", "validate_sequence_example",
+    "FRAME_CHECKS",
 ]
 
 # frame check names, as tfrecord.py and CorruptRecordError name them
@@ -206,9 +207,26 @@ class BytesBuffer(NamedTuple):
 
     def to_numpy(self) -> np.ndarray:
         """The values as a 1-D numpy object array of bytes."""
+        if _ext is not None:
+            return _ext.unpack_bytes(self.data, self.offsets)
         out = np.empty(len(self), object)
         out[:] = self.to_list()
         return out
+
+
+def pack_bytes(values: np.ndarray) -> BytesBuffer | None:
+    """An object array whose values are all exactly ``bytes`` as one :class:`BytesBuffer`
+    (its values in C order; ``to_numpy().reshape(values.shape)`` gives them back), or
+    ``None`` when one is not (a ``str``, ``None``, a subclass of ``bytes``...)."""
+    if _ext is not None:
+        packed = _ext.pack_bytes(values)
+        return None if packed is None else BytesBuffer(*packed)
+    flat = values.ravel().tolist()
+    if not all(type(v) is bytes for v in flat):
+        return None
+    offsets = np.zeros(len(flat) + 1, np.int64)
+    np.cumsum([len(v) for v in flat], out=offsets[1:])
+    return BytesBuffer(np.frombuffer(b"".join(flat), np.uint8).copy(), offsets)
 
 
 def _key_bytes(name: str) -> bytes | None:
