@@ -11,7 +11,7 @@
 
 #define POOL_MIN_BYTES ((size_t)1 << 20)   /* below this, numpy's own allocation is cheap */
 #define POOL_MAX_BLOCKS 8                   /* a few batches in flight (prefetch, parse threads) */
-#define POOL_MAX_BYTES ((size_t)1 << 30)    /* what the pool may hold while nobody uses it */
+#define POOL_MAX_BYTES ((size_t)512 << 20)  /* what the pool may hold while nobody uses it */
 #define POOL_GRAIN ((size_t)1 << 16)
 
 typedef struct {

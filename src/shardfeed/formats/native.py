@@ -59,7 +59,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "gather",
     "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
-    "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "validate_example", "validate_sequence_example",
+    "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
+    "validate_sequence_example",
     "FRAME_CHECKS",
 ]
 
@@ -212,6 +213,14 @@ class BytesBuffer(NamedTuple):
         out = np.empty(len(self), object)
         out[:] = self.to_list()
         return out
+
+
+def release_pooled_memory() -> None:
+    """Free the recycled blocks kept for the next large buffer-form batches (none are in
+    use by an array: those stay valid). A pass calls it when it closes, so a pipeline
+    keeps no idle batch memory between passes."""
+    if _ext is not None:
+        _ext.pool_clear()
 
 
 def pack_bytes(values: np.ndarray) -> BytesBuffer | None:

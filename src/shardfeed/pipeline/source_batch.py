@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import DecodeError, ParseError
 from ..formats.chunks import FrameChunk, rebatch_tagged
+from ..formats.native import release_pooled_memory
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
@@ -194,3 +195,5 @@ class SourceBatchNode(Node):
                 self.pool.close()
         finally:
             self.producer.close()
+            if self.bytes_as == "buffer":
+                release_pooled_memory()  # no idle batch memory kept between passes
