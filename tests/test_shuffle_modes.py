@@ -197,3 +197,105 @@ def test_a_state_of_another_shuffle_mode_is_refused_clearly(tmp_path):
     with pytest.raises(ValueError, match="shuffle='global'"):
         it2.set_state(state)
         next(it2)
+
+
+# -- blocks by bytes (block_size=None, the default) -------------------------------------------
+
+def _block_bytes(monkeypatch, n):
+    import shardfeed.pipeline.spans as spans
+
+    monkeypatch.setattr(spans, "DEFAULT_BLOCK_BYTES", n)
+
+
+def test_default_blocks_are_cut_by_bytes_through_the_record_offsets(tmp_path, monkeypatch):
+    from shardfeed.formats.index import load_index
+    from shardfeed.pipeline.spans import Span, block_spans
+
+    _block_bytes(monkeypatch, 1000)
+    small = str(tmp_path / "small.tfrecord")
+    big = str(tmp_path / "big.tfrecord")
+    sf.write_records(small, [b"s" * 40] * 100, index=True)  # 56-byte frames
+    sf.write_records(big, [b"b" * 300] * 20 + [b"x" * 5000] + [b"b" * 300] * 3, index=True)  # 316, one 5016
+    blocks = block_spans([Span(small), Span(big)], None)
+    assert [b.records for b in blocks if b.url == small] == [18] * 5 + [10]  # 18 * 56 = 1008 >= 1000
+    # 316-byte frames at 0, 316, ...; the 5,016-byte record 20 starts at 6,320 (with 19
+    # in the seventh step), and the three after it start in the twelfth
+    assert [b.records for b in blocks if b.url == big] == [4, 3, 3, 3, 3, 3, 2, 3]
+    for mine, b in zip(blocks, blocks[1:]):  # in order, no gap, no overlap
+        assert b.start == (mine.stop if b.url == mine.url else 0)
+    for b in blocks:  # each block: the frames that start within one 1,000-byte step of its file
+        idx = load_index(b.url)
+        assert len({int(o) // 1000 for o in idx[b.start:b.stop, 0]}) == 1
+        assert b.end - b.offset < 1000 + int(idx[b.stop - 1, 1])
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_default_blocks_deliver_every_record_once_and_resume(tmp_path, monkeypatch, readers):
+    _block_bytes(monkeypatch, 600)  # about 15 of these records a block
+    files = _files(tmp_path)
+    got = []
+    for r in range(readers):
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=5, slice_id=r, slice_count=readers)
+        got += _ids(ds.batch(4))
+    assert sorted(got) == _all()
+    runs = sum(1 for a, b in zip(got, got[1:]) if b != a + 1)
+    assert runs >= 6  # blocks of files, not whole files in sequence
+    ds = sf.read_tfrecord(files[:3], spec=SPEC, shuffle="blocks", seed=2, num_parallel_reads=2).batch(3)
+    assert check_resume_everywhere(ds, every=2) >= 5
+
+
+def test_default_block_order_depends_on_the_files_not_on_where_they_are(tmp_path, monkeypatch):
+    import fsspec
+
+    _block_bytes(monkeypatch, 600)
+    files = _files(tmp_path)
+    mem = fsspec.filesystem("memory")
+    remote = []
+    for f in files:
+        url = f"memory://order-{uuid4_hex()}/{f.rsplit('/', 1)[-1]}"
+        with open(f, "rb") as src, mem.open(url, "wb") as dst:
+            dst.write(src.read())
+        remote.append(url)
+    local = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=11).batch(7))
+    elsewhere = _ids(sf.read_tfrecord(remote, spec=SPEC, shuffle="blocks", seed=11).batch(7))
+    assert local == elsewhere and sorted(local) == _all()
+    again = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=11).batch(7))
+    assert again == local
+
+
+def uuid4_hex():
+    import uuid
+
+    return uuid.uuid4().hex[:8]
+
+
+def test_a_blocks_state_resumes_only_with_the_block_cut_it_was_saved_with(tmp_path):
+    files = _files(tmp_path, [40, 30])
+
+    def state_after(n, **kw):
+        it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1, **kw))
+        for _ in range(n):
+            next(it)
+        return it.get_state()
+
+    by_records = state_after(9, block_size=8)
+    assert by_records["root"]["spans"]["blocks"] == "records:8"
+    it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1))  # default: by bytes
+    with pytest.raises(ValueError, match=r"records:8.*block_size=8"):
+        it.set_state(by_records)
+        next(it)
+    by_bytes = state_after(9)
+    it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1, block_size=8))
+    with pytest.raises(ValueError, match=r"bytes:.*block_size=None"):
+        it.set_state(by_bytes)
+        next(it)
+    # a state saved before blocks were cut by bytes has no "blocks": by records, as given then
+    legacy = {**by_records, "root": {**by_records["root"], "spans": {"i": by_records["root"]["spans"]["i"]}}}
+    it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1))
+    with pytest.raises(ValueError, match="earlier version.*block_size=2048"):
+        it.set_state(legacy)
+        next(it)
+    whole = list(sf.read_tfrecord(files, shuffle="blocks", seed=1, block_size=8))
+    it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1, block_size=8))
+    it.set_state(legacy)
+    assert list(it) == whole[9:]

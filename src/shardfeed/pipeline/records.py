@@ -34,7 +34,7 @@ from .policy import ErrorLog, ErrorPolicy, on_error_from
 from .source_batch import SourceBatchNode
 from .sources import SourceDataset, SourceNode
 from .span_reader import DEFAULT_READ_AHEAD, ChunkTag, SpanChunks, close_generator, cursor_state
-from .spans import DEFAULT_BLOCK_SIZE, SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
+from .spans import SHUFFLES, ShuffledSpans, Span, SpanProvider, StaticSpans
 
 logger = logging.getLogger(__name__)
 
@@ -310,13 +310,13 @@ class TFRecordSource(SourceDataset):
         return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"
 
 
-def _check_shuffle(shuffle: str | None, seed: int | None, block_size: int) -> None:
+def _check_shuffle(shuffle: str | None, seed: int | None, block_size: int | None) -> None:
     if shuffle not in SHUFFLES:
         raise ValueError(f"shuffle must be one of {SHUFFLES}, got {shuffle!r}")
     if shuffle is not None and (seed is None or isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ValueError(f"shuffle={shuffle!r} needs a seed (an int >= 0), so that every run and every reader "
                          f"computes the same order: pass seed=..., got {seed!r}")
-    positive_int("block_size", block_size)
+    positive_int("block_size", block_size, allow_none=True)
 
 
 def _provider_of(files: Any, storage_options: Mapping[str, Any] | None) -> SpanProvider:
@@ -348,7 +348,7 @@ def read_tfrecord(
     *,
     shuffle: str | None = None,
     seed: int | None = None,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     slice_id: int | None = None,
     slice_count: int | None = None,
     cache_dir: str | None = None,
@@ -381,9 +381,15 @@ def read_tfrecord(
     delivered.
 
     ``shuffle``: ``None`` (the order given), ``"files"`` (a seeded order of the files,
-    different every epoch) or ``"blocks"`` (a seeded order of record ranges of
-    ``block_size`` records, cut through index files, built when missing: sequential reads
-    within a block, good for object storage); ``seed`` is required for either. With
+    different every epoch), ``"blocks"`` (a seeded order of record ranges cut through
+    index files, built when missing: sequential reads within a block, good for object
+    storage) or ``"global"`` (a seeded permutation of all records); ``seed`` is required
+    for any. ``block_size``: ``None`` (the default) cuts blocks of about 4 MiB of each
+    file (by its record offsets, so the order depends only on the files, never on the
+    link); an int cuts blocks of that many records. The block cut is part of the order:
+    resume with the ``block_size`` a state was saved with (another is a ``ValueError``).
+    For ``"global"`` it is the positions gathered at once (2,048 for ``None``), which
+    does not change the order. With
     ``slice_id``/``slice_count`` this reader takes its share below the source: every
     ``slice_count``-th unit of the epoch's order, or, unshuffled, its files or record
     ranges (see :meth:`Dataset.shard`).

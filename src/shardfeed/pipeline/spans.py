@@ -301,13 +301,28 @@ def _record_at(index: Any, offset: int) -> int:
 
 # -- shuffled orders -----------------------------------------------------------------------------
 SHUFFLES = (None, "files", "blocks", "global")
-DEFAULT_BLOCK_SIZE = 2048
+DEFAULT_BLOCK_BYTES = 4 << 20
+"""``shuffle="blocks"`` with ``block_size=None`` cuts each file into blocks of about this
+many bytes: on object storage a block is then one ranged GET of a whole part (parts are at
+most 4 MiB under the default read-ahead budget), and a block of small records is not a
+ranged read too small to pay for its round trip, nor a block of large records hundreds
+of megabytes. Cut through the file's index (record offsets), never from a measurement,
+so the order is the same on every run, link and machine."""
+DEFAULT_WINDOW = 2048
+"""Positions a ``shuffle="global"`` window gathers at once when ``block_size`` is ``None``
+(the window groups reads; the order does not depend on it)."""
+def blocks_rule(block_size: int | None) -> str:
+    """The block cut as it goes into a saved state: ``"records:N"`` or ``"bytes:N"``."""
+    return f"bytes:{DEFAULT_BLOCK_BYTES}" if block_size is None else f"records:{int(block_size)}"
 
 
-def block_spans(spans: Sequence[Span], block_size: int, storage_options: Mapping[str, Any] | None = None,
+def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: Mapping[str, Any] | None = None,
                 compression: str | None = "auto", cache: Any = None) -> list[Span]:
-    """``spans`` cut into record ranges of ``block_size`` records (the last of a file may be
-    shorter), through the files' index files (built when missing)."""
+    """``spans`` cut into record ranges through the files' index files (built when
+    missing): of ``block_size`` records (the last of a file may be shorter), or, for
+    ``None``, by bytes: the records of a span whose frames start in the same
+    :data:`DEFAULT_BLOCK_BYTES` of the span (counted from its first record) are one block,
+    so a block is less than that many bytes plus its last record."""
     out: list[Span] = []
     for s in spans:
         if normalize_compression(compression, s.url) is not None:
@@ -316,13 +331,51 @@ def block_spans(spans: Sequence[Span], block_size: int, storage_options: Mapping
         idx = load_index(s.url, storage_options, build=True, cache=cache)
         a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
         b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
-        for lo in range(a, b, block_size):
-            out += range_spans(s.url, idx, lo, min(b, lo + block_size))
+        if block_size is not None:
+            cuts = list(range(a, b, block_size)) + [b]
+        elif b > a:
+            offsets = np.asarray(idx[a:b, 0], dtype=np.int64)
+            which = (offsets - offsets[0]) // DEFAULT_BLOCK_BYTES
+            cuts = [a, *(a + np.flatnonzero(np.diff(which)) + 1).tolist(), b]
+        else:
+            cuts = [a]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            out += range_spans(s.url, idx, lo, hi)
     return out
 
 
+class _BlockStream(_ListStream):
+    """A pass over blocks: the state says how the blocks were cut, so that a state is
+    never applied to blocks cut another way (its index would point at other blocks)."""
+
+    def __init__(self, spans: Sequence[Span], state: Any, rule: str) -> None:
+        saved = state.get("blocks") if state else rule
+        if saved is None and rule.startswith("bytes:"):
+            # saved before blocks were cut by bytes: always a count of records
+            raise ValueError("this state was saved by a shuffle='blocks' reader of an earlier version, whose blocks "
+                             f"were records, but this one cuts them by bytes ({rule!r}): resume with the block_size "
+                             "it was saved with (block_size=2048 unless one was given), or the order would differ "
+                             "and records repeat or go missing")
+        if saved is not None and saved != rule:
+            raise ValueError(f"this state was saved by a shuffle='blocks' reader whose blocks were cut as {saved!r}, "
+                             f"but this one cuts them as {rule!r}: resume with the block_size it was saved with "
+                             f"({_block_size_arg(saved)}), or the order would differ and records repeat or go "
+                             "missing")
+        super().__init__(spans, state)
+        self.rule = rule
+
+    def get_state(self) -> dict:
+        return {"i": self.i, "blocks": self.rule}
+
+
+def _block_size_arg(rule: str) -> str:
+    kind, _, n = rule.partition(":")
+    return f"block_size={n}" if kind == "records" else "block_size=None, the default"
+
+
 class ShuffledSpans:
-    """Spans (``"files"``) or blocks of about ``block_size`` records (``"blocks"``) in a
+    """Spans (``"files"``) or blocks (``"blocks"``: ``block_size`` records, or about
+    :data:`DEFAULT_BLOCK_BYTES` for ``None``) in a
     seeded order that changes every epoch (a :class:`~shardfeed.pipeline.permute.Permutation`
     keyed by ``(seed, epoch)``); reader ``index`` of ``count`` takes positions ``index,
     index + count, ...`` of that order, so every unit is read once per epoch across the
@@ -330,7 +383,7 @@ class ShuffledSpans:
 
     replayable = True
 
-    def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int = DEFAULT_BLOCK_SIZE,
+    def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                  index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None) -> None:
         if mode not in ("files", "blocks", "global"):
@@ -366,6 +419,8 @@ class ShuffledSpans:
     def open(self, state: Any, epoch: tuple) -> Any:
         if self.mode == "global":
             return _GlobalStream(self, epoch, state)
+        if self.mode == "blocks":
+            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size))
         return _ListStream(self.order(epoch), state)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
@@ -420,6 +475,11 @@ class ShuffledSpans:
     @property
     def urls(self) -> list[str]:
         return [s.url for s in self.spans]
+
+    @property
+    def window(self) -> int:
+        """Positions a global shuffle's window gathers at once."""
+        return DEFAULT_WINDOW if self.block_size is None else self.block_size
 
     def __repr__(self) -> str:
         return f"ShuffledSpans({len(self.spans)} spans, {self.mode}, reader {self.index} of {self.count})"
@@ -482,7 +542,7 @@ class GlobalIndex:
     def window_ends(self, ps: Mapping[str, Any], seed: int) -> np.ndarray:
         """The virtual end offsets of the records of the window that state ``ps`` starts."""
         ids = _window_ids(self.n, seed, tuple(ps.get("epoch", ())), int(ps["base"]), int(ps["index"]),
-                          int(ps["count"]), int(ps["t"]), int(ps.get("window", DEFAULT_BLOCK_SIZE)))
+                          int(ps["count"]), int(ps["t"]), int(ps.get("window", DEFAULT_WINDOW)))
         p = self.plan(ids)
         return p.virtual + p.lengths
 
@@ -501,7 +561,7 @@ def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: i
 
 
 class _GlobalStream(_OwnStream):
-    """One pass of a global shuffle: windows of ``block_size`` of this reader's positions,
+    """One pass of a global shuffle: windows of ``provider.window`` of this reader's positions,
     each one span gathering its records from wherever they are. The state is a few
     integers: where this pass's positions start (``base``), which reader of how many,
     and the window's first position."""
@@ -516,7 +576,7 @@ class _GlobalStream(_OwnStream):
     def get_state(self) -> dict:
         p = self.p
         return {"base": self.base, "t": self.t, "index": p.index, "count": p.count, "epoch": list(self.epoch),
-                "window": p.block_size, "key": self._key(self.t)}
+                "window": p.window, "key": self._key(self.t)}
 
     def _key(self, t: int) -> list:
         return [self._url(t), 0, None]
@@ -528,10 +588,10 @@ class _GlobalStream(_OwnStream):
 
     def next_span(self, block: bool = True) -> Span | None:
         p = self.p
-        ids = _window_ids(self.g.n, p.seed, self.epoch, self.base, p.index, p.count, self.t, p.block_size)
+        ids = _window_ids(self.g.n, p.seed, self.epoch, self.base, p.index, p.count, self.t, p.window)
         if not len(ids):
             return None
         plan = self.g.plan(ids)
         span = Span(self._url(self.t), 0, None, self.t, self.t + len(ids), handle=plan)
-        self.t += p.block_size
+        self.t += p.window
         return span
