@@ -539,8 +539,60 @@ def test_global_shuffle_over_object_storage(shards, tmp_path, cached):
     st = it.stats().storage
     if cached:
         assert st.cache_misses == len(urls) and st.bytes_fetched == _object_bytes(urls, opts)
-    else:
-        assert st.requests == len(got)  # one range per record: correct, and counted
+    else:  # one GET per run of a window's records of one file lying close together: counted
+        assert st.requests == _coalesced_gets(got, tmp_path, 500) < len(got) / 10
+
+
+def _coalesced_gets(got, tmp_path, window, gap=128 << 10, limit=1 << 20):
+    """GETs that reading ``got`` (the shards fixture's records, in delivered order) in
+    windows of ``window`` records takes when a window's records of one file at most
+    ``gap`` bytes apart share a GET of at most ``limit`` bytes."""
+    from shardfeed.formats.index import load_index
+
+    index = {i: load_index(str(tmp_path / f"part-{i}.tfrecord"), build=True) for i in range(4)}
+    gets = 0
+    for w in range(0, len(got), window):
+        frames = sorted((i, int(index[i][j, 0]), int(index[i][j, 1]))
+                        for i, j in (map(int, r.split(b":", 2)[:2]) for r in got[w:w + window]))
+        run = None
+        for i, off, ln in frames:
+            if run and run[0] == i and off - run[2] <= gap and off + ln - run[1] <= limit:
+                run = (i, run[1], off + ln)
+                continue
+            gets += 1
+            run = (i, off, off + ln)
+    return gets
+
+
+def test_global_shuffle_without_a_cache_gathers_few_windows_ahead(shards, monkeypatch):
+    from shardfeed.pipeline import gather as gather_mod
+    from shardfeed.pipeline.span_reader import REMOTE_GATHER_AHEAD
+
+    monkeypatch.setattr(gather_mod, "COALESCE_GAP", -1)  # one GET a record: windows counted by their GETs
+    urls, expected, opts, _ = shards
+    it = iter(sf.read_tfrecord(urls, storage_options=opts, shuffle="global", seed=3, block_size=50))
+    next(it)
+    seen, stable = -1, 0
+    while stable < 5:  # until the read-ahead stops making requests
+        time.sleep(0.2)
+        now = it.stats().storage.requests
+        stable = stable + 1 if now == seen else 0
+        seen = now
+    # the window read plus REMOTE_GATHER_AHEAD - 1 ahead (before: 16 windows, 800 GETs)
+    assert 50 <= seen <= 50 * REMOTE_GATHER_AHEAD
+    it.close()
+
+
+def test_global_shuffle_without_a_cache_says_what_it_costs(shards, caplog):
+    urls, expected, opts, _ = shards
+    with caplog.at_level("WARNING", logger="shardfeed.pipeline.spans"):
+        it = iter(sf.read_tfrecord(urls, storage_options=opts, shuffle="global", seed=3))
+        next(it)
+        it.close()
+    text = caplog.text
+    n = len(_all(expected, urls))
+    assert "4 remote shard(s) without cache_dir" in text and f"epoch of {n} records makes up to {n}" in text
+    assert "cache_dir=..." in text and "shuffle='blocks'" in text
 
 
 def test_concurrent_downloads_reserve_their_room_and_leftovers_are_cleaned(shards, tmp_path):

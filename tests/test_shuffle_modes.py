@@ -299,3 +299,20 @@ def test_a_blocks_state_resumes_only_with_the_block_cut_it_was_saved_with(tmp_pa
     it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1, block_size=8))
     it.set_state(legacy)
     assert list(it) == whole[9:]
+
+
+def test_remote_records_close_together_share_one_ranged_read():
+    from shardfeed.pipeline.gather import coalesce
+
+    # (file, offset, length, destination): file 1's first two are 10 bytes apart, its third
+    # 200 bytes after; file 0's two touch; the last would make a read past the limit
+    records = [(1, 100, 50, 0), (0, 0, 30, 50), (1, 160, 40, 80), (1, 400, 10, 120), (0, 30, 20, 130),
+               (0, 60, 100, 150)]
+    assert coalesce(records, gap=20, limit=120) == [
+        (0, 0, 50, [(0, 30, 50), (30, 20, 130)]),
+        (0, 60, 160, [(60, 100, 150)]),  # 0..160 would be 160 bytes > 120
+        (1, 100, 200, [(100, 50, 0), (160, 40, 80)]),
+        (1, 400, 410, [(400, 10, 120)]),
+    ]
+    assert len(coalesce(records, gap=-1, limit=10_000)) == len(records)  # nothing shared: one read a record
+    assert len(coalesce(records, gap=1000, limit=10_000)) == 2  # one read a file

@@ -35,6 +35,10 @@ DEFAULT_READ_AHEAD = 16
 """Spans (compressed or remote) read at once by default (``num_parallel_reads=AUTOTUNE``)."""
 REMOTE_READ_AHEAD = 48
 """Remote objects read at once by default."""
+REMOTE_GATHER_AHEAD = 2
+"""Windows of a global shuffle over remote shards without a cache gathered at once (each
+makes its ranged GETs per record, 16 at a time): more would only queue more round trips
+behind the link, and keep it busy long after the reader stopped."""
 
 
 class ChunkTag(NamedTuple):
@@ -100,6 +104,8 @@ class SpanChunks:
 
     def _ahead_limit(self, span: Span) -> int:
         if isinstance(span.handle, GatherPlan):
+            if self.cache is None and _needs_read_ahead(span, self.o):  # remote, no cache: GETs per record
+                return min(self.read_ahead, REMOTE_GATHER_AHEAD)
             return self.read_ahead
         return self.remote_ahead if not parse_url(span.url).is_local else self.read_ahead
 

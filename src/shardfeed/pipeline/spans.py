@@ -24,7 +24,7 @@ import numpy as np
 from ..formats.index import load_index
 from ..formats.tfrecord import normalize_compression
 from ..storage import size
-from ..storage.urls import mask
+from ..storage.urls import mask, parse_url
 from .ranges import slice_range
 
 logger = logging.getLogger(__name__)
@@ -439,7 +439,17 @@ class ShuffledSpans:
         """Every record of every file, through the index files (loaded once, built when
         missing); shared with the splits of this provider."""
         if not self._units_cache:
-            self._units_cache.append(GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache))
+            g = GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache)
+            self._units_cache.append(g)
+            remote = [u for u in g.urls if not parse_url(u).is_local]
+            if remote and self.cache is None:
+                logger.warning(
+                    "shuffle='global' over %d remote shard(s) without cache_dir: every record is fetched by its own "
+                    "ranged GET (records of a window within 128 KiB of each other share one), so an epoch of %d "
+                    "records makes up to %d round trips to the store, which runs at hundreds of records/s, not "
+                    "thousands; give "
+                    "cache_dir=... (each shard fetched once, then read locally) or use shuffle='blocks' (one GET "
+                    "a block)", len(remote), g.n, g.n)
         return self._units_cache[0]
 
     def rebase(self, state: Any) -> Any:

@@ -462,11 +462,13 @@ class RangeStream(io.RawIOBase):
     ranged GETs (``end=None``: to the end of the object, whose size is asked for in the
     same round trip as the first range). ``read(n)`` returns at most ``n`` bytes, fewer at
     a part's end, and ``b""`` at the end; with ``zero_copy`` a fetched range (a
-    ``bytearray``) or a ``memoryview`` of one instead of a copy as ``bytes``."""
+    ``bytearray``) or a ``memoryview`` of one instead of a copy as ``bytes``; with
+    ``small_first=False`` the first range is a whole part (the caller reads it all at
+    once: a range of a part or less is one GET)."""
 
     def __init__(self, url: str, start: int = 0, end: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
-                 size: int | None = None, zero_copy: bool = False) -> None:
+                 size: int | None = None, zero_copy: bool = False, small_first: bool = True) -> None:
         super().__init__()
         self.zero_copy = zero_copy
         from .fs import get_filesystem  # noqa: PLC0415 - fs imports the optional drivers
@@ -498,7 +500,9 @@ class RangeStream(io.RawIOBase):
         self.pending: collections.deque = collections.deque()  # (start, end, future)
         self.buf = b""
         self.buf_pos = 0
-        self.first = True
+        # the first range small (records after one round trip), unless the caller wants
+        # the whole range before it uses any of it (a global shuffle's coalesced records)
+        self.first = small_first
         # registered last: from here another thread's wake() may call _top_up on this stream
         self.pool.register(self)
 
