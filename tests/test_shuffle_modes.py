@@ -208,15 +208,27 @@ def _block_bytes(monkeypatch, n):
 
 
 def test_default_blocks_are_cut_by_bytes_through_the_record_offsets(tmp_path, monkeypatch):
+    import os
+
     from shardfeed.formats.index import load_index
-    from shardfeed.pipeline.spans import Span, block_spans
+    from shardfeed.pipeline.spans import STEP, Span, block_spans, cut_step
 
     _block_bytes(monkeypatch, 1000)
     small = str(tmp_path / "small.tfrecord")
     big = str(tmp_path / "big.tfrecord")
-    sf.write_records(small, [b"s" * 40] * 100, index=True)  # 56-byte frames
-    sf.write_records(big, [b"b" * 300] * 20 + [b"x" * 5000] + [b"b" * 300] * 3, index=True)  # 316, one 5016
-    blocks = block_spans([Span(small), Span(big)], None)
+    sf.write_records(small, [b"s" * 40] * 100, index=False)  # 56-byte frames
+    sf.write_records(big, [b"b" * 300] * 20 + [b"x" * 5000] + [b"b" * 300] * 3, index=False)  # 316, one 5016
+    steps = block_spans([Span(small), Span(big)], None)
+    # the cut needs the files' sizes only: no index file was read or built for it
+    assert not os.path.exists(small + ".idx") and not os.path.exists(big + ".idx")
+    assert all(s.handle == STEP for s in steps)
+    assert [(s.url, s.offset, s.end) for s in steps] == [(small, k * 1000, min(5600, k * 1000 + 1000)) for k in
+                                                         range(6)] + [(big, k * 1000, min(12284, k * 1000 + 1000))
+                                                                      for k in range(13)]
+    cut = [cut_step(s, load_index(s.url, build=True)) for s in steps]
+    blocks = [b for b in cut if b is not None]
+    # the 5,016-byte record spans steps 7 to 10; nothing starts in the last 284 bytes
+    assert [k for k, b in enumerate(cut[6:]) if b is None] == [7, 8, 9, 10, 12]
     assert [b.records for b in blocks if b.url == small] == [18] * 5 + [10]  # 18 * 56 = 1008 >= 1000
     # 316-byte frames at 0, 316, ...; the 5,016-byte record 20 starts at 6,320 (with 19
     # in the seventh step), and the three after it start in the twelfth

@@ -15,6 +15,7 @@ pipeline never imports the distributed layer.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -316,39 +317,117 @@ def blocks_rule(block_size: int | None) -> str:
     return f"bytes:{DEFAULT_BLOCK_BYTES}" if block_size is None else f"records:{int(block_size)}"
 
 
+INDEX_LOADS_AT_ONCE = 16
+"""Remote index files fetched (or built) at once: each is a few round trips, and a
+shuffled pass waits for all of them before its first record."""
+
+
+def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
+    """``{url: fn(url)}`` for the distinct ``urls``; remote ones several at once (each is a
+    few round trips). The error of the first URL in order that failed is raised."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    distinct = list(dict.fromkeys(urls))
+    if sum(1 for u in distinct if not parse_url(u).is_local) < 2:
+        return {u: fn(u) for u in distinct}
+    with ThreadPoolExecutor(min(INDEX_LOADS_AT_ONCE, len(distinct)), thread_name_prefix="shardfeed-index") as pool:
+        futures = [pool.submit(fn, u) for u in distinct]
+        return {u: f.result() for u, f in zip(distinct, futures)}
+
+
+def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None, cache: Any,
+                 wrap: Any = None) -> dict[str, np.ndarray]:
+    """The index of each of ``urls`` (built when missing), ``{url: index}``; remote ones
+    several at once. ``wrap(url, exc)``, when given, turns a storage error into the one
+    raised."""
+
+    def one(url: str) -> np.ndarray:
+        try:
+            return np.asarray(load_index(url, storage_options, build=True, cache=cache))
+        except (PermissionError, OSError) as exc:
+            if wrap is None:
+                raise
+            raise wrap(url, exc) from None
+
+    return _each(one, urls)
+
+
+STEP = "step"
+"""``Span.handle`` of a block not cut yet: the records of ``url`` whose frames start in
+bytes ``[offset, end)`` (see :func:`block_spans`)."""
+
+
 def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: Mapping[str, Any] | None = None,
                 compression: str | None = "auto", cache: Any = None) -> list[Span]:
-    """``spans`` cut into record ranges through the files' index files (built when
-    missing): of ``block_size`` records (the last of a file may be shorter), or, for
-    ``None``, by bytes: the records of a span whose frames start in the same
-    :data:`DEFAULT_BLOCK_BYTES` of the span (counted from its first record) are one block,
-    so a block is less than that many bytes plus its last record."""
-    out: list[Span] = []
+    """``spans`` cut into blocks, in order. With ``block_size`` records: record ranges
+    through the files' index files (built when missing), the last of a file maybe
+    shorter. With ``None``, by bytes: the records of a file whose frames start in the same
+    :data:`DEFAULT_BLOCK_BYTES` step of the file (bytes ``[k*B, (k+1)*B)``) are block
+    ``k``, so a block is less than that many bytes plus its last record, and a file of
+    ``size`` bytes has ``ceil(size / B)`` blocks (one is empty only where a record longer
+    than a step spans it). The cut then needs the files' sizes only: these blocks are
+    placeholders (``handle`` :data:`STEP`, the step's bytes as ``offset``/``end``), cut
+    through the index when read (:func:`cut_step`), so no index file is read before the
+    first record. A record range (not a whole file) is cut likewise, counting its steps
+    from its first record, through its index at once."""
     for s in spans:
         if normalize_compression(compression, s.url) is not None:
             raise ValueError(f"shuffle='blocks' needs record ranges, but {mask(s.url)} is compressed (there is "
                              "no index into a compressed stream): use shuffle='files', or decompress the files")
-        idx = load_index(s.url, storage_options, build=True, cache=cache)
-        a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
-        b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
-        if block_size is not None:
-            cuts = list(range(a, b, block_size)) + [b]
-        elif b > a:
-            offsets = np.asarray(idx[a:b, 0], dtype=np.int64)
-            which = (offsets - offsets[0]) // DEFAULT_BLOCK_BYTES
-            cuts = [a, *(a + np.flatnonzero(np.diff(which)) + 1).tolist(), b]
-        else:
-            cuts = [a]
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            out += range_spans(s.url, idx, lo, hi)
+    out: list[Span] = []
+    if block_size is None:
+        step = DEFAULT_BLOCK_BYTES
+        sizes = _each(lambda u: size(u, storage_options), [s.url for s in spans if _whole(s)])
+        parts = [s for s in spans if not _whole(s)]
+        indexes = load_indexes([s.url for s in parts], storage_options, cache) if parts else {}
+        for s in spans:
+            if _whole(s):
+                n = sizes[s.url]
+                out += [Span(s.url, k * step, min(n, (k + 1) * step), handle=STEP) for k in range(-(-n // step))]
+                continue
+            idx = indexes[s.url]
+            a, b = _records_of(s, idx)
+            if b > a:
+                offsets = np.asarray(idx[a:b, 0], dtype=np.int64)
+                which = (offsets - offsets[0]) // step
+                cuts = [a, *(a + np.flatnonzero(np.diff(which)) + 1).tolist(), b]
+                for lo, hi in zip(cuts[:-1], cuts[1:]):
+                    out += range_spans(s.url, idx, lo, hi)
+        return out
+    indexes = load_indexes([s.url for s in spans], storage_options, cache)
+    for s in spans:
+        idx = indexes[s.url]
+        a, b = _records_of(s, idx)
+        for lo in range(a, b, block_size):
+            out += range_spans(s.url, idx, lo, min(b, lo + block_size))
     return out
 
 
-class _BlockStream(_ListStream):
-    """A pass over blocks: the state says how the blocks were cut, so that a state is
-    never applied to blocks cut another way (its index would point at other blocks)."""
+def _records_of(s: Span, idx: Any) -> tuple[int, int]:
+    """The record numbers ``[a, b)`` of span ``s`` in its file's index."""
+    a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
+    b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
+    return a, b
 
-    def __init__(self, spans: Sequence[Span], state: Any, rule: str) -> None:
+
+def cut_step(step: Span, idx: Any) -> Span | None:
+    """The block of placeholder ``step`` (see :func:`block_spans`) through its file's
+    index: the records whose frames start in its bytes; ``None`` when none does."""
+    starts = np.asarray(idx[:, 0])
+    a = int(np.searchsorted(starts, step.offset, side="left"))
+    b = int(np.searchsorted(starts, int(step.end or 0), side="left"))
+    spans = range_spans(step.url, idx, a, b)
+    return spans[0] if spans else None
+
+
+class _BlockStream(_ListStream):
+    """A pass over blocks. Blocks cut by bytes are cut through their file's index as they
+    are handed out; the index files this reader needs are loaded in the background, in
+    the order of their first block, several at once, so the first block waits for one
+    index, not all. The state says how the blocks were cut, so that a state is never
+    applied to blocks cut another way (its index would point at other blocks)."""
+
+    def __init__(self, spans: Sequence[Span], state: Any, rule: str, provider: "ShuffledSpans") -> None:
         saved = state.get("blocks") if state else rule
         if saved is None and rule.startswith("bytes:"):
             # saved before blocks were cut by bytes: always a count of records
@@ -363,9 +442,35 @@ class _BlockStream(_ListStream):
                              "missing")
         super().__init__(spans, state)
         self.rule = rule
+        self.p = provider
+        self.pool: Any = None
+        self.loading: dict[str, Any] = {}
+        wanted = [s.url for s in spans[self.i:] if s.handle == STEP and s.url not in provider._indexes]
+        wanted = list(dict.fromkeys(wanted))
+        if wanted:
+            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+            self.pool = ThreadPoolExecutor(min(INDEX_LOADS_AT_ONCE, len(wanted)), thread_name_prefix="shardfeed-index")
+            self.loading = {u: self.pool.submit(provider.index_of, u) for u in wanted}
+
+    def next_span(self, block: bool = True) -> Span | None:
+        while True:
+            s = super().next_span(block)
+            if s is None or s.handle != STEP:
+                return s
+            fut = self.loading.get(s.url)
+            idx = fut.result() if fut is not None else self.p.index_of(s.url)
+            cut = cut_step(s, idx)
+            if cut is not None:
+                return cut
 
     def get_state(self) -> dict:
         return {"i": self.i, "blocks": self.rule}
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
 def _block_size_arg(rule: str) -> str:
@@ -385,7 +490,8 @@ class ShuffledSpans:
 
     def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
-                 index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None) -> None:
+                 index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None,
+                 _indexes: dict | None = None) -> None:
         if mode not in ("files", "blocks", "global"):
             raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
         self.spans = list(spans)
@@ -397,6 +503,8 @@ class ShuffledSpans:
         self.cache = cache
         self.index, self.count = index, count
         self._units_cache = _units if _units is not None else []  # shared with splits: made once
+        self._indexes = _indexes if _indexes is not None else {}  # url -> index, shared with splits
+        self._indexes_lock = threading.Lock()
 
     def units(self) -> list[Span]:
         if self.mode == "global":
@@ -407,6 +515,16 @@ class ShuffledSpans:
                                                                         self.cache)
             self._units_cache.append(units)
         return self._units_cache[0]
+
+    def index_of(self, url: str) -> np.ndarray:
+        """``url``'s index (built when missing), loaded once for this provider and its
+        splits (any thread)."""
+        idx = self._indexes.get(url)
+        if idx is None:
+            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache))
+            with self._indexes_lock:
+                idx = self._indexes.setdefault(url, idx)
+        return idx
 
     def order(self, epoch: tuple) -> list[Span]:
         """This reader's units of the epoch, in order."""
@@ -420,7 +538,7 @@ class ShuffledSpans:
         if self.mode == "global":
             return _GlobalStream(self, epoch, state)
         if self.mode == "blocks":
-            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size))
+            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size), self)
         return _ListStream(self.order(epoch), state)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
@@ -480,7 +598,7 @@ class ShuffledSpans:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
         return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
                              self.compression, self.index + index * self.count, self.count * count,
-                             self._units_cache, self.cache)
+                             self._units_cache, self.cache, self._indexes)
 
     @property
     def urls(self) -> list[str]:
@@ -531,11 +649,14 @@ class GlobalIndex:
                 raise ValueError(f"shuffle='global' reads records through index files, but {mask(s.url)} is "
                                  "compressed (there is no index into a compressed stream): use shuffle='files', "
                                  "or decompress the files")
-            try:
-                idx = load_index(s.url, storage_options, build=True, cache=cache)
-            except (PermissionError, OSError) as exc:
-                raise type(exc)(f"shuffle='global' needs the index file of {mask(s.url)} and cannot build it "
-                                f"({exc}); build index files once with `shardfeed index FILES`") from None
+
+        def wrap(url: str, exc: OSError) -> OSError:
+            return type(exc)(f"shuffle='global' needs the index file of {mask(url)} and cannot build it "
+                             f"({exc}); build index files once with `shardfeed index FILES`")
+
+        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap)
+        for s in spans:
+            idx = loaded[s.url]
             a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
             b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
             urls.append(s.url)
