@@ -259,6 +259,20 @@ def test_malformed_index_line_names_file_and_line(tmp_path):
         IndexedTFRecord(url)
 
 
+@pytest.mark.parametrize("text", ["0 16\n16 99999999999999999999\n", "0 16\n16 2.5\n", "0 16\n-16 20\n",
+                                  "0 16\n16 8\n"])
+def test_an_index_number_out_of_range_names_its_line_not_clamped(tmp_path, text):
+    (tmp_path / "o.tfrecord.idx").write_text(text)
+    with pytest.raises(Exception, match=r"o.tfrecord.idx: line 2"):
+        read_index(str(tmp_path / "o.tfrecord.idx"))
+
+
+def test_a_large_index_parses_to_the_numbers_written(tmp_path):
+    rows = [(o, 16 + o % 977) for o in range(0, 40_000 * 1000, 1000)]
+    (tmp_path / "big.idx").write_text("".join(f"{o} {n}\n" for o, n in rows))
+    assert read_index(str(tmp_path / "big.idx")).tolist() == [list(r) for r in rows]
+
+
 def test_index_refuses_compressed(tmp_path):
     with pytest.raises(ValueError, match="uncompressed"):
         tfr.TFRecordWriter(str(tmp_path / "x.gz"), compression="GZIP", index=True)
