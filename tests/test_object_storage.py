@@ -106,6 +106,20 @@ def test_only_the_stream_a_reader_waits_on_starts_with_a_small_range(s3_bucket):
     assert front.requests == 2  # FIRST_PART, then the rest in one part
 
 
+@pytest.mark.parametrize("tail,gets", [(0, 1), (8 << 10, 1), ((8 << 10) + 1, 2), (64 << 10, 2)])
+def test_a_range_of_a_part_and_a_short_tail_is_one_get(s3_bucket, small_parts, tail, gets):
+    # a shuffled block is a part's worth of bytes plus part of its last record: that tail
+    # (at most 1/8 of a part) rides with the part instead of paying its own round trip
+    bucket, opts = s3_bucket
+    data = os.urandom(200_000)
+    storage.write_bytes(f"s3://{bucket}/tail.bin", data, opts)
+    counters = storage.IOCounters()
+    end = 1000 + (64 << 10) + tail
+    with RangeStream(f"s3://{bucket}/tail.bin", 1000, end, opts, counters, small_first=False) as s:
+        assert s.readall() == data[1000:end]
+    assert counters.requests == gets and counters.bytes_fetched == end - 1000
+
+
 def test_a_span_read_ahead_is_one_chunk_from_its_start(shards):
     # the pass's first span starts with a small chunk (its records go out after one ranged
     # read); a span read ahead of the consumer (a shuffled block, the next shard) comes in

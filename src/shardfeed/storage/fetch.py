@@ -36,6 +36,9 @@ FIRST_PART = 256 << 10
 """The first range of a stream is small: its records arrive after one round trip."""
 MIN_PART = 1 << 20
 MAX_PART = 8 << 20
+TAIL_FRACTION = 8
+"""A range whose last part would be at most 1/8 of a part is fetched with the part
+before it (a shuffled block of a part and a record is one GET, not two)."""
 MAX_CONCURRENCY = 64
 """Requests in flight per process at most, unless ``storage_options['max_concurrency']``."""
 TARGET_BYTES_PER_S = 4e9
@@ -595,6 +598,8 @@ class RangeStream(io.RawIOBase):
                 else:
                     size = part
                 b = self.next + size if end is None else min(end, self.next + size)
+                if end is not None and size == part and end - b <= part // TAIL_FRACTION:
+                    b = end  # a short tail rides with this part: one round trip, not two
                 if not self.pool.reserve(b - self.next, force=not self.pending, sid=self.sid):
                     return False
                 spec = end is None
