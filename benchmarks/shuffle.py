@@ -4,7 +4,8 @@ Same CTR-like files as ``benchmarks/read_tfrecord.py``, batch 1024, parse to num
 interleaved rounds (every row once per round), medians. From the page cache:
 
 - sequential ``read_tfrecord(files, spec).batch(1024)``;
-- ``shuffle="files"`` and ``shuffle="blocks"`` (2,048-record blocks through index files);
+- ``shuffle="files"`` and ``shuffle="blocks"`` (the default blocks: the records starting in each
+  4 MiB of a file, cut through its index file);
 - ``shuffle="blocks"`` followed by a 4,096-record buffer shuffle;
 - ``shuffle="global"`` (one seeded permutation of all records, gathered through the index);
 - a 10,000-record buffer shuffle after the source (``.shuffle(10_000, seed=0)``);
@@ -16,8 +17,10 @@ through ``_shaping_proxy.py`` (``--latency-ms`` per request, default 20; ``--con
 per connection, default 25) as ``read_tfrecord("s3://...", spec, storage_options=
 {"endpoint_url": proxy})``:
 
-- sequential; ``shuffle="blocks"``;
-- ``shuffle="global"`` without a cache: one ranged GET per record (16 at once), so only
+- sequential; ``shuffle="blocks"``; ``shuffle="blocks", block_size=2048`` (the default before
+  blocks were cut by bytes: 2,048 records, about 1.8 MB here);
+- ``shuffle="global"`` without a cache: a ranged GET per run of a window's records of one file
+  lying within 128 KiB of each other (often one per record; 16 at once), so only
   the first ``--global-nocache-records`` (2,048: one window) records are read (the rate is
   over that prefix), with ``num_parallel_reads=None`` (no window read ahead past them);
 - ``shuffle="global"`` with a fresh ``cache_dir``: epoch 1 (whole shards fetched into the
@@ -68,6 +71,8 @@ import shardfeed as sf  # noqa: E402
 
 SEQ, BLOCKS, GLOBAL = "sequential", "shuffle='blocks'", "shuffle='global'"
 S3_SEQ, S3_BLOCKS = "S3 sequential", "S3 shuffle='blocks'"
+S3_BLOCKS_2048 = "S3 shuffle='blocks', block_size=2048"
+BLOCKS_2048 = "shuffle='blocks', block_size=2048 (order only)"
 S3_GLOBAL_NOCACHE = "S3 shuffle='global', no cache (prefix)"
 S3_GLOBAL_E1, S3_GLOBAL_E2 = "S3 shuffle='global' + cache_dir, epoch 1", "S3 shuffle='global' + cache_dir, epoch 2"
 TF = "tf.data shuffle(10000)"
@@ -175,6 +180,7 @@ def s3_runners(s3: S3Setup, scratch: str, nocache_records: int) -> dict[str, Cal
     return {
         S3_SEQ: lambda: _rate(s3.source().batch(BATCH)),
         S3_BLOCKS: lambda: _rate(s3.source(shuffle="blocks", seed=0).batch(BATCH)),
+        S3_BLOCKS_2048: lambda: _rate(s3.source(shuffle="blocks", seed=0, block_size=2048).batch(BATCH)),
         # no read-ahead here: windows gathered ahead would each take their 2,048 GETs and
         # keep the proxy busy after the row stops
         S3_GLOBAL_NOCACHE: lambda: _rate(s3.source(shuffle="global", seed=0, num_parallel_reads=None).batch(BATCH),
@@ -337,7 +343,7 @@ def main(argv=None) -> int:
             print(f"uploaded to moto, proxy {s3.proxy!r} ({time.perf_counter() - t:.1f} s)", file=sys.stderr)
             nocache = min(args.global_nocache_records, args.records)
             run.update(s3_runners(s3, scratch, nocache))
-            expected.update({k: args.records for k in (S3_SEQ, S3_BLOCKS, S3_GLOBAL_E1, S3_GLOBAL_E2)})
+            expected.update({k: args.records for k in (S3_SEQ, S3_BLOCKS, S3_BLOCKS_2048, S3_GLOBAL_E1, S3_GLOBAL_E2)})
             expected[S3_GLOBAL_NOCACHE] = nocache
         rates: dict[str, list[float]] = {k: [] for k in run}
         for r in range(args.rounds):
@@ -363,15 +369,18 @@ def main(argv=None) -> int:
         "shuffle='blocks' + shuffle(4096)":
             lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0).shuffle(4096, seed=0),
         GLOBAL: lambda: sf.read_tfrecord(files, shuffle="global", seed=0),
+        BLOCKS_2048: lambda: sf.read_tfrecord(files, shuffle="blocks", seed=0, block_size=2048),
         "buffer shuffle(10000)": lambda: sf.read_tfrecord(files).shuffle(10_000, seed=0),
     }
     mixed = {k: mixing(files, make) for k, make in raw.items()}
     if grain_paths is not None:
         mixed[GRAIN_MAP] = mixed[GRAIN_LOADER] = grain_mixing(grain_paths)
-    twin = {S3_SEQ: SEQ, S3_BLOCKS: BLOCKS, S3_GLOBAL_NOCACHE: GLOBAL, S3_GLOBAL_E1: GLOBAL, S3_GLOBAL_E2: GLOBAL}
+    twin = {S3_SEQ: SEQ, S3_BLOCKS: BLOCKS, S3_BLOCKS_2048: BLOCKS_2048, S3_GLOBAL_NOCACHE: GLOBAL,
+            S3_GLOBAL_E1: GLOBAL, S3_GLOBAL_E2: GLOBAL}
     for k, t in twin.items():
         if k in med:
             mixed[k] = mixed[t]
+    del mixed[BLOCKS_2048]  # measured for its S3 twin only
 
     seq = med[SEQ]
     s3_seq = med.get(S3_SEQ)
