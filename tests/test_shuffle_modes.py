@@ -328,3 +328,28 @@ def test_remote_records_close_together_share_one_ranged_read():
     ]
     assert len(coalesce(records, gap=-1, limit=10_000)) == len(records)  # nothing shared: one read a record
     assert len(coalesce(records, gap=1000, limit=10_000)) == 2  # one read a file
+
+
+def test_default_blocks_of_record_ranges_count_their_steps_from_the_first_record(tmp_path, monkeypatch):
+    from shardfeed.formats.index import load_index
+    from shardfeed.pipeline.spans import StaticSpans, block_spans, range_spans
+
+    _block_bytes(monkeypatch, 600)
+    files = _files(tmp_path, [40, 60], index=True)
+    idx = [load_index(f) for f in files]
+    ranges = range_spans(files[0], idx[0], 5, 37) + range_spans(files[1], idx[1], 11, 60)
+    for b in block_spans(ranges, None):  # cut at once, through the index
+        first = ranges[0] if b.url == files[0] else ranges[1]
+        i = idx[0] if b.url == files[0] else idx[1]
+        assert len({(int(o) - first.offset) // 600 for o in i[b.start:b.stop, 0]}) == 1
+    got = _ids(sf.read_tfrecord(StaticSpans(ranges), spec=SPEC, shuffle="blocks", seed=4).batch(5))
+    assert sorted(got) == list(range(5, 37)) + list(range(1011, 1060))
+
+
+def test_a_blocks_shuffled_source_pickles_with_its_order(tmp_path):
+    import pickle
+
+    files = _files(tmp_path)
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=6, block_size=None).batch(4)
+    first = _ids(ds)  # the indexes are loaded now, and travel with the provider
+    assert _ids(pickle.loads(pickle.dumps(ds))) == first and sorted(first) == _all()

@@ -15,7 +15,6 @@ pipeline never imports the distributed layer.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -504,7 +503,6 @@ class ShuffledSpans:
         self.index, self.count = index, count
         self._units_cache = _units if _units is not None else []  # shared with splits: made once
         self._indexes = _indexes if _indexes is not None else {}  # url -> index, shared with splits
-        self._indexes_lock = threading.Lock()
 
     def units(self) -> list[Span]:
         if self.mode == "global":
@@ -522,8 +520,7 @@ class ShuffledSpans:
         idx = self._indexes.get(url)
         if idx is None:
             idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache))
-            with self._indexes_lock:
-                idx = self._indexes.setdefault(url, idx)
+            idx = self._indexes.setdefault(url, idx)  # atomic: a load raced by another thread keeps one
         return idx
 
     def order(self, epoch: tuple) -> list[Span]:
