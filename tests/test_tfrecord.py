@@ -260,11 +260,29 @@ def test_malformed_index_line_names_file_and_line(tmp_path):
 
 
 @pytest.mark.parametrize("text", ["0 16\n16 99999999999999999999\n", "0 16\n16 2.5\n", "0 16\n-16 20\n",
-                                  "0 16\n16 8\n"])
+                                  "0 16\n16 8\n", "0 16\n16 20 5\n20\n"])
 def test_an_index_number_out_of_range_names_its_line_not_clamped(tmp_path, text):
     (tmp_path / "o.tfrecord.idx").write_text(text)
     with pytest.raises(Exception, match=r"o.tfrecord.idx: line 2"):
         read_index(str(tmp_path / "o.tfrecord.idx"))
+
+
+def test_index_parsing_from_many_threads_leaves_the_warning_filters_alone(tmp_path):
+    import threading
+    import warnings
+
+    from shardfeed.formats.index import _parse_index_fast
+
+    before = list(warnings.filters)
+    good, bad = b"0 16\n16 20\n" * 500, b"0 16\n16 x\n" * 500
+    threads = [threading.Thread(target=lambda: [_parse_index_fast(d) for _ in range(200) for d in (good, bad)])
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert list(warnings.filters) == before
+    assert _parse_index_fast(bad) is None and _parse_index_fast(good).shape == (1000, 2)
 
 
 def test_a_large_index_parses_to_the_numbers_written(tmp_path):
