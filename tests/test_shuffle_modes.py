@@ -290,8 +290,11 @@ def test_a_blocks_state_resumes_only_with_the_block_cut_it_was_saved_with(tmp_pa
             next(it)
         return it.get_state()
 
+    import json
+
     by_records = state_after(9, block_size=8)
     assert by_records["root"]["spans"]["blocks"] == "records:8"
+    assert len(json.dumps(state_after(9))) < 1024  # the cut costs the state a few bytes
     it = iter(sf.read_tfrecord(files, shuffle="blocks", seed=1))  # default: by bytes
     with pytest.raises(ValueError, match=r"records:8.*block_size=8"):
         it.set_state(by_records)
