@@ -164,3 +164,108 @@ def test_bad_arguments_say_how_to_fix():
         ds.decode_images("image", 8, channels=4)
     with pytest.raises(KeyError, match="no feature 'img'"):
         list(ds.decode_images("img", 8))
+
+
+# -- the native resampler: Pillow's resize, value for value ------------------------------------
+FILTER_CODES = {"box": 1, "bilinear": 2, "hamming": 3, "bicubic": 4, "lanczos": 5}
+
+
+def native_resample():
+    resample = getattr(pytest.importorskip("shardfeed._native"), "resample", None)
+    if resample is None:
+        pytest.skip("the native core is an older build without resample")
+    return resample
+
+
+def photo_like(h: int, w: int, c: int, seed: int) -> np.ndarray:
+    """Smooth ramps with noise and one hard edge (so every filter's negative lobes clip)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = (xx[..., None] * rng.uniform(0.2, 2, c) + yy[..., None] * rng.uniform(0.2, 2, c)) % 256
+    img = img + rng.normal(0, 20, img.shape)
+    img[:, w // 2:] = 255 - img[:, w // 2:]
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("filter", sorted(FILTER_CODES))
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize(("src", "dst"), [((375, 500), (224, 224)), ((300, 400), (224, 224)), ((224, 224), (224, 224)),
+                                          ((50, 900), (224, 224)), ((33, 47), (100, 37)), ((600, 224), (224, 224)),
+                                          ((224, 600), (224, 224)), ((7, 3), (5, 400)), ((1, 1), (3, 2))])
+def test_native_resample_equals_pillow_resize(filter, channels, src, dst):
+    resample = native_resample()
+    (h, w), (th, tw) = src, dst
+    arr = photo_like(h, w, channels, seed=h * w)
+    img = Image.fromarray(arr[..., 0] if channels == 1 else arr)
+    ref = np.asarray(img.resize((tw, th), getattr(Image.Resampling, filter.upper()))).reshape(th, tw, channels)
+    sources = [(arr, channels)]
+    if channels == 3:  # RGBX, as libjpeg-turbo writes it: the padding byte must not leak in
+        rgbx = np.concatenate([arr, np.full((h, w, 1), 77, np.uint8)], -1)
+        sources.append((np.ascontiguousarray(rgbx), 4))
+    for source, sc in sources:
+        out = np.empty((th, tw, channels), np.uint8)
+        resample(source, h, w, sc, out, th, tw, channels, th, tw, 0, 0, FILTER_CODES[filter])
+        np.testing.assert_array_equal(out, ref, err_msg=f"{sc} source channels")
+        if th > 4 and tw > 4:  # a window of the result: the same values as cropping Pillow's
+            top, left, wh, ww = th // 4, tw // 3, th // 2, tw // 2
+            part = np.empty((wh, ww, channels), np.uint8)
+            resample(source, h, w, sc, part, wh, ww, channels, th, tw, top, left, FILTER_CODES[filter])
+            np.testing.assert_array_equal(part, ref[top:top + wh, left:left + ww], err_msg=f"window, {sc} channels")
+
+
+def test_native_resample_refuses_bad_arguments():
+    resample = native_resample()
+    src, out = np.zeros((10, 10, 3), np.uint8), np.zeros((4, 4, 3), np.uint8)
+    with pytest.raises(ValueError, match="resample"):
+        resample(src, 10, 10, 3, out, 4, 4, 3, 4, 4, 1, 0, 2)  # the window runs past the resized image
+    with pytest.raises(ValueError, match="resample"):
+        resample(src, 10, 10, 3, out, 4, 4, 3, 4, 4, 0, 0, 9)  # no such filter
+    with pytest.raises(ValueError, match="resample"):
+        resample(src, 20, 10, 3, out, 4, 4, 3, 4, 4, 0, 0, 2)  # src smaller than it claims
+
+
+@pytest.mark.parametrize("resize", ["stretch", "crop"])
+@pytest.mark.parametrize("channels", [3, 1])
+def test_native_path_gives_the_pillow_path_values(resize, channels):
+    native_resample()
+    values = [encode(375, 500, seed=11), encode(1200, 1600, seed=12), encode(224, 224, seed=13),
+              encode(90, 70, seed=14), encode(300, 200, "L", seed=15)]
+    for size in (224, (100, 150)):
+        for filter in ("bilinear", "lanczos"):
+            fast = sf.DecodeImages("image", size, resize=resize, channels=channels, filter=filter)
+            slow = sf.DecodeImages("image", size, resize=resize, channels=channels, filter=filter)
+            slow._resample = None  # the Pillow resize the stage used before the native one
+            np.testing.assert_array_equal(fast(batch_of(values))["image"], slow(batch_of(values))["image"])
+
+
+@pytest.mark.parametrize("isa", ["scalar", "sse4.1", "avx2"])
+def test_every_vector_path_equals_pillow(isa):
+    """The scalar, SSE4.1 and AVX2 passes (SHARDFEED_RESAMPLE_ISA lowers the one picked; a
+    CPU without the asked one runs the widest it has) each give Pillow's values."""
+    import os
+    import subprocess
+    import sys
+
+    native_resample()
+    code = """if True:
+        import numpy as np
+        from PIL import Image
+        from shardfeed import _native
+        rng = np.random.default_rng(5)
+        for (h, w), (th, tw), f in [((375, 500), (224, 224), 2), ((300, 400), (224, 224), 5), ((40, 900), (64, 96), 4),
+                                    ((224, 600), (224, 224), 1), ((9, 9), (3, 2), 3)]:
+            arr = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            rgbx = np.ascontiguousarray(np.concatenate([arr, arr[..., :1]], -1))
+            name = {1: "BOX", 2: "BILINEAR", 3: "HAMMING", 4: "BICUBIC", 5: "LANCZOS"}[f]
+            ref = np.asarray(Image.fromarray(arr).resize((tw, th), getattr(Image.Resampling, name)))
+            for src, sc in ((arr, 3), (rgbx, 4)):
+                out = np.empty((th, tw, 3), np.uint8)
+                _native.resample(src, h, w, sc, out, th, tw, 3, th, tw, 0, 0, f)
+                assert np.array_equal(out, ref), (h, w, th, tw, f, sc)
+        print(_native.resample_backend())
+    """
+    env = dict(os.environ, SHARDFEED_RESAMPLE_ISA=isa)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in ("scalar", "sse4.1", "avx2")

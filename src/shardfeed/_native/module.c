@@ -15,6 +15,7 @@
 #include "example_parse.h"
 #include "frames.h"
 #include "packbytes.h"
+#include "resample.h"
 
 #define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
 
@@ -692,6 +693,37 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(bad < 0 ? n : bad);
 }
 
+/* resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None:
+ * src (sh x sw x sc uint8, C order) resized to scaled_h x scaled_w as Pillow's resize does,
+ * the window at (top, left) of th x tw written to dst (th x tw x dc uint8); see resample.h. */
+static PyObject *py_resample(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    int sh, sw, sc, th, tw, dc, scaled_h, scaled_w, top, left, filter, rc;
+    if (!PyArg_ParseTuple(args, "y*iiiw*iiiiiiii:resample", &src, &sh, &sw, &sc, &dst, &th, &tw, &dc, &scaled_h,
+                          &scaled_w, &top, &left, &filter))
+        return NULL;
+    if (sh <= 0 || sw <= 0 || th <= 0 || tw <= 0 || sc <= 0 || dc <= 0 ||
+        src.len < (Py_ssize_t)sh * sw * sc || dst.len < (Py_ssize_t)th * tw * dc) {
+        rc = -1;
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sf_resample(src.buf, sh, sw, sc, dst.buf, th, tw, dc, scaled_h, scaled_w, top, left, filter);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (rc == -2) return PyErr_NoMemory();
+    if (rc != 0) {
+        PyErr_SetString(PyExc_ValueError, "resample: bad sizes, channels, window or filter");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_resample_backend(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(sf_resample_backend());
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
@@ -713,6 +745,9 @@ static PyMethodDef methods[] = {
     {"pool_info", sf_pool_info, METH_NOARGS,
      "pool_info() -> (blocks, bytes, reused, allocated): the recycled batch-buffer pool"},
     {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},
+    {"resample", py_resample, METH_VARARGS,
+     "resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None: Pillow's resize"},
+    {"resample_backend", py_resample_backend, METH_NOARGS, "resample_backend() -> str: 'avx2', 'sse4.1' or 'scalar'."},
     {NULL, NULL, 0, NULL},
 };
 

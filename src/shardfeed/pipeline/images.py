@@ -2,8 +2,11 @@
 
 JPEGs are decoded by simplejpeg (libjpeg-turbo, the GIL released) when it is installed,
 downscaled in the DCT domain when the source is at least twice the target (libjpeg-turbo's
-1/2, 1/4 and 1/8 scales, the largest that still covers the target), then resized exactly
-by Pillow. Other formats, and JPEGs simplejpeg refuses (CMYK, YCCK), go through Pillow.
+1/2, 1/4 and 1/8 scales, the largest that still covers the target), then resized exactly:
+by the native core's resampler (value for value Pillow's ``Image.resize``, vectorised,
+straight into the batch's slot, the GIL released) when it is built, else by Pillow. A JPEG
+already at the target size is decoded straight into its slot. Other formats, and JPEGs
+simplejpeg refuses (CMYK, YCCK), go through Pillow.
 The stage is a parallel ``map`` whose function decodes a whole batch and reports the rows
 that failed; the node hands those to the ``on_error`` policy and drops them from every
 column, so state, resume and stats are the map's.
@@ -11,6 +14,7 @@ column, so state, resume and stats are the map's.
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
 from collections.abc import Mapping
@@ -30,6 +34,8 @@ from .policy import ErrorPolicy
 RESIZE = ("stretch", "crop")
 FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+# the native resampler's filter codes (resample.h); "nearest" is Pillow's own, not a convolution
+_NATIVE_FILTERS = {"box": 1, "bilinear": 2, "hamming": 3, "bicubic": 4, "lanczos": 5}
 
 
 def _size(size: Any) -> tuple[int, int]:
@@ -39,6 +45,16 @@ def _size(size: Any) -> tuple[int, int]:
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
         raise ValueError(f"size must be a positive int or (height, width) of positive ints, got {size!r}")
     return int(size[0]), int(size[1])
+
+
+def _native_resample() -> Any:
+    """The native core's ``resample`` (Pillow's resize, value for value), or None when the
+    core is not built (or is an older build without it)."""
+    try:
+        ext = importlib.import_module("shardfeed._native")
+    except ImportError:
+        return None
+    return getattr(ext, "resample", None)
 
 
 def _simplejpeg() -> Any:
@@ -86,16 +102,19 @@ class DecodeImages:
         self.filter = filter
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
+        self._load()
+
+    def _load(self) -> None:
         self.Image = require("PIL.Image", extra="convert", what="decode_images")
         self._sj = _simplejpeg()
+        self._resample: Any = _native_resample() if self.filter in _NATIVE_FILTERS else None
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("Image", "_sj")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("Image", "_sj", "_resample")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.Image = require("PIL.Image", extra="convert", what="decode_images")
-        self._sj = _simplejpeg()
+        self._load()
 
     def __repr__(self) -> str:
         return (f"DecodeImages({self.feature!r}, size={self.size}, resize={self.resize!r}, channels={self.channels}, "
@@ -131,12 +150,27 @@ class DecodeImages:
         if colorspace in ("CMYK", "YCCK") or h <= 0 or w <= 0:
             return False
         sh, sw = self._scaled(h, w)
-        kw: dict[str, Any] = {}
+        kw: dict[str, Any] = {"fastdct": self.fast_dct, "fastupsample": self.fast_upsample}
         if h >= 2 * sh and w >= 2 * sw:  # the fast scales only: 1/2, 1/4, 1/8
-            kw = {"min_height": sh, "min_width": sw, "min_factor": 2}
+            kw.update(min_height=sh, min_width=sw, min_factor=2)
+            try:
+                h, w = sj.decode_jpeg_header(data, min_height=sh, min_width=sw, min_factor=2)[:2]
+            except ValueError:
+                return False
+        gray = self.channels == 1
         try:
-            arr = sj.decode_jpeg(data, colorspace="RGB" if self.channels == 3 else "GRAY",
-                                 fastdct=self.fast_dct, fastupsample=self.fast_upsample, **kw)
+            if (h, w) == self.size and self._scaled(h, w) == self.size and out.flags.c_contiguous:
+                # already the target size: decoded straight into the batch's slot
+                arr = sj.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", buffer=out, **kw)
+                if arr.shape[:2] == self.size:
+                    return True
+            elif self._resample is not None:
+                # RGBX: 4-byte pixels, the resampler's vector layout; libjpeg-turbo writes it as fast
+                arr = sj.decode_jpeg(data, colorspace="GRAY" if gray else "RGBX", **kw)
+                self._resize_native(arr, out)
+                return True
+            else:
+                arr = sj.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", **kw)
         except ValueError:
             return False  # Pillow gets a second try, and gives the error when it fails too
         if arr.shape[:2] == self.size:
@@ -144,6 +178,21 @@ class DecodeImages:
         else:
             self._finish(self.Image.fromarray(arr[..., 0] if self.channels == 1 else arr), out)
         return True
+
+    def _resize_native(self, arr: np.ndarray, out: np.ndarray) -> None:
+        """Resize the decoded ``arr`` (H, W, 1 or 4) into ``out`` as :meth:`_finish` does
+        with Pillow (the same values), cropping for "crop"."""
+        h, w, c = arr.shape
+        th, tw = self.size
+        sh, sw = self._scaled(h, w)
+        top, left = (sh - th) // 2, (sw - tw) // 2
+        dst = out if out.flags.c_contiguous else np.empty(out.shape, np.uint8)
+        resample = self._resample
+        assert resample is not None  # only called when the native core has it
+        resample(np.ascontiguousarray(arr), h, w, c, dst, th, tw, self.channels, sh, sw, top, left,
+                       _NATIVE_FILTERS[self.filter])
+        if dst is not out:
+            out[...] = dst
 
     def _pillow(self, data: bytes, out: np.ndarray) -> None:
         Image = self.Image

@@ -1,0 +1,442 @@
+/* Convolution resize of 8-bit interleaved images (see resample.h).
+ *
+ * The arithmetic follows Pillow's resampling so that results are equal value for value:
+ * per output sample, a window [lo, lo + n) of input samples around the centre
+ * (x + 0.5) * scale, weights filter((i - centre + 0.5) / max(scale, 1)) normalised to sum
+ * 1 and rounded to 22-bit fixed point, sums started at one half and clamped to 0..255 after
+ * the shift. The horizontal pass runs first (over only the rows the vertical pass reads),
+ * and each pass runs only when that side changes size. Integer sums do not depend on
+ * their order, so the vector paths give the same values as the scalar ones. */
+#include "resample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define SF_RESAMPLE_X86 1
+#endif
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+#define PREC 22 /* fixed-point bits of a weight: 8 bits of result and 2 of headroom in 32 */
+#define HALF (1 << (PREC - 1))
+
+static double w_box(double x) { return (x > -0.5 && x <= 0.5) ? 1.0 : 0.0; }
+
+static double w_bilinear(double x) {
+    x = x < 0.0 ? -x : x;
+    return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+static double w_hamming(double x) {
+    x = x < 0.0 ? -x : x;
+    if (x == 0.0) return 1.0;
+    if (x >= 1.0) return 0.0;
+    x = x * M_PI;
+    return sin(x) / x * (0.54f + 0.46f * cos(x)); /* float constants, as the reference */
+}
+
+static double w_bicubic(double x) {
+    const double a = -0.5;
+    x = x < 0.0 ? -x : x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+static double sinc(double x) {
+    if (x == 0.0) return 1.0;
+    x = x * M_PI;
+    return sin(x) / x;
+}
+
+static double w_lanczos(double x) { return (-3.0 <= x && x < 3.0) ? sinc(x) * sinc(x / 3) : 0.0; }
+
+typedef struct {
+    int ksize;    /* weights stored per output sample */
+    int *lo;      /* first input sample of each output sample's window */
+    int *n;       /* window length */
+    int32_t *k;   /* out_size x ksize fixed-point weights */
+} weights;
+
+static void weights_free(weights *w) {
+    free(w->lo);
+    free(w->n);
+    free(w->k);
+}
+
+/* Weights for in_size -> out_size samples; 0, or -1 for a bad filter, -2 out of memory. */
+static int weights_make(int in_size, int out_size, int filter, weights *w) {
+    double (*fn)(double);
+    double support;
+    switch (filter) {
+        case SF_FILTER_BOX: fn = w_box; support = 0.5; break;
+        case SF_FILTER_BILINEAR: fn = w_bilinear; support = 1.0; break;
+        case SF_FILTER_HAMMING: fn = w_hamming; support = 1.0; break;
+        case SF_FILTER_BICUBIC: fn = w_bicubic; support = 2.0; break;
+        case SF_FILTER_LANCZOS: fn = w_lanczos; support = 3.0; break;
+        default: return -1;
+    }
+    double scale = (double)(float)in_size / out_size;
+    double fscale = scale < 1.0 ? 1.0 : scale;
+    support *= fscale;
+    int ksize = (int)ceil(support) * 2 + 1;
+    memset(w, 0, sizeof(*w));
+    w->ksize = ksize;
+    w->lo = malloc(sizeof(int) * (size_t)out_size);
+    w->n = malloc(sizeof(int) * (size_t)out_size);
+    w->k = calloc((size_t)out_size * (size_t)ksize, sizeof(int32_t));
+    double *d = malloc(sizeof(double) * (size_t)ksize);
+    if (!w->lo || !w->n || !w->k || !d) {
+        free(d);
+        weights_free(w);
+        return -2;
+    }
+    double inv = 1.0 / fscale;
+    for (int o = 0; o < out_size; o++) {
+        double centre = 0.0 + (o + 0.5) * scale;
+        int lo = (int)(centre - support + 0.5);
+        int hi = (int)(centre + support + 0.5);
+        if (lo < 0) lo = 0;
+        if (hi > in_size) hi = in_size;
+        int n = hi - lo;
+        if (n > ksize) n = ksize; /* cannot happen; keeps the writes below in bounds */
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) {
+            d[i] = fn((i + lo - centre + 0.5) * inv);
+            sum += d[i];
+        }
+        int32_t *k = w->k + (size_t)o * ksize;
+        for (int i = 0; i < n; i++) {
+            double v = sum != 0.0 ? d[i] / sum : d[i];
+            k[i] = v < 0 ? (int32_t)(-0.5 + v * (1 << PREC)) : (int32_t)(0.5 + v * (1 << PREC));
+        }
+        w->lo[o] = lo;
+        w->n[o] = n < 0 ? 0 : n;
+    }
+    free(d);
+    return 0;
+}
+
+static inline uint8_t clip8(int32_t s) {
+    s >>= PREC;
+    return s < 0 ? 0 : s > 255 ? 255 : (uint8_t)s;
+}
+
+/* Horizontal pass, scalar: rows [y0, y1) of src (sw pixels of c channels), output columns
+ * [left, left + tw) into tmp (tw pixels of oc <= c channels per row: the first oc kept). */
+static void hpass_scalar(const uint8_t *src, int sw, int c, int y0, int y1, const weights *w, int left, int tw,
+                         uint8_t *tmp, int oc) {
+    for (int y = y0; y < y1; y++) {
+        const uint8_t *row = src + (size_t)y * sw * c;
+        uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
+        for (int j = 0; j < tw; j++) {
+            const int32_t *k = w->k + (size_t)(left + j) * w->ksize;
+            const uint8_t *p = row + (size_t)w->lo[left + j] * c;
+            int n = w->n[left + j];
+            for (int ch = 0; ch < oc; ch++) {
+                int32_t s = HALF;
+                for (int t = 0; t < n; t++) s += p[t * c + ch] * k[t];
+                o[j * oc + ch] = clip8(s);
+            }
+        }
+    }
+}
+
+#ifdef SF_RESAMPLE_X86
+/* Horizontal pass for 4-byte pixels (RGBX), one pixel's samples per 128-bit vector; writes
+ * oc = 4 or 3 bytes a pixel (3: each 4-byte store overlaps the next pixel's first byte, so
+ * tmp needs one byte of slack after its last row). */
+__attribute__((target("sse4.1"))) static void hpass4_sse41(const uint8_t *src, int sw, int y0, int y1,
+                                                          const weights *w, int left, int tw, uint8_t *tmp, int oc) {
+    for (int y = y0; y < y1; y++) {
+        const uint8_t *row = src + (size_t)y * sw * 4;
+        uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
+        for (int j = 0; j < tw; j++) {
+            const int32_t *k = w->k + (size_t)(left + j) * w->ksize;
+            const uint8_t *p = row + (size_t)w->lo[left + j] * 4;
+            int n = w->n[left + j], t = 0;
+            __m128i acc = _mm_set1_epi32(HALF), acc2 = _mm_setzero_si128();
+            for (; t + 1 < n; t += 2) {
+                __m128i two = _mm_loadl_epi64((const __m128i *)(p + 4 * t));
+                acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(two), _mm_set1_epi32(k[t])));
+                acc2 = _mm_add_epi32(acc2, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_srli_si128(two, 4)),
+                                                           _mm_set1_epi32(k[t + 1])));
+            }
+            if (t < n) {
+                int32_t v;
+                memcpy(&v, p + 4 * t, 4);
+                acc = _mm_add_epi32(acc, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)),
+                                                         _mm_set1_epi32(k[t])));
+            }
+            acc = _mm_srai_epi32(_mm_add_epi32(acc, acc2), PREC);
+            acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
+            int32_t px = _mm_cvtsi128_si32(acc);
+            memcpy(o + oc * j, &px, 4);
+        }
+    }
+}
+
+/* The same for AVX2, two taps per 256-bit multiply. Every window is padded with zero
+ * weights to one even length P (the widest window of the pass) and shifted left where it
+ * would run past the row's end, so each output pixel runs the same branch-free loop
+ * (windows of varying length mispredict a branch nearly every pixel). The weights are laid
+ * out four copies per tap. Returns 1 when the row is narrower than P (the caller uses the
+ * 128-bit pass), -2 when out of memory. */
+__attribute__((target("avx2"))) static int hpass4_avx2(const uint8_t *src, int sw, int y0, int y1,
+                                                      const weights *w, int left, int tw, uint8_t *tmp, int oc) {
+    int P = 2;
+    for (int j = 0; j < tw; j++)
+        if (w->n[left + j] > P) P = w->n[left + j];
+    P = (P + 1) & ~1;
+    if (P > sw) return 1;
+    int32_t *kx = calloc((size_t)tw * P * 4, sizeof(int32_t));
+    int *start = malloc(sizeof(int) * (size_t)tw);
+    if (!kx || !start) {
+        free(kx);
+        free(start);
+        return -2;
+    }
+    for (int j = 0; j < tw; j++) {
+        const int32_t *k = w->k + (size_t)(left + j) * w->ksize;
+        int n = w->n[left + j], lo = w->lo[left + j];
+        int s = lo + P > sw ? sw - P : lo;
+        start[j] = s;
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < 4; c++) kx[((size_t)j * P + (lo - s) + t) * 4 + c] = k[t];
+    }
+    const __m256i half = _mm256_set1_epi32(HALF);
+    const __m256i first = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+    int pairs = P / 2;
+    for (int y = y0; y < y1; y++) {
+        const uint8_t *row = src + (size_t)y * sw * 4;
+        uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
+        int j = 0;
+        for (; j + 1 < tw; j += 2) { /* two output pixels, reduced and packed together */
+            const uint8_t *p = row + (size_t)start[j] * 4, *p1 = row + (size_t)start[j + 1] * 4;
+            const int32_t *K = kx + (size_t)j * P * 4, *K1 = K + P * 4;
+            __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+            for (int q = 0; q < pairs; q++) {
+                a = _mm256_add_epi32(a, _mm256_mullo_epi32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * q))),
+                    _mm256_loadu_si256((const __m256i *)(K + 8 * q))));
+                b = _mm256_add_epi32(b, _mm256_mullo_epi32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p1 + 8 * q))),
+                    _mm256_loadu_si256((const __m256i *)(K1 + 8 * q))));
+            }
+            __m256i v = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+            v = _mm256_srai_epi32(_mm256_add_epi32(v, half), PREC);
+            v = _mm256_packus_epi16(_mm256_packs_epi32(v, v), v);
+            v = _mm256_permutevar8x32_epi32(v, first);
+            int64_t two = _mm_cvtsi128_si64(_mm256_castsi256_si128(v));
+            if (oc == 4) {
+                memcpy(o + 4 * j, &two, 8);
+            } else {
+                int32_t px0 = (int32_t)two, px1 = (int32_t)(two >> 32);
+                memcpy(o + 3 * j, &px0, 4);
+                memcpy(o + 3 * j + 3, &px1, 4);
+            }
+        }
+        for (; j < tw; j++) {
+            const uint8_t *p = row + (size_t)start[j] * 4;
+            const int32_t *K = kx + (size_t)j * P * 4;
+            __m256i a = _mm256_setzero_si256();
+            for (int q = 0; q < pairs; q++)
+                a = _mm256_add_epi32(a, _mm256_mullo_epi32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * q))),
+                    _mm256_loadu_si256((const __m256i *)(K + 8 * q))));
+            __m128i v = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+            v = _mm_srai_epi32(_mm_add_epi32(v, _mm_set1_epi32(HALF)), PREC);
+            v = _mm_packus_epi16(_mm_packs_epi32(v, v), v);
+            int32_t px = _mm_cvtsi128_si32(v);
+            memcpy(o + oc * j, &px, 4);
+        }
+    }
+    free(kx);
+    free(start);
+    return 0;
+}
+
+/* Vertical pass, AVX2: 16 samples of an output row at a time, the sums kept in registers
+ * across the taps. */
+__attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *in, size_t stride, int len, int base,
+                                                      const weights *w, int top, int th, uint8_t *out,
+                                                      size_t out_stride) {
+    const __m256i half = _mm256_set1_epi32(HALF);
+    for (int i = 0; i < th; i++) {
+        const int32_t *k = w->k + (size_t)(top + i) * w->ksize;
+        const uint8_t *r0 = in + (size_t)(w->lo[top + i] - base) * stride;
+        int n = w->n[top + i], x = 0;
+        uint8_t *o = out + (size_t)i * out_stride;
+        for (; x + 16 <= len; x += 16) {
+            __m256i a = half, b = half;
+            for (int t = 0; t < n; t++) {
+                const uint8_t *r = r0 + (size_t)t * stride + x;
+                __m256i kt = _mm256_set1_epi32(k[t]);
+                a = _mm256_add_epi32(a, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)r)), kt));
+                b = _mm256_add_epi32(b, _mm256_mullo_epi32(
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + 8))), kt));
+            }
+            a = _mm256_srai_epi32(a, PREC);
+            b = _mm256_srai_epi32(b, PREC);
+            __m256i v = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8); /* 16 int16 in order */
+            __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            _mm_storeu_si128((__m128i *)(o + x), bytes);
+        }
+        for (; x < len; x++) {
+            int32_t s = HALF;
+            for (int t = 0; t < n; t++) s += r0[(size_t)t * stride + x] * k[t];
+            o[x] = clip8(s);
+        }
+    }
+}
+#endif
+
+/* Vertical pass over rows of `len` samples (stride `stride`): output row i takes rows
+ * [lo[top + i] - base, + n) of `in`; acc holds len sums. */
+static void vpass_scalar(const uint8_t *restrict in, size_t stride, int len, int base, const weights *w, int top,
+                         int th, int32_t *restrict acc, uint8_t *restrict out, size_t out_stride) {
+    for (int i = 0; i < th; i++) {
+        const int32_t *k = w->k + (size_t)(top + i) * w->ksize;
+        const uint8_t *r0 = in + (size_t)(w->lo[top + i] - base) * stride;
+        int n = w->n[top + i];
+        for (int x = 0; x < len; x++) acc[x] = HALF;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *r = r0 + (size_t)t * stride;
+            int32_t kt = k[t];
+            for (int x = 0; x < len; x++) acc[x] += r[x] * kt;
+        }
+        uint8_t *o = out + (size_t)i * out_stride;
+        for (int x = 0; x < len; x++) o[x] = clip8(acc[x]);
+    }
+}
+
+/* Copy rows of `w` pixels from c channels to dc channels (dc <= c: the first dc kept). */
+static void pack_rows(const uint8_t *in, size_t stride, int c, int h, int w, uint8_t *dst, int dc) {
+    for (int y = 0; y < h; y++) {
+        const uint8_t *r = in + (size_t)y * stride;
+        uint8_t *o = dst + (size_t)y * w * dc;
+        if (c == dc) {
+            memcpy(o, r, (size_t)w * c);
+            continue;
+        }
+        for (int x = 0; x < w; x++)
+            for (int ch = 0; ch < dc; ch++) o[x * dc + ch] = r[x * c + ch];
+    }
+}
+
+/* The widest vector path this CPU has: 2 AVX2, 1 SSE4.1, 0 scalar; lowered by the
+ * environment variable SHARDFEED_RESAMPLE_ISA ("avx2", "sse4.1" or "scalar"), read once,
+ * so tests can run every path on one machine. */
+static int isa_level(void) {
+    static int level = -1;
+    if (level >= 0) return level;
+    int have = 0;
+#ifdef SF_RESAMPLE_X86
+    have = __builtin_cpu_supports("avx2") ? 2 : __builtin_cpu_supports("sse4.1") ? 1 : 0;
+#endif
+    const char *want = getenv("SHARDFEED_RESAMPLE_ISA");
+    if (want && strcmp(want, "scalar") == 0) have = 0;
+    else if (want && strcmp(want, "sse4.1") == 0 && have > 1) have = 1;
+    level = have; /* a benign race: every thread computes the same value */
+    return level;
+}
+
+const char *sf_resample_backend(void) {
+    static const char *names[] = {"scalar", "sse4.1", "avx2"};
+    return names[isa_level()];
+}
+
+int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th, int tw, int dc, int scaled_h,
+                int scaled_w, int top, int left, int filter) {
+    if (sh <= 0 || sw <= 0 || th <= 0 || tw <= 0 || scaled_h <= 0 || scaled_w <= 0 || top < 0 || left < 0 ||
+        top + th > scaled_h || left + tw > scaled_w || !(sc == 1 || sc == 3 || sc == 4) ||
+        !(dc == sc || (dc == 3 && sc == 4)) || filter < SF_FILTER_BOX || filter > SF_FILTER_LANCZOS)
+        return -1;
+    int need_h = scaled_w != sw, need_v = scaled_h != sh;
+    weights wv = {0}, wh = {0};
+    uint8_t *tmp = NULL;
+    int32_t *acc = NULL;
+    int rc = 0;
+    const uint8_t *mid = src + (size_t)left * sc; /* the horizontally resized rows, or src itself */
+    size_t mid_stride = (size_t)sw * sc;
+    int mc = sc;      /* channels of mid */
+    int mid_base = 0; /* the source row mid's first row stands for */
+    if (!need_h && !need_v) {
+        pack_rows(src + ((size_t)top * sw + left) * sc, mid_stride, sc, th, tw, dst, dc);
+        return 0;
+    }
+    if (need_v && (rc = weights_make(sh, scaled_h, filter, &wv)) != 0) return rc;
+    if (need_h) {
+        int y0 = top, y1 = top + th;
+        if (need_v) {
+            y0 = wv.lo[top];
+            y1 = wv.lo[top + th - 1] + wv.n[top + th - 1];
+        }
+        if ((rc = weights_make(sw, scaled_w, filter, &wh)) != 0) goto done;
+        mc = dc; /* the horizontal pass already drops the padding byte */
+        tmp = malloc((size_t)(y1 - y0 > 0 ? y1 - y0 : 1) * tw * mc + 1);
+        if (!tmp) {
+            rc = -2;
+            goto done;
+        }
+        int wide = 1, isa = isa_level();
+        (void)isa; /* only the x86 paths look at it */
+#ifdef SF_RESAMPLE_X86
+        if (sc == 4 && isa >= 2) wide = hpass4_avx2(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (wide < 0) {
+            rc = wide;
+            goto done;
+        }
+        if (wide && sc == 4 && isa >= 1) {
+            hpass4_sse41(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+            wide = 0;
+        }
+#endif
+        if (wide) hpass_scalar(src, sw, sc, y0, y1, &wh, left, tw, tmp, mc);
+        mid = tmp;
+        mid_stride = (size_t)tw * mc;
+        mid_base = y0;
+    }
+    if (need_v) {
+        uint8_t *vout = dst, *rows = NULL;
+        if (mc != dc) { /* only without a horizontal pass: RGBX source rows */
+            rows = malloc((size_t)th * tw * mc);
+            if (!rows) {
+                rc = -2;
+                goto done;
+            }
+            vout = rows;
+        }
+#ifdef SF_RESAMPLE_X86
+        if (isa_level() >= 2) {
+            vpass_avx2(mid, mid_stride, tw * mc, mid_base, &wv, top, th, vout, (size_t)tw * mc);
+        } else
+#endif
+        {
+            acc = malloc(sizeof(int32_t) * (size_t)tw * mc);
+            if (!acc) {
+                free(rows);
+                rc = -2;
+                goto done;
+            }
+            vpass_scalar(mid, mid_stride, tw * mc, mid_base, &wv, top, th, acc, vout, (size_t)tw * mc);
+        }
+        if (rows) {
+            pack_rows(rows, (size_t)tw * mc, mc, th, tw, dst, dc);
+            free(rows);
+        }
+    } else {
+        pack_rows(mid, mid_stride, mc, th, tw, dst, dc); /* rows [top, top + th) were resized into tmp */
+    }
+done:
+    free(acc);
+    free(tmp);
+    weights_free(&wv);
+    weights_free(&wh);
+    return rc;
+}
