@@ -269,3 +269,56 @@ def test_every_vector_path_equals_pillow(isa):
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() in ("scalar", "sse4.1", "avx2")
+
+
+def test_one_batch_shared_among_threads_gives_the_same_batch():
+    from concurrent.futures import ThreadPoolExecutor
+
+    values = [IMAGES[k] for k in ("large jpeg", "png", "gray jpeg", "near jpeg", "small jpeg")] * 4
+    values[3], values[17] = b"junk", IMAGES["large jpeg"][:400]
+    dec = sf.DecodeImages("image", 40)
+    alone, failed_alone = dec.decode_batch(batch_of(values))
+    with ThreadPoolExecutor(3) as pool:
+        shared, failed = dec.decode_batch(batch_of(values), submit=pool.submit, threads=4)
+    np.testing.assert_array_equal(shared["image"], alone["image"])
+    np.testing.assert_array_equal(shared["label"], alone["label"])
+    assert [t.tolist() for t in shared["tags"].to_list()] == [t.tolist() for t in alone["tags"].to_list()]
+    assert [e.index for e in failed] == [e.index for e in failed_alone] == [3, 17]
+
+
+def test_helpers_that_never_start_are_not_waited_for():
+    """A pool whose threads are all busy: the batch's own thread decodes every chunk and
+    returns without waiting for the queued helper, which is cancelled."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+    values = [IMAGES["small jpeg"]] * 8
+    with ThreadPoolExecutor(1) as pool:
+        blocker = pool.submit(release.wait, 30)
+        queued = []
+
+        def submit(fn):
+            queued.append(pool.submit(fn))
+            return queued[-1]
+
+        out, failed = sf.DecodeImages("image", 16).decode_batch(batch_of(values), submit=submit, threads=2)
+        assert queued and queued[0].cancelled() and not blocker.done()
+        release.set()
+    assert out["image"].shape == (8, 16, 16, 3) and not failed
+
+
+def test_stage_with_threads_equals_one_thread(tmp_path):
+    values = [IMAGES[k] for k in ("large jpeg", "png", "near jpeg", "small jpeg")] * 6
+    values[9] = b"broken"
+    url = write_shard(tmp_path, values)
+    one = list(sf.read_tfrecord(url, SPEC).batch(24).decode_images("image", 32, on_error="skip",
+                                                                   num_parallel_calls=1))
+    ds = sf.read_tfrecord(url, SPEC).batch(24).decode_images("image", 32, on_error="skip", num_parallel_calls=3)
+    with iter(ds) as it:
+        three = list(it)
+        skipped = it.stats().to_dict()["skipped"]
+    assert len(one) == len(three) == 1
+    np.testing.assert_array_equal(one[0]["image"], three[0]["image"])
+    np.testing.assert_array_equal(three[0]["label"], [i for i in range(24) if i != 9])
+    assert skipped["total"] == 1 and skipped["examples"][0]["record_index"] == 9

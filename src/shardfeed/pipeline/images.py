@@ -17,7 +17,9 @@ from __future__ import annotations
 import importlib
 import io
 import math
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from .dataset import Dataset, positive_int
 from .map import MapDataset, _ParallelMapNode
 from .node import AUTOTUNE, Build, Node
 from .policy import ErrorPolicy
+from .workers import WorkerPool
 
 RESIZE = ("stretch", "crop")
 FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
@@ -241,20 +244,60 @@ class DecodeImages:
         raise TypeError(f"decode_images: feature {self.feature!r} must be a numpy array of bytes, "
                         f"got {type(col).__name__}")
 
-    def decode_batch(self, batch: Mapping[str, Any]) -> tuple[dict[str, Any], list[ImageDecodeError]]:
-        """The batch with ``feature`` decoded, the rows whose image failed dropped from every
-        column, and those failures (each naming its row in the input batch)."""
-        values = self._values(batch)
-        out = np.empty((len(values), *self.size, self.channels), np.uint8)
-        failed: list[ImageDecodeError] = []
-        for i, data in enumerate(values):
+    def _decode_rows(self, values: list, out: np.ndarray, start: int, stop: int,
+                     failed: list[ImageDecodeError]) -> None:
+        for i in range(start, stop):
             try:
-                self.decode_one(data, out[i])
+                self.decode_one(values[i], out[i])
             except Exception as exc:  # noqa: BLE001 - reported with its row
                 err = ImageDecodeError(f"decode_images: feature {self.feature!r}, row {i} of the batch: "
                                        f"{type(exc).__name__}: {exc}", self.feature, i)
                 err.__cause__ = exc
                 failed.append(err)
+
+    def _decode_shared(self, values: list, out: np.ndarray, submit: Callable[..., Future],
+                       threads: int) -> list[ImageDecodeError]:
+        """Rows decoded in chunks claimed by this thread and up to ``threads - 1`` helpers run
+        through ``submit``; helpers that have not started when the chunks run out are cancelled."""
+        n = len(values)
+        size = max(1, -(-n // (4 * threads)))  # about four chunks a thread: the last one waited for is short
+        starts = iter(range(0, n, size))
+        lock = threading.Lock()
+
+        def work() -> list[ImageDecodeError]:
+            failed: list[ImageDecodeError] = []
+            while True:
+                with lock:
+                    start = next(starts, None)
+                if start is None:
+                    return failed
+                self._decode_rows(values, out, start, min(n, start + size), failed)
+
+        helpers = []
+        for _ in range(threads - 1):
+            try:
+                helpers.append(submit(work))
+            except Exception:  # noqa: BLE001 - the pool is closing: this thread does the rest
+                break
+        failed = work()
+        for f in helpers:
+            if not f.cancel():
+                failed += f.result()
+        return sorted(failed, key=lambda e: e.index)
+
+    def decode_batch(self, batch: Mapping[str, Any], *, submit: Callable[..., Future] | None = None,
+                     threads: int = 1) -> tuple[dict[str, Any], list[ImageDecodeError]]:
+        """The batch with ``feature`` decoded, the rows whose image failed dropped from every
+        column, and those failures (each naming its row in the input batch). With ``submit``
+        (a thread pool's, taking a callable) and ``threads`` > 1, the batch's images are
+        shared out in chunks among this thread and ``threads - 1`` tasks given to ``submit``."""
+        values = self._values(batch)
+        out = np.empty((len(values), *self.size, self.channels), np.uint8)
+        if submit is not None and threads > 1 and len(values) >= 2 * threads:
+            failed = self._decode_shared(values, out, submit, threads)
+        else:
+            failed = []
+            self._decode_rows(values, out, 0, len(values), failed)
         result = dict(batch)
         if failed:
             keep = np.setdiff1d(np.arange(len(values)), [e.index for e in failed])
@@ -333,10 +376,28 @@ class DecodeImagesDataset(MapDataset):
 
 
 class _DecodeImagesNode(_ParallelMapNode):
+    """The map over batches, each batch's images shared out among its map thread and the
+    node's ``n - 1`` helper threads (so one batch in flight still keeps every thread busy)."""
+
     def __init__(self, b: Build, ds: DecodeImagesDataset, state: Mapping[str, Any] | None) -> None:
         super().__init__(b, ds, state)
         self.image_policy = ds.image_policy
         self.feature = ds.decoder.feature
+        self.decoder = ds.decoder
+        self.helpers: WorkerPool | None = None
+        self.fn = self._decode
+
+    def _start(self) -> None:
+        super()._start()
+        if self.n > 1:
+            self.helpers = WorkerPool(self.n - 1, "decode_images")
+            self.ctx.on_close(self.helpers.close)
+
+    def _decode(self, batch: Any) -> tuple[dict[str, Any], list[ImageDecodeError]]:
+        helpers = self.helpers
+        if helpers is None:
+            return self.decoder.decode_batch(batch)
+        return self.decoder.decode_batch(batch, submit=helpers.submit, threads=self.n)
 
     def _next(self) -> Any:
         while True:
