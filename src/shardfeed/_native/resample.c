@@ -13,6 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef _WIN32
+#include <pthread.h>
+#define SF_RESAMPLE_PTHREAD 1
+#endif
+
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define SF_RESAMPLE_X86 1
@@ -329,6 +334,60 @@ static void pack_rows(const uint8_t *in, size_t stride, int c, int h, int w, uin
     }
 }
 
+/* Per-thread scratch memory for the intermediate rows, kept between calls: a fresh
+ * allocation of a few hundred KB per image is a fresh mapping, and its page faults cost as
+ * much as the resize itself. Freed when the thread ends. */
+#ifdef SF_RESAMPLE_PTHREAD
+typedef struct {
+    uint8_t *p;
+    size_t cap;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_ok = 0;
+
+static void scratch_free(void *v) {
+    scratch_t *s = v;
+    if (s) free(s->p);
+    free(s);
+}
+
+static void scratch_init(void) { scratch_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
+#endif
+
+#define SCRATCH_KEEP ((size_t)64 << 20) /* larger needs are allocated and freed per call */
+
+/* `len` bytes of scratch; *owned is set when the caller must free the result. */
+static uint8_t *scratch_get(size_t len, int *owned) {
+    *owned = 0;
+#ifdef SF_RESAMPLE_PTHREAD
+    pthread_once(&scratch_once, scratch_init);
+    if (scratch_ok && len <= SCRATCH_KEEP) {
+        scratch_t *s = pthread_getspecific(scratch_key);
+        if (!s) {
+            s = calloc(1, sizeof(*s));
+            if (!s) return NULL;
+            if (pthread_setspecific(scratch_key, s) != 0) {
+                free(s);
+                return NULL;
+            }
+        }
+        if (s->cap < len) {
+            size_t cap = len < ((size_t)1 << 20) ? ((size_t)1 << 20) : len;
+            uint8_t *p = malloc(cap);
+            if (!p) return NULL;
+            free(s->p);
+            s->p = p;
+            s->cap = cap;
+        }
+        return s->p;
+    }
+#endif
+    *owned = 1;
+    return malloc(len);
+}
+
 /* The widest vector path this CPU has: 2 AVX2, 1 SSE4.1, 0 scalar; lowered by the
  * environment variable SHARDFEED_RESAMPLE_ISA ("avx2", "sse4.1" or "scalar"), read once,
  * so tests can run every path on one machine. */
@@ -359,9 +418,9 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         return -1;
     int need_h = scaled_w != sw, need_v = scaled_h != sh;
     weights wv = {0}, wh = {0};
-    uint8_t *tmp = NULL;
+    uint8_t *tmp = NULL, *rows = NULL;
     int32_t *acc = NULL;
-    int rc = 0;
+    int rc = 0, tmp_owned = 0;
     const uint8_t *mid = src + (size_t)left * sc; /* the horizontally resized rows, or src itself */
     size_t mid_stride = (size_t)sw * sc;
     int mc = sc;      /* channels of mid */
@@ -379,7 +438,7 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         }
         if ((rc = weights_make(sw, scaled_w, filter, &wh)) != 0) goto done;
         mc = dc; /* the horizontal pass already drops the padding byte */
-        tmp = malloc((size_t)(y1 - y0 > 0 ? y1 - y0 : 1) * tw * mc + 1);
+        tmp = scratch_get((size_t)(y1 - y0 > 0 ? y1 - y0 : 1) * tw * mc + 1, &tmp_owned);
         if (!tmp) {
             rc = -2;
             goto done;
@@ -403,8 +462,8 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         mid_base = y0;
     }
     if (need_v) {
-        uint8_t *vout = dst, *rows = NULL;
-        if (mc != dc) { /* only without a horizontal pass: RGBX source rows */
+        uint8_t *vout = dst;
+        if (mc != dc) { /* only without a horizontal pass (tmp unused): RGBX source rows */
             rows = malloc((size_t)th * tw * mc);
             if (!rows) {
                 rc = -2;
@@ -420,22 +479,19 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         {
             acc = malloc(sizeof(int32_t) * (size_t)tw * mc);
             if (!acc) {
-                free(rows);
                 rc = -2;
                 goto done;
             }
             vpass_scalar(mid, mid_stride, tw * mc, mid_base, &wv, top, th, acc, vout, (size_t)tw * mc);
         }
-        if (rows) {
-            pack_rows(rows, (size_t)tw * mc, mc, th, tw, dst, dc);
-            free(rows);
-        }
+        if (rows) pack_rows(rows, (size_t)tw * mc, mc, th, tw, dst, dc);
     } else {
         pack_rows(mid, mid_stride, mc, th, tw, dst, dc); /* rows [top, top + th) were resized into tmp */
     }
 done:
     free(acc);
-    free(tmp);
+    free(rows);
+    if (tmp_owned) free(tmp);
     weights_free(&wv);
     weights_free(&wh);
     return rc;
