@@ -322,3 +322,22 @@ def test_stage_with_threads_equals_one_thread(tmp_path):
     np.testing.assert_array_equal(one[0]["image"], three[0]["image"])
     np.testing.assert_array_equal(three[0]["label"], [i for i in range(24) if i != 9])
     assert skipped["total"] == 1 and skipped["examples"][0]["record_index"] == 9
+
+
+def test_decoded_batches_reuse_pooled_memory():
+    """A batch's array (here 8 x 224 x 224 x 3, 1.2 MB) comes from the native core's pool of
+    recycled blocks, so the next batch is decoded into memory already mapped."""
+    native = pytest.importorskip("shardfeed._native")
+    if not hasattr(native, "pool_array"):
+        pytest.skip("the native core is an older build without pool_array")
+    dec = sf.DecodeImages("image", 224)
+    batch = batch_of([IMAGES["small jpeg"]] * 8)
+    first = dec(batch)["image"]
+    ref = first.copy()
+    del first
+    reused = native.pool_info()[2]
+    for _ in range(3):
+        again = dec(batch)["image"]
+        np.testing.assert_array_equal(again, ref)
+        del again
+    assert native.pool_info()[2] >= reused + 3

@@ -720,6 +720,18 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* pool_array(nbytes) -> 1-D uint8 array, uninitialised, backed by a recycled block when large
+ * (bufpool.h): for batch outputs that would otherwise page-fault in fresh memory. */
+static PyObject *py_pool_array(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "pool_array: nbytes must be >= 0");
+        return NULL;
+    }
+    return sf_pool_array((size_t)n);
+}
+
 static PyObject *py_resample_backend(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(sf_resample_backend());
 }
@@ -745,6 +757,8 @@ static PyMethodDef methods[] = {
     {"pool_info", sf_pool_info, METH_NOARGS,
      "pool_info() -> (blocks, bytes, reused, allocated): the recycled batch-buffer pool"},
     {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},
+    {"pool_array", py_pool_array, METH_O,
+     "pool_array(nbytes) -> uint8 array, uninitialised; large ones backed by a recycled block"},
     {"resample", py_resample, METH_VARARGS,
      "resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None: Pillow's resize"},
     {"resample_backend", py_resample_backend, METH_NOARGS, "resample_backend() -> str: 'avx2', 'sse4.1' or 'scalar'."},
