@@ -281,7 +281,7 @@ def run_anchors(args) -> dict:
     result: dict = {}
     for source in args.sources.split(","):
         w, h = (int(v) for v in source.lower().split("x"))
-        n = args.anchor_images if w * h <= 640 * 480 else max(ANCHOR_BATCH, args.anchor_images // 4)
+        n = args.anchor_images if w * h <= 640 * 480 else max(8, args.anchor_images // 4)
         jpegs = make_jpegs(n, w, h, seed=w * h)
         files = write_jpeg_records(os.path.join(args.dir, "anchors"), jpegs, f"{w}x{h}-{n}")
         runners = anchor_runners(jpegs, files, args.no_tf)
@@ -372,8 +372,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sources", default="500x375,1600x1200",
                     help="the anchors' source sizes, WxH comma-separated ('' skips the anchors)")
     ap.add_argument("--anchor-images", type=int, default=0,
-                    help="images per anchor run at 640x480 and below (a quarter of it, at least 64, above); "
-                         "default: --images / 8, at least 64")
+                    help="images per anchor run at 640x480 and below (a quarter of it, at least 8, above); "
+                         "default: --images / 8, at least 16")
     ap.add_argument("--json", default=os.path.join("bench-out", "pipeline_images.json"))
     args = ap.parse_args(argv)
     files = make_files(args.dir, args.images, args.width, args.height)
@@ -401,7 +401,7 @@ def main(argv=None) -> int:
     result = {"images": args.images, "size": [args.width, args.height], "decoder": decoder, "rates": rates,
               "median": med, "stage_vs_map": med[stage_name] / med[map_name]}
     if args.sources:
-        args.anchor_images = args.anchor_images or max(ANCHOR_BATCH, args.images // 8)
+        args.anchor_images = args.anchor_images or max(16, args.images // 8)
         result["anchors"] = run_anchors(args)
     result["load_average"] = os.getloadavg()
     result["rows"] = table_rows(result)
