@@ -341,3 +341,11 @@ def test_decoded_batches_reuse_pooled_memory():
         np.testing.assert_array_equal(again, ref)
         del again
     assert native.pool_info()[2] >= reused + 3
+
+
+def test_decoder_pickles_without_its_thread_buffers():
+    dec = sf.DecodeImages("image", 32, resize="crop")
+    batch = batch_of([IMAGES["large jpeg"], IMAGES["png"]])
+    first = dec(batch)["image"]  # the decode buffer of this thread now exists
+    again = pickle.loads(pickle.dumps(dec))
+    np.testing.assert_array_equal(again(batch)["image"], first)

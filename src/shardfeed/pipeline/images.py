@@ -39,6 +39,7 @@ FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _JPEG_MAGIC = b"\xff\xd8\xff"
 # the native resampler's filter codes (resample.h); "nearest" is Pillow's own, not a convolution
 _NATIVE_FILTERS = {"box": 1, "bilinear": 2, "hamming": 3, "bicubic": 4, "lanczos": 5}
+_KEEP_BUFFER_BYTES = 64 << 20  # a thread's decode buffer is kept up to this size
 
 
 def _size(size: Any) -> tuple[int, int]:
@@ -198,7 +199,10 @@ class DecodeImages:
         return True
 
     def _buffer(self, nbytes: int) -> np.ndarray:
-        """This thread's decode buffer, at least ``nbytes`` long (grown, never shrunk)."""
+        """This thread's decode buffer, at least ``nbytes`` long (grown, never shrunk; a
+        need above 64 MiB gets a buffer of its own, not kept)."""
+        if nbytes > _KEEP_BUFFER_BYTES:
+            return np.empty(nbytes, np.uint8)
         buf = getattr(self._local, "buf", None)
         if buf is None or len(buf) < nbytes:
             buf = self._local.buf = np.empty(max(nbytes, 1 << 20), np.uint8)
