@@ -347,6 +347,93 @@ __attribute__((target("avx512f,avx2"))) static int hpass4_avx512(const uint8_t *
     return 0;
 }
 
+/* AVX-512, across output pixels: four neighbouring output pixels at a time. Their windows
+ * (padded to one length P) lie within 16 source pixels, loaded as one 512-bit vector; for
+ * each tap a permute gathers the four pixels that tap reads, widened to 16 int32 lanes
+ * (4 pixels x 4 samples) and multiplied by their four weights. No horizontal sums are
+ * needed, and a multiply serves four outputs. Returns 1 where the windows do not fit (the
+ * caller uses the per-pixel passes), -2 when out of memory. */
+__attribute__((target("avx512f,avx2"))) static int hpass4_gather512(const uint8_t *src, int sw, int y0, int y1,
+                                                                   const weights *w, int left, int tw,
+                                                                   uint8_t *tmp, int oc) {
+    if (tw < 4 || sw < 16) return 1;
+    int P = 1;
+    for (int j = 0; j < tw; j++)
+        if (w->n[left + j] > P) P = w->n[left + j];
+    int groups = (tw + 3) / 4;
+    int32_t *kx = calloc((size_t)groups * P * 16, sizeof(int32_t));
+    int32_t *ix = calloc((size_t)groups * P * 4, sizeof(int32_t));
+    int *base = malloc(sizeof(int) * (size_t)groups), *first = malloc(sizeof(int) * (size_t)groups);
+    int rc = 0;
+    if (!kx || !ix || !base || !first) {
+        rc = -2;
+        goto out;
+    }
+    for (int g = 0; g < groups; g++) {
+        int j0 = g * 4 < tw - 4 ? g * 4 : tw - 4; /* the last group overlaps the one before */
+        first[g] = j0;
+        int b = w->lo[left + j0];
+        if (b > sw - 16) b = sw - 16;
+        base[g] = b;
+        for (int i = 0; i < 4; i++) {
+            int j = left + j0 + i, lo = w->lo[j], n = w->n[j];
+            const int32_t *k = w->k + (size_t)j * w->ksize;
+            for (int t = 0; t < P; t++) {
+                int off = lo + (t < n ? t : 0) - b; /* padded taps read a real pixel, weight 0 */
+                if (off < 0 || off >= 16) {
+                    rc = 1;
+                    goto out;
+                }
+                ix[((size_t)g * P + t) * 4 + i] = off;
+                for (int c = 0; c < 4; c++) kx[((size_t)g * P + t) * 16 + i * 4 + c] = t < n ? k[t] : 0;
+            }
+        }
+    }
+    const __m512i half = _mm512_set1_epi32(HALF), zero = _mm512_setzero_si512();
+    const __m128i rgb = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    for (int y = y0; y < y1; y++) {
+        const uint8_t *row = src + (size_t)y * sw * 4;
+        uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
+        for (int g = 0; g < groups; g++) {
+            __m512i px16 = _mm512_loadu_si512((const void *)(row + (size_t)base[g] * 4));
+            const int32_t *K = kx + (size_t)g * P * 16, *I = ix + (size_t)g * P * 4;
+            __m512i acc = half, acc2 = zero;
+            int t = 0;
+            for (; t + 1 < P; t += 2) {
+                __m512i s0 = _mm512_permutexvar_epi32(_mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(I + 4 * t))), px16);
+                __m512i s1 = _mm512_permutexvar_epi32(
+                    _mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(I + 4 * t + 4))), px16);
+                acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(s0)),
+                                                               _mm512_loadu_si512((const void *)(K + 16 * t))));
+                acc2 = _mm512_add_epi32(acc2, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(s1)),
+                                                                 _mm512_loadu_si512((const void *)(K + 16 * t + 16))));
+            }
+            if (t < P) {
+                __m512i s0 = _mm512_permutexvar_epi32(_mm512_zextsi128_si512(_mm_loadu_si128((const __m128i *)(I + 4 * t))), px16);
+                acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(s0)),
+                                                               _mm512_loadu_si512((const void *)(K + 16 * t))));
+            }
+            acc = _mm512_max_epi32(_mm512_srai_epi32(_mm512_add_epi32(acc, acc2), PREC), zero);
+            __m128i bytes = _mm512_cvtusepi32_epi8(acc); /* 0..255 after the max; above 255 saturates */
+            if (oc == 4) {
+                _mm_storeu_si128((__m128i *)(o + 4 * first[g]), bytes);
+            } else {
+                __m128i packed = _mm_shuffle_epi8(bytes, rgb);
+                int64_t lo8 = _mm_cvtsi128_si64(packed);
+                int32_t hi4 = _mm_extract_epi32(packed, 2);
+                memcpy(o + 3 * first[g], &lo8, 8);
+                memcpy(o + 3 * first[g] + 8, &hi4, 4);
+            }
+        }
+    }
+out:
+    free(kx);
+    free(ix);
+    free(base);
+    free(first);
+    return rc;
+}
+
 /* Vertical pass, AVX2: 16 samples of an output row at a time, the sums kept in registers
  * across the taps. */
 __attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *in, size_t stride, int len, int base,
@@ -529,7 +616,8 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         int wide = 1, isa = isa_level();
         (void)isa; /* only the x86 paths look at it */
 #ifdef SF_RESAMPLE_X86
-        if (sc == 4 && isa >= 3) wide = hpass4_avx512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (sc == 4 && isa >= 3) wide = hpass4_gather512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_avx512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
         if (wide > 0 && sc == 4 && isa >= 2) wide = hpass4_avx2(src, sw, y0, y1, &wh, left, tw, tmp, mc);
         if (wide < 0) {
             rc = wide;
