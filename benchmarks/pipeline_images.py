@@ -44,6 +44,7 @@ import time
 
 import _rows
 import numpy as np
+from read_tfrecord import settle
 
 import shardfeed as sf
 
@@ -289,6 +290,7 @@ def run_anchors(args) -> dict:
         cpus: dict[str, list[float]] = {k: [] for k in runners}
         for _ in range(args.rounds):
             for name, fn in runners.items():
+                settle()  # no thread of the previous configuration (tf.data's teardown, SPDL's) still busy
                 got, wall, cpu = timed(fn)
                 if got != n:
                     raise SystemExit(f"{source} {name}: {got} images, expected {n}")
