@@ -338,7 +338,11 @@ class SubprocessNode(Node):
         now), so the child always has a slot to fill."""
         mapping = self._slot(slot, gen)
         ring, extra = self.ring, self.stats.extra
-        if self.zero_copy and len(ring.held) < self.slots - 1 and shm.views_slot(layout):
+        if not shm.views_slot(layout):  # nothing in the slot to view (scalars, bytes objects)
+            x = shm.decode(mapping, structure, layout)
+            ring.free(slot)
+            extra["zero_copy"] += 1
+        elif self.zero_copy and len(ring.held) < self.slots - 1:
             ring.hold(slot)
             x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, _Release(ring, slot)))
             extra["zero_copy"] += 1
