@@ -184,7 +184,7 @@ class SubprocessNode(Node):
         self.zero_copy = ds.zero_copy
         self.ring = _Ring(self.slots)
         self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
-        self.maps: dict[int, Any] = {}  # slot -> (gen, the segment mapped here as a uint8 array)
+        self.maps: dict[int, Any] = {}  # slot -> (gen, the segment mapped here as a uint8 array, its interface)
         self.gens = [-1] * self.slots  # the newest generation of each slot announced
         self.proc: Any = None
         self.conn: Any = None  # elements, errors, the end: child -> consumer
@@ -336,7 +336,7 @@ class SubprocessNode(Node):
         """The element in ``slot``: views of it while the user holds fewer than all slots
         but one (the slot goes back when the last view goes), else copied out (it goes back
         now), so the child always has a slot to fill."""
-        mapping = self._slot(slot, gen)
+        mapping, interface = self._slot(slot, gen)
         ring, extra = self.ring, self.stats.extra
         if not shm.views_slot(layout):  # nothing in the slot to view (scalars, bytes objects)
             x = shm.decode(mapping, structure, layout)
@@ -344,7 +344,7 @@ class SubprocessNode(Node):
             extra["zero_copy"] += 1
         elif self.zero_copy and len(ring.held) < self.slots - 1:
             ring.hold(slot)
-            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, _Release(ring, slot)))
+            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, _Release(ring, slot), interface))
             extra["zero_copy"] += 1
         else:
             x = shm.decode(mapping, structure, layout)
@@ -352,15 +352,14 @@ class SubprocessNode(Node):
             extra["copied_out"] += 1
         return x
 
-    def _slot(self, slot: int, gen: int) -> Any:
+    def _slot(self, slot: int, gen: int) -> tuple[Any, dict]:
         have = self.maps.get(slot)
         if have is None or have[0] != gen:
             m = shm.map_segment(shm.slot_name(self.token, slot, gen))
-            self.maps[slot] = (gen, m)  # the old mapping, if any, lives on in views of it, if any
+            have = self.maps[slot] = (gen, m, m.__array_interface__)  # the old mapping lives on in its views
             self.gens[slot] = max(self.gens[slot], gen)
-            self.stats.extra["shared_memory_bytes"] = sum(mm.nbytes for _, mm in self.maps.values())
-            return m
-        return have[1]
+            self.stats.extra["shared_memory_bytes"] = sum(mm.nbytes for _, mm, _ in self.maps.values())
+        return have[1], have[2]
 
     def _merge(self, snap: Mapping[str, Any] | None) -> None:
         """Show the child's statistics (cumulative for this pass) as this pass's own."""

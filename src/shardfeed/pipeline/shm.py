@@ -102,9 +102,10 @@ class SlotLease:
 
     __slots__ = ("__array_interface__", "_mapping", "_release", "__weakref__")
 
-    def __init__(self, mapping: np.ndarray, release: Callable[[], None]) -> None:
+    def __init__(self, mapping: np.ndarray, release: Callable[[], None], interface: dict | None = None) -> None:
         self._mapping = mapping  # keeps the mapping (and so the memory) alive, even past close
-        self.__array_interface__ = mapping.__array_interface__
+        # ``mapping.__array_interface__`` (a new dict each time: pass one made once per mapping)
+        self.__array_interface__ = interface or mapping.__array_interface__
         self._release: Callable[[], None] | None = release
 
     def __del__(self) -> None:
