@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.native import BytesBuffer, pack_bytes
+
 ALIGN = 64  # each array starts on a cache line
 _NUMERIC = "a"
 _BYTES = "b"
@@ -38,12 +40,9 @@ class _Encoder(pickle.Pickler):
         if not obj.dtype.hasobject:
             self.arrays.append((_NUMERIC, obj))
             return len(self.arrays) - 1
-        values = obj.ravel().tolist()
-        if values and all(type(v) is bytes for v in values):
-            data = b"".join(values)
-            offsets = np.zeros(len(values) + 1, np.int64)
-            np.cumsum([len(v) for v in values], out=offsets[1:])
-            self.arrays.append((_BYTES, (obj.shape, offsets, data)))
+        packed = pack_bytes(obj) if obj.size else None  # natively, one buffer plus offsets
+        if packed is not None:
+            self.arrays.append((_BYTES, (obj.shape, packed.offsets, packed.data)))
             return len(self.arrays) - 1
         return None  # other object arrays (str, mixed, empty) travel in the pickle
 
@@ -76,8 +75,8 @@ def encode(x: Any) -> tuple[bytes, list, list, int]:
         else:
             shape, offsets, data = a
             data_at = _align(pos + offsets.nbytes)
-            layout.append((kind, pos, shape, len(offsets), data_at, len(data)))
-            pos = _align(data_at + len(data))
+            layout.append((kind, pos, shape, len(offsets), data_at, data.nbytes))
+            pos = _align(data_at + data.nbytes)
     return f.getvalue(), enc.arrays, layout, pos
 
 
@@ -92,7 +91,7 @@ def write(buf: memoryview, arrays: list, layout: list) -> None:
         else:
             _, offsets, data = a
             buf[where[1]:where[1] + offsets.nbytes] = offsets.tobytes()
-            buf[where[4]:where[4] + len(data)] = data
+            buf[where[4]:where[4] + data.nbytes] = data
 
 
 class SlotLease:
@@ -129,13 +128,10 @@ def decode(mapping: np.ndarray, structure: bytes, layout: list, lease: SlotLease
                 arrays.append(a if lease is not None else a.copy())
             else:
                 arrays.append(np.empty(shape, dtype))
-        else:  # bytes objects own their memory: each value is copied out of the slot
+        else:  # bytes objects own their memory: each value is copied out of the slot (natively)
             _, pos, shape, count, data_at, size = where
-            o = mapping[pos:pos + count * 8].view(np.int64).tolist()
-            data = mapping[data_at:data_at + size].tobytes()
-            out = np.empty(count - 1, object)
-            out[:] = [data[o[k]:o[k + 1]] for k in range(count - 1)]
-            arrays.append(out.reshape(shape))
+            packed = BytesBuffer(mapping[data_at:data_at + size], mapping[pos:pos + count * 8].view(np.int64))
+            arrays.append(packed.to_numpy().reshape(shape))
     return _Decoder(io.BytesIO(structure), arrays).load()
 
 
