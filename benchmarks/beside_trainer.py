@@ -11,7 +11,10 @@ Each configuration runs in a fresh process (its peak memory is its own), interle
   the clock starts); ``alone+busy``: the same while another process spins a plain Python
   loop on the other core (what a busy neighbour core alone costs a Python step here);
 - ``threads``: ``read_tfrecord(...).batch(b).map(ctr_map, num_parallel_calls=1).prefetch(4)``
-  in the trainer's process; ``subprocess``: ``...batch(b).map(ctr_map).in_subprocess(4)``;
+  in the trainer's process; ``subprocess``: ``...batch(b).map(ctr_map).in_subprocess(4)``
+  (numeric arrays handed over as views of their slot: one copy); ``subprocess_copy``: the
+  same with ``in_subprocess(4, zero_copy=False)`` (every batch copied out of its slot: two
+  copies, the stage's hand-over before views);
 - ``dataloader1``/``dataloader2``: ``DataLoader(...map(ctr_map).to_torch(), batch_size=None,
   num_workers=1|2)`` (each worker reads its share of the files).
 
@@ -105,8 +108,8 @@ def run_config(name: str, a: argparse.Namespace, files: list[str]) -> dict:
     elif name == "threads":
         source = iter(base.map(fn, num_parallel_calls=1).prefetch(4))
         it_close = source.close
-    elif name == "subprocess":
-        source = iter(base.map(fn).in_subprocess(4))
+    elif name in ("subprocess", "subprocess_copy"):
+        source = iter(base.map(fn).in_subprocess(4, zero_copy=name == "subprocess"))
         it_close = source.close
     elif name.startswith("dataloader"):
         from torch.utils.data import DataLoader
@@ -208,9 +211,9 @@ def _timed(fn, *args) -> float:
 
 def copy_costs(sizes_mb=(0.07, 1.0, 8.0), reps: int = 30) -> list[dict]:
     """What one element costs to hand over: the child's encode and write into a slot, the
-    consumer's copy out of it, against pickling and unpickling it (as a pipe would)."""
+    consumer's side as views of the slot (now) or copied out of it (``zero_copy=False``, and
+    the stage before views), against pickling and unpickling it (as a pipe would)."""
     import pickle
-    from multiprocessing import shared_memory
 
     from shardfeed.pipeline import shm
 
@@ -219,30 +222,30 @@ def copy_costs(sizes_mb=(0.07, 1.0, 8.0), reps: int = 30) -> list[dict]:
         x = {"x": np.random.default_rng(0).integers(0, 255, int(mb * (1 << 20)), dtype=np.uint8),
              "label": np.arange(256)}
         _, _, _, size = shm.encode(x)
-        seg = shared_memory.SharedMemory(create=True, size=size + 4096)
-        t = {"encode_write": [], "copy_out": [], "pickle_unpickle": []}
-        try:
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                s, arrays, layout, _ = shm.encode(x)
-                shm.write(seg.buf, arrays, layout)
-                t1 = time.perf_counter()
-                y = shm.decode(seg.buf, s, layout)
-                t2 = time.perf_counter()
-                z = pickle.loads(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
-                t3 = time.perf_counter()
-                t["encode_write"].append(t1 - t0)
-                t["copy_out"].append(t2 - t1)
-                t["pickle_unpickle"].append(t3 - t2)
-                del arrays, y, z
-        finally:
-            seg.close()
-            seg.unlink()
+        seg = np.zeros(size + 4096, np.uint8)  # a slot's mapping, as the consumer sees it
+        interface = seg.__array_interface__  # made once per mapping, as the consumer does
+        t: dict[str, list[float]] = {"encode_write": [], "views": [], "copy_out": [], "pickle_unpickle": []}
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            s, arrays, layout, _ = shm.encode(x)
+            shm.write(memoryview(seg), arrays, layout)
+            t1 = time.perf_counter()
+            v = shm.decode(seg, s, layout, shm.SlotLease(seg, lambda: None, interface))
+            t2 = time.perf_counter()
+            y = shm.decode(seg, s, layout)
+            t3 = time.perf_counter()
+            z = pickle.loads(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+            t4 = time.perf_counter()
+            t["encode_write"].append(t1 - t0)
+            t["views"].append(t2 - t1)
+            t["copy_out"].append(t3 - t2)
+            t["pickle_unpickle"].append(t4 - t3)
+            del arrays, v, y, z
         rows.append({"mb": mb, **{k: statistics.median(v) * 1e3 for k, v in t.items()}})
     return rows
 
 
-CONFIGS = ["alone", "alone+busy", "threads", "subprocess", "dataloader1", "dataloader2"]
+CONFIGS = ["alone", "alone+busy", "threads", "subprocess", "subprocess_copy", "dataloader1", "dataloader2"]
 
 
 def table_rows(res: dict) -> list[_rows.Row]:
@@ -261,6 +264,10 @@ def table_rows(res: dict) -> list[_rows.Row]:
             rows.append((f"records/s delivered: in_subprocess vs {name}", _rows.rate(sub["records_per_s"], "rec/s"),
                          f"{name}: {_rows.rate(other['records_per_s'], 'rec/s')}",
                          _rows.ratio(sub["records_per_s"] / other["records_per_s"])))
+    old = med.get("subprocess_copy")
+    if sub and old and old["records_per_s"]:
+        rows.append(("trainer step: in_subprocess views vs copy-out", f"{sub['step_ms']:.2f} ms",
+                     f"zero_copy=False: {old['step_ms']:.2f} ms", _rows.ratio(sub["step_ms"] / old["step_ms"])))
     if sub and med.get("dataloader2"):
         rows.append(("peak memory (PSS): in_subprocess vs dataloader2", f"{sub['peak_pss_mb']:.0f} MB",
                      f"dataloader2: {med['dataloader2']['peak_pss_mb']:.0f} MB",
@@ -306,12 +313,12 @@ def main() -> None:
     keys = ["step_ms", "records_per_s", "first_batch_s", "peak_pss_mb"]
     med = {c: {k: statistics.median(r[k] for r in rs) for k in keys} for c, rs in results.items()}
     ref = med.get("alone+busy", med.get("alone"))
-    print(f"{'config':<13}{'step ms':>9}{'vs alone+busy':>15}{'records/s':>11}{'first batch s':>15}"
+    print(f"{'config':<16}{'step ms':>9}{'vs alone+busy':>15}{'records/s':>11}{'first batch s':>15}"
           f"{'peak PSS MB':>13}")
     for c in configs:
         m = med[c]
         vs = f"{m['step_ms'] / ref['step_ms']:.2f}x" if ref else "-"
-        print(f"{c:<13}{m['step_ms']:>9.2f}{vs:>15}{m['records_per_s']:>11.0f}{m['first_batch_s']:>15.2f}"
+        print(f"{c:<16}{m['step_ms']:>9.2f}{vs:>15}{m['records_per_s']:>11.0f}{m['first_batch_s']:>15.2f}"
               f"{m['peak_pss_mb']:>13.0f}")
     if "subprocess" in med and "dataloader1" in med:
         s, d1 = med["subprocess"], med["dataloader1"]
@@ -320,11 +327,16 @@ def main() -> None:
     if "subprocess" in med and "dataloader2" in med:
         s, d2 = med["subprocess"], med["dataloader2"]
         print(f"subprocess vs dataloader2: peak PSS {s['peak_pss_mb']:.0f} MB vs {d2['peak_pss_mb']:.0f} MB")
+    if "subprocess" in med and "subprocess_copy" in med:
+        s, c = med["subprocess"], med["subprocess_copy"]
+        print(f"subprocess (views) vs subprocess_copy (zero_copy=False): step {s['step_ms']:.2f} vs "
+              f"{c['step_ms']:.2f} ms, records/s {s['records_per_s'] / c['records_per_s']:.2f}x")
     copies = copy_costs()
-    print(f"\n{'element MB':>10}{'child: encode+write ms':>24}{'consumer: copy out ms':>23}"
+    print(f"\n{'element MB':>10}{'child: encode+write ms':>24}{'consumer: views ms':>20}{'consumer: copy out ms':>23}"
           f"{'pickle+unpickle ms':>20}")
     for r in copies:
-        print(f"{r['mb']:>10}{r['encode_write']:>24.3f}{r['copy_out']:>23.3f}{r['pickle_unpickle']:>20.3f}")
+        print(f"{r['mb']:>10}{r['encode_write']:>24.3f}{r['views']:>20.3f}{r['copy_out']:>23.3f}"
+              f"{r['pickle_unpickle']:>20.3f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     result = {"args": {k: v for k, v in vars(a).items() if k not in ("run", "files_list")},
               "medians": med, "rounds": results, "handover": copies,

@@ -116,8 +116,127 @@ def test_subprocess_arrays_stay_valid_after_later_batches(tmp_path):
         assert e["k"] == x and e["v"].shape == (x * 1024,) and (e["v"] == x % 100).all()
     extra = ds.stats().stages[-1].extra
     assert extra["slots"] == 2
+    # list() keeps every batch: the first (empty, nothing to view) and the second are handed
+    # without a copy, the second as a view of its slot; then the consumer holds all slots but
+    # one, and every later batch is copied out, so the ring never stalls
+    assert (extra["zero_copy"], extra["copied_out"]) == (2, 10)
+    assert _in_slot(got[1]["v"]) and not any(_in_slot(e["v"]) for e in got[2:])
     # two slots, each at most 1.25x the largest element plus a page: memory is bounded
     assert 0 < extra["shared_memory_bytes"] <= 2 * (int(11 * 1024 * 1.25) + 4096 + 4096)
+
+
+def _slot_mappings() -> list[tuple[int, int, str]]:
+    """``(start, end, line)`` of this process's mappings of in_subprocess segments."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if f"/dev/shm/sf_{os.getpid()}_" in line:
+                lo, hi = line.split()[0].split("-")
+                out.append((int(lo, 16), int(hi, 16), line.strip()))
+    return out
+
+
+def _in_slot(a: np.ndarray | int) -> bool:
+    """Whether ``a``'s data (or the address ``a``) lies in a shared-memory slot mapped here:
+    a view, not a copy."""
+    at = a if isinstance(a, int) else a.__array_interface__["data"][0]
+    return any(lo <= at < hi for lo, hi, _ in _slot_mappings())
+
+
+def block(x):
+    """Element ``x``: 32 KiB of ``x`` and its number."""
+    return {"v": np.full(4096, x, np.int64), "k": x}
+
+
+def test_subprocess_arrays_are_views_of_their_slot_until_the_last_view_goes():
+    ds = from_list(list(range(40))).map(block).in_subprocess(buffer_size=4)
+    it = iter(ds)
+    extra = ds.stats().stages[-1].extra
+    b = next(it)
+    assert _in_slot(b["v"]) and b["v"].flags.writeable and (b["v"] == 0).all()
+    keep = b["v"][10:20]  # a slice of a view keeps the whole slot
+    del b
+    gc.collect()
+    assert (extra["zero_copy"], extra["held_slots"]) == (1, 1)
+    for x in range(1, 30):  # the child cycles the other slots; the kept one is not rewritten
+        b = next(it)  # the previous b is held until this returns: 2 held, below all slots but one
+        assert b["k"] == x and (b["v"] == x).all() and _in_slot(b["v"])
+        assert (keep == 0).all()
+    assert extra["held_slots"] == 2 and extra["copied_out"] == 0
+    del b, keep
+    assert extra["held_slots"] == 0  # both slots back at once, without a collection
+    rest = list(it)
+    assert [r["k"] for r in rest] == list(range(30, 40))
+    assert extra["zero_copy"] + extra["copied_out"] == 40
+    it.close()
+
+
+def test_subprocess_zero_copy_off_or_one_slot_copies_every_batch_out(tmp_path):
+    files = write_bytes_shards(tmp_path)
+    for ds in (sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(zero_copy=False),
+               sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(buffer_size=1)):
+        with iter(ds) as it:
+            got = list(it)
+            extra = ds.stats().stages[-1].extra
+            assert (extra["zero_copy"], extra["copied_out"]) == (0, 7)
+            assert not any(_in_slot(b["id"]) or _in_slot(b["ids"].values) for b in got)
+    with pytest.raises(TypeError, match="zero_copy must be True or False"):
+        from_list([1]).in_subprocess(zero_copy="yes")
+
+
+def test_subprocess_bytes_buffers_and_ragged_columns_are_views_too(tmp_path):
+    files = write_bytes_shards(tmp_path)
+    want = list(sf.read_tfrecord(files, spec=BSPEC).batch(4, bytes_as="buffer"))
+    with iter(sf.read_tfrecord(files, spec=BSPEC).batch(4, bytes_as="buffer").in_subprocess()) as it:
+        for w in want:
+            b = next(it)
+            assert elements_equal(b, w)
+            for a in (b["tok"].data, b["tok"].offsets, b["tags"].values.data, b["tags"].values.offsets,
+                      b["tags"].row_splits, b["ids"].values, b["ids"].row_splits, b["x"]):
+                assert _in_slot(a)
+
+
+def test_subprocess_array_held_after_close_stays_valid_then_its_memory_goes():
+    ds = from_list(list(range(10))).map(block).in_subprocess(buffer_size=2)
+    it = iter(ds)
+    v = next(it)["v"]
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    it.close()
+    assert not _segments() and pid not in _children()  # the names are gone, the child too
+    assert (v == 0).all() and v.sum() == 0 and _in_slot(v)  # the memory is the array's until it goes
+    assert all("(deleted)" in line for _, _, line in _slot_mappings())
+    v[:] = 7  # still writable, and nobody else's
+    assert (v == 7).all()
+    del v
+    gc.collect()
+    assert _slot_mappings() == []  # the last view took the mapping with it
+
+
+def hold_in_thread(batch, go: threading.Event) -> threading.Thread:
+    """Hold ``batch`` in another thread (as a training thread would) and drop it there on ``go``."""
+    def drop():
+        nonlocal batch
+        go.wait()
+        del batch
+    t = threading.Thread(target=drop)
+    t.start()
+    return t
+
+
+def test_subprocess_slot_released_in_another_thread_goes_back_to_the_child():
+    ds = from_list(list(range(30))).map(block).in_subprocess(buffer_size=2)
+    with iter(ds) as it:
+        extra = ds.stats().stages[-1].extra
+        go = threading.Event()
+        t = hold_in_thread(next(it), go)
+        for _ in range(5):  # the thread holds one slot of two: what comes meanwhile is copied
+            assert not _in_slot(next(it)["v"])
+        go.set()
+        t.join()
+        assert extra["held_slots"] == 0 and extra["copied_out"] == 5
+        b = next(it)
+        assert _in_slot(b["v"])  # the slot went back: views again
+        assert sorted(int(x["k"]) for x in it) == list(range(int(b["k"]) + 1, 30))
 
 
 @pytest.mark.parametrize("after", ["none", "map_after"])
@@ -267,7 +386,7 @@ from shardfeed.pipeline import from_list
 
 if __name__ == "__main__":
     it = iter(from_list(list(range(10000))).map(slow).in_subprocess(buffer_size=2))
-    next(it)
+    first = next(it)  # a view of its slot, held through the exit
     print("child", it.stats().stages[-1].extra["child_pid"], flush=True)
     if {mode!r} == "exit":
         sys.exit(0)  # normal interpreter exit with the pass open
@@ -315,6 +434,21 @@ def test_subprocess_to_torch_one_child_per_rank_reads_its_share(tmp_path):
 
     files = write_bytes_shards(tmp_path, n_files=4, per_file=3)
     ds = sf.read_tfrecord(files, spec=BSPEC).batch(2).map(add_total)
+    # DataLoader's default_convert makes tensors of the views without a copy: they keep the slot
+    loader = DataLoader(from_list(list(range(20))).map(block).in_subprocess(buffer_size=2)
+                        .to_torch(slice_id=0, slice_count=1), batch_size=None)
+    batches = iter(loader)
+    t = next(batches)["v"]
+    assert isinstance(t, torch.Tensor) and _in_slot(t.data_ptr())
+    assert [int(b["k"]) for b in batches] == list(range(1, 20))  # the pass ended and closed
+    assert (t == 0).all() and not _segments()
+    u = torch.from_numpy(np.asarray(t)[5:])  # from_numpy keeps it too
+    del t
+    gc.collect()
+    assert _in_slot(u.data_ptr()) and (u == 0).all()
+    del u
+    gc.collect()
+    assert _slot_mappings() == []
     for rank in range(2):
         want = list(DataLoader(ds.to_torch(slice_id=rank, slice_count=2), batch_size=None))
         got = list(DataLoader(ds.in_subprocess().to_torch(slice_id=rank, slice_count=2), batch_size=None))

@@ -217,13 +217,16 @@ class Dataset:
 
         return PrefetchDataset(self, buffer_size)
 
-    def in_subprocess(self, buffer_size: int = 4) -> "Dataset":
+    def in_subprocess(self, buffer_size: int = 4, zero_copy: bool = True) -> "Dataset":
         """Run everything above this stage in one child process (started with ``spawn``,
         so safe with CUDA and threads here) and hand its elements over through
         ``buffer_size`` shared-memory slots: numpy arrays (and object arrays of ``bytes``)
-        are written once into a slot by the child and copied once out of it for the
-        consumer; only the small structure around them is pickled. Python stages above it
-        (a ``map`` with a user function) then no longer hold this process's GIL.
+        are written once into a slot by the child, and the consumer gets its numeric arrays
+        as views of the slot, which goes back to the child when the last of them is gone
+        (one copy in all); only the small structure around them is pickled. When the
+        consumer holds all slots but one (it keeps its batches), or with
+        ``zero_copy=False``, an element is copied out of its slot instead. Python stages
+        above it (a ``map`` with a user function) then no longer hold this process's GIL.
 
         It is named for where the chain runs, as ``map(use_processes=True)`` is; it prefetches
         like ``prefetch(buffer_size)``. ``get_state()``/resume and ``stats()`` see through it.
@@ -233,7 +236,7 @@ class Dataset:
         naming the signal. See docs/pipeline.md, "Input beside the trainer"."""
         from .process import SubprocessDataset  # noqa: PLC0415
 
-        return SubprocessDataset(self, buffer_size)
+        return SubprocessDataset(self, buffer_size, zero_copy)
 
     def interleave(self, fn: Callable[[Any], "Dataset"], cycle_length: int = AUTOTUNE, block_length: int = 1,
                    num_parallel_calls: int | None = None, deterministic: bool = True) -> "Dataset":

@@ -5,11 +5,15 @@ loop they feed. This stage moves everything upstream of it into one child starte
 ``spawn`` (safe with CUDA and threads in the parent). Elements, batches of numpy arrays in
 practice, come back through a ring of ``buffer_size`` shared-memory slots: the child
 writes an element's arrays into a free slot and sends only its small pickled structure
-and the slot's number down a pipe; the consumer copies the arrays out (see
-:mod:`shardfeed.pipeline.shm`) and hands the slot back. The child waits for a free slot
-before writing (backpressure by slot count), so at most ``buffer_size`` elements sit in
-shared memory plus one being made in the child; a slot grows (a new segment) when an
-element does not fit it.
+and the slot's number down a pipe. The consumer hands the arrays on as views of the slot
+(see :mod:`shardfeed.pipeline.shm`), all hanging from one lease per element, and the slot
+goes back to the child when the last of them is gone: one copy in all, the child's. When
+the consumer already holds all slots but one (it keeps batches: ``list(ds)``), the element
+is copied out instead and its slot handed back at once, so the ring never stalls;
+``zero_copy=False`` copies every element out. The child waits for a free slot before
+writing (backpressure by slot count), so at most ``buffer_size`` elements sit in shared
+memory plus one being made in the child; a slot grows (a new segment) when an element does
+not fit it.
 
 The child sends, with each element, the upstream state after it, so this stage's state is
 what was delivered, never what was read ahead; and, at most every ``STATS_EVERY_S`` and at
@@ -17,7 +21,8 @@ the end, the upstream stages' statistics, which the consumer's ``stats()`` shows
 own. An exception in the child reaches the consumer with the child's traceback (the same
 type when it pickles); a child that dies is one :class:`SubprocessError` naming the exit
 code or signal. ``close()``, garbage collection, Ctrl-C (the child ignores SIGINT; the
-consumer stops it) and interpreter exit stop the child and remove its segments.
+consumer stops it) and interpreter exit stop the child and remove its segments' names;
+arrays the consumer still holds keep their memory (its own mapping) until they are gone.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import pickle
 import secrets
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -64,9 +70,12 @@ class _RemoteTraceback(Exception):
 class SubprocessDataset(UnaryDataset):
     kind = "subprocess"
 
-    def __init__(self, parent: Dataset, buffer_size: int = 4) -> None:
+    def __init__(self, parent: Dataset, buffer_size: int = 4, zero_copy: bool = True) -> None:
         super().__init__(parent)
         self.buffer_size = positive_int("in_subprocess buffer_size", buffer_size)
+        if not isinstance(zero_copy, bool):
+            raise TypeError(f"in_subprocess zero_copy must be True or False, got {zero_copy!r}")
+        self.zero_copy = zero_copy
         check_picklable(parent)
 
     def cardinality(self) -> int | float | None:
@@ -110,6 +119,59 @@ def _unpicklable_part(ds: Any, depth: int = 0) -> str | None:
     return None
 
 
+class _Ring:
+    """What the consumer and the leases of its elements share: the pipe that hands slots
+    back to the child and the slots whose arrays the user still holds. A lease ends in
+    whichever thread drops its last array (or in the garbage collector, inside any
+    allocation, this thread's sends included), so ``free`` never blocks on the lock: a slot
+    it cannot send now waits in ``later`` for the next ``flush`` (the consumer flushes before
+    and while it waits for an element)."""
+
+    def __init__(self, nslots: int) -> None:
+        self.nslots = nslots
+        self.ctrl: Any = None
+        self.lock = threading.Lock()
+        self.held: set[int] = set()
+        self.later: collections.deque = collections.deque()
+        self.closed = False
+        self.extra: dict[str, Any] = {}  # the stage's stats.extra: held_slots kept current
+
+    def hold(self, slot: int) -> None:
+        self.held.add(slot)
+        self.extra["held_slots"] = len(self.held)
+
+    def free(self, slot: int) -> None:
+        self.held.discard(slot)
+        self.extra["held_slots"] = len(self.held)
+        self.later.append(slot)
+        self.flush()
+
+    def flush(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            return  # another send is under way (maybe this thread's own): it or the next flush sends these
+        try:
+            while self.later:
+                slot = self.later.popleft()
+                if not self.closed:
+                    self.ctrl.send(("free", slot))
+        except (OSError, ValueError, AttributeError):
+            pass  # the child is gone (or the consumer closed the pipe): nobody needs the slot
+        finally:
+            self.lock.release()
+
+
+class _Release:
+    """A lease's end: hand ``slot`` back (a small object, so a lease holds no node)."""
+
+    __slots__ = ("ring", "slot")
+
+    def __init__(self, ring: _Ring, slot: int) -> None:
+        self.ring, self.slot = ring, slot
+
+    def __call__(self) -> None:
+        self.ring.free(self.slot)
+
+
 class SubprocessNode(Node):
     """The consumer's side: starts the child on the first ``next`` and reads the ring."""
 
@@ -119,8 +181,10 @@ class SubprocessNode(Node):
         self.build = b
         self.cur_state: Any = state["parent"] if state else None
         self.slots = ds.buffer_size
+        self.zero_copy = ds.zero_copy
+        self.ring = _Ring(self.slots)
         self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
-        self.maps: dict[int, Any] = {}  # slot -> (gen, SharedMemory) as attached here
+        self.maps: dict[int, Any] = {}  # slot -> (gen, the segment mapped here as a uint8 array, its interface)
         self.gens = [-1] * self.slots  # the newest generation of each slot announced
         self.proc: Any = None
         self.conn: Any = None  # elements, errors, the end: child -> consumer
@@ -133,7 +197,8 @@ class SubprocessNode(Node):
         self.seen_errors: dict[str, int] = {}
         self.seen_examples = 0
         self.stats.threaded = True
-        self.stats.extra.update(slots=self.slots, shared_memory_bytes=0)
+        self.stats.extra.update(slots=self.slots, shared_memory_bytes=0, zero_copy=0, copied_out=0, held_slots=0)
+        self.ring.extra = self.stats.extra
         b.ctx.on_close(self.close)
 
     # -- the child's lifetime ------------------------------------------------------------
@@ -156,6 +221,7 @@ class SubprocessNode(Node):
         self.proc = mp.Process(target=_child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots),
                                name="shardfeed-subprocess", daemon=True)
         self.proc.start()
+        self.ring.ctrl = self.ctrl
         child_conn.close()
         child_ctrl.close()
         self.stats.extra["child_pid"] = self.proc.pid
@@ -164,12 +230,14 @@ class SubprocessNode(Node):
         if self.closed:
             return
         self.closed = True
+        self.ring.closed = True  # leases that end from now on hand nothing back
         proc = self.proc
         if proc is not None:
-            try:
-                self.ctrl.send(("stop",))
-            except (OSError, ValueError):
-                pass  # the child is gone already
+            with self.ring.lock:  # not in the middle of a lease's send
+                try:
+                    self.ctrl.send(("stop",))
+                except (OSError, ValueError):
+                    pass  # the child is gone already
             proc.join(JOIN_TIMEOUT_S)
             if proc.exitcode is None:
                 logger.warning("in_subprocess child %d did not stop within %.0f s; terminating it", proc.pid,
@@ -180,12 +248,11 @@ class SubprocessNode(Node):
                     proc.kill()
                     proc.join()
             proc.close()
-            for c in (self.conn, self.ctrl):
-                c.close()
+            with self.ring.lock:
+                for c in (self.conn, self.ctrl):
+                    c.close()
         self.pending.clear()
-        for _, m in self.maps.values():
-            m.close()
-        self.maps.clear()
+        self.maps.clear()  # a mapping the user's arrays still view lives on until they go
         if proc is not None:
             for slot, gen in enumerate(self.gens):
                 # the newest announced generation, and the next one: a child that died
@@ -209,6 +276,7 @@ class SubprocessNode(Node):
                 return
             if self.ctx.closed:
                 raise RuntimeError("the iterator was closed")
+            self.ring.flush()  # slots whose arrays another thread dropped meanwhile
             ready = wait([self.conn, self.proc.sentinel], timeout=0.1)
             if ready and self.conn not in ready and not self.conn.poll():
                 raise self._died()
@@ -233,6 +301,7 @@ class SubprocessNode(Node):
             raise StopIteration
         if self.proc is None:
             self._start()
+        self.ring.flush()
         if not self.pending:
             self._receive()
         self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
@@ -241,11 +310,7 @@ class SubprocessNode(Node):
         if kind == "data":
             _, slot, gen, structure, layout, state, size, work_s, snap = msg
             t = time.perf_counter()
-            x = shm.decode(self._slot(slot, gen).buf, structure, layout)
-            try:
-                self.ctrl.send(("free", slot))
-            except OSError:
-                pass  # the child ended after sending its last elements
+            x = self._decode(slot, gen, structure, layout)
             self.stats.work_s += work_s + time.perf_counter() - t
             self.stats.bytes += size
             self.cur_state = state
@@ -267,17 +332,34 @@ class SubprocessNode(Node):
             exc = SubprocessError(f"the in_subprocess child raised {type_name}: {text}")
         raise exc from _RemoteTraceback(tb)
 
-    def _slot(self, slot: int, gen: int) -> Any:
+    def _decode(self, slot: int, gen: int, structure: bytes, layout: list) -> Any:
+        """The element in ``slot``: views of it while the user holds fewer than all slots
+        but one (the slot goes back when the last view goes), else copied out (it goes back
+        now), so the child always has a slot to fill."""
+        mapping, interface = self._slot(slot, gen)
+        ring, extra = self.ring, self.stats.extra
+        if not shm.views_slot(layout):  # nothing in the slot to view (scalars, bytes objects)
+            x = shm.decode(mapping, structure, layout)
+            ring.free(slot)
+            extra["zero_copy"] += 1
+        elif self.zero_copy and len(ring.held) < self.slots - 1:
+            ring.hold(slot)
+            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, _Release(ring, slot), interface))
+            extra["zero_copy"] += 1
+        else:
+            x = shm.decode(mapping, structure, layout)
+            ring.free(slot)
+            extra["copied_out"] += 1
+        return x
+
+    def _slot(self, slot: int, gen: int) -> tuple[Any, dict]:
         have = self.maps.get(slot)
         if have is None or have[0] != gen:
-            if have is not None:
-                have[1].close()
-            m = shm.attach(shm.slot_name(self.token, slot, gen))
-            self.maps[slot] = (gen, m)
+            m = shm.map_segment(shm.slot_name(self.token, slot, gen))
+            have = self.maps[slot] = (gen, m, m.__array_interface__)  # the old mapping lives on in its views
             self.gens[slot] = max(self.gens[slot], gen)
-            self.stats.extra["shared_memory_bytes"] = sum(mm.size for _, mm in self.maps.values())
-            return m
-        return have[1]
+            self.stats.extra["shared_memory_bytes"] = sum(mm.nbytes for _, mm, _ in self.maps.values())
+        return have[1], have[2]
 
     def _merge(self, snap: Mapping[str, Any] | None) -> None:
         """Show the child's statistics (cumulative for this pass) as this pass's own."""

@@ -5,19 +5,24 @@ with every numpy array taken out of the pickle: numeric arrays, and object array
 values are all ``bytes`` (packed as one buffer plus offsets). What stays in the pickle is
 the structure, scalars, strings and object arrays of other values (small, by the way
 batches are made). :func:`write` copies the arrays into a slot (one copy, in the
-producer); :func:`decode` copies them out of it into arrays the consumer owns (one copy),
-so the slot can be reused at once and the consumer's arrays stay valid for as long as it
-keeps them.
+producer). :func:`decode` gives them to the consumer either as views of the slot (no
+copy: every view hangs from one :class:`SlotLease`, whose end hands the slot back) or
+copied out into arrays the consumer owns (a second copy, the slot free at once).
 """
 
 from __future__ import annotations
 
 import io
+import mmap
+import os
 import pickle
+from collections.abc import Callable
 from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
+
+from ..formats.native import BytesBuffer, pack_bytes
 
 ALIGN = 64  # each array starts on a cache line
 _NUMERIC = "a"
@@ -35,12 +40,9 @@ class _Encoder(pickle.Pickler):
         if not obj.dtype.hasobject:
             self.arrays.append((_NUMERIC, obj))
             return len(self.arrays) - 1
-        values = obj.ravel().tolist()
-        if values and all(type(v) is bytes for v in values):
-            data = b"".join(values)
-            offsets = np.zeros(len(values) + 1, np.int64)
-            np.cumsum([len(v) for v in values], out=offsets[1:])
-            self.arrays.append((_BYTES, (obj.shape, offsets, data)))
+        packed = pack_bytes(obj) if obj.size else None  # natively, one buffer plus offsets
+        if packed is not None:
+            self.arrays.append((_BYTES, (obj.shape, packed.offsets, packed.data)))
             return len(self.arrays) - 1
         return None  # other object arrays (str, mixed, empty) travel in the pickle
 
@@ -73,8 +75,8 @@ def encode(x: Any) -> tuple[bytes, list, list, int]:
         else:
             shape, offsets, data = a
             data_at = _align(pos + offsets.nbytes)
-            layout.append((kind, pos, shape, len(offsets), data_at, len(data)))
-            pos = _align(data_at + len(data))
+            layout.append((kind, pos, shape, len(offsets), data_at, data.nbytes))
+            pos = _align(data_at + data.nbytes)
     return f.getvalue(), enc.arrays, layout, pos
 
 
@@ -89,28 +91,72 @@ def write(buf: memoryview, arrays: list, layout: list) -> None:
         else:
             _, offsets, data = a
             buf[where[1]:where[1] + offsets.nbytes] = offsets.tobytes()
-            buf[where[4]:where[4] + len(data)] = data
+            buf[where[4]:where[4] + data.nbytes] = data
 
 
-def decode(buf: memoryview, structure: bytes, layout: list) -> Any:
-    """The element :func:`encode` described, its arrays copied out of ``buf``."""
+class SlotLease:
+    """The root of every array that views one element in a slot: numpy keeps it alive while
+    any of them (or anything built on them without a copy: a slice, ``torch.from_numpy``)
+    is, and when the last goes ``release`` runs, in whichever thread dropped it."""
+
+    __slots__ = ("__array_interface__", "_mapping", "_release", "__weakref__")
+
+    def __init__(self, mapping: np.ndarray, release: Callable[[], None], interface: dict | None = None) -> None:
+        self._mapping = mapping  # keeps the mapping (and so the memory) alive, even past close
+        # ``mapping.__array_interface__`` (a new dict each time: pass one made once per mapping)
+        self.__array_interface__ = interface or mapping.__array_interface__
+        self._release: Callable[[], None] | None = release
+
+    def __del__(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
+def decode(mapping: np.ndarray, structure: bytes, layout: list, lease: SlotLease | None = None) -> Any:
+    """The element :func:`encode` described, from ``mapping`` (the slot as a uint8 array):
+    its numeric arrays are views of the slot hanging from ``lease`` when one is given
+    (writable; the slot must not be reused until the lease is gone), else copies."""
     arrays: list[Any] = []
+    root = np.asarray(lease) if lease is not None else mapping  # its base is the lease
     for where in layout:
         if where[0] == _NUMERIC:
             _, pos, dtype, shape = where
-            n = int(np.prod(shape, dtype=np.int64))
-            if n:
-                arrays.append(np.frombuffer(buf, dtype, n, pos).reshape(shape).copy())
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if nbytes:
+                a = root[pos:pos + nbytes].view(dtype).reshape(shape)
+                arrays.append(a if lease is not None else a.copy())
             else:
                 arrays.append(np.empty(shape, dtype))
-        else:
+        else:  # bytes objects own their memory: each value is copied out of the slot (natively)
             _, pos, shape, count, data_at, size = where
-            o = np.frombuffer(buf, np.int64, count, pos).tolist()
-            data = bytes(buf[data_at:data_at + size])
-            out = np.empty(count - 1, object)
-            out[:] = [data[o[k]:o[k + 1]] for k in range(count - 1)]
-            arrays.append(out.reshape(shape))
+            packed = BytesBuffer(mapping[data_at:data_at + size], mapping[pos:pos + count * 8].view(np.int64))
+            arrays.append(packed.to_numpy().reshape(shape))
     return _Decoder(io.BytesIO(structure), arrays).load()
+
+
+def views_slot(layout: list) -> bool:
+    """Whether :func:`decode` with a lease leaves any array viewing the slot."""
+    return any(w[0] == _NUMERIC and int(np.prod(w[3], dtype=np.int64)) for w in layout)
+
+
+def map_segment(name: str) -> np.ndarray:
+    """The existing segment ``name`` mapped into this process, as a writable uint8 array.
+    The mapping is its own (not a ``SharedMemory``'s, whose ``close()`` fails while views
+    exist): it lives as long as any array built on it, and the segment's memory with it,
+    after the name is unlinked too."""
+    path = os.path.join("/dev/shm", name)
+    if os.path.isdir("/dev/shm"):
+        fd = os.open(path, os.O_RDWR)
+    else:  # POSIX without /dev/shm (macOS): the call SharedMemory itself makes
+        import _posixshmem  # noqa: PLC0415
+
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        m = mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+    return np.frombuffer(m, np.uint8)
 
 
 def slot_name(token: str, slot: int, gen: int) -> str:
