@@ -67,6 +67,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("pipeline_latency", "--out", (), ("--files", "8", "--records", "2000", "--repeats", "1")),
     Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4")),
     Benchmark("beside_trainer", "--out", (), ("--steps", "40", "--rounds", "1")),
+    Benchmark("subprocess_handover", "--out", (), ("--mb", "8", "--batches", "8", "--rounds", "1")),
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1")),
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
