@@ -224,6 +224,23 @@ def test_native_resample_refuses_bad_arguments():
         resample(src, 20, 10, 3, out, 4, 4, 3, 4, 4, 0, 0, 2)  # src smaller than it claims
 
 
+def test_native_resample_refuses_offsets_and_sizes_that_overflow():
+    """Found by fuzz/fuzz_resample.c: top + th (left + tw) wrapped past INT_MAX and passed the
+    window check, and sh * sw * sc wrapped negative and passed the binding's buffer check; both
+    read far outside the source (a segfault) before the fix."""
+    resample = native_resample()
+    src, out = np.zeros((2, 2, 1), np.uint8), np.zeros((1, 1, 1), np.uint8)
+    big = 2**31 - 1
+    for top, left in ((big, 0), (0, big), (big - 63, 0), (big, big)):
+        with pytest.raises(ValueError, match="resample"):
+            resample(src, 2, 2, 1, out, 1, 1, 1, 4, 4, top, left, 2)
+    with pytest.raises(ValueError, match="resample"):  # 4-byte pixels: sh * sw * 4 wraps to a negative length
+        resample(b"\0" * 4, big, big, 4, bytearray(3), 1, 1, 3, big, big, 1000, 0, 2)
+    edge = np.empty((1, 1, 1), np.uint8)  # the last pixel of the resized image is a valid window
+    resample(np.arange(4, dtype=np.uint8).reshape(2, 2, 1), 2, 2, 1, edge, 1, 1, 1, 4, 4, 3, 3, 2)
+    assert edge[0, 0, 0] == 3
+
+
 @pytest.mark.parametrize("resize", ["stretch", "crop"])
 @pytest.mark.parametrize("channels", [3, 1])
 def test_native_path_gives_the_pillow_path_values(resize, channels):

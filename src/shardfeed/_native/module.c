@@ -702,8 +702,9 @@ static PyObject *py_resample(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*iiiw*iiiiiiii:resample", &src, &sh, &sw, &sc, &dst, &th, &tw, &dc, &scaled_h,
                           &scaled_w, &top, &left, &filter))
         return NULL;
+    /* divided, not multiplied: sh * sw * sc of three ints can pass PY_SSIZE_T_MAX and wrap */
     if (sh <= 0 || sw <= 0 || th <= 0 || tw <= 0 || sc <= 0 || dc <= 0 ||
-        src.len < (Py_ssize_t)sh * sw * sc || dst.len < (Py_ssize_t)th * tw * dc) {
+        src.len / sc / sw < sh || dst.len / dc / tw < th) {
         rc = -1;
     } else {
         Py_BEGIN_ALLOW_THREADS

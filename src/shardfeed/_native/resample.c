@@ -582,8 +582,9 @@ const char *sf_resample_backend(void) {
 
 int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th, int tw, int dc, int scaled_h,
                 int scaled_w, int top, int left, int filter) {
+    /* top > scaled_h - th, not top + th > scaled_h: an offset near INT_MAX would overflow */
     if (sh <= 0 || sw <= 0 || th <= 0 || tw <= 0 || scaled_h <= 0 || scaled_w <= 0 || top < 0 || left < 0 ||
-        top + th > scaled_h || left + tw > scaled_w || !(sc == 1 || sc == 3 || sc == 4) ||
+        top > scaled_h - th || left > scaled_w - tw || !(sc == 1 || sc == 3 || sc == 4) ||
         !(dc == sc || (dc == 3 && sc == 4)) || filter < SF_FILTER_BOX || filter > SF_FILTER_LANCZOS)
         return -1;
     int need_h = scaled_w != sw, need_v = scaled_h != sh;
