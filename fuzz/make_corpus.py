@@ -1,8 +1,10 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,example}/), deterministically.
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,example,resample}/), deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
 one byte choosing the harness's spec (bit 2 set: parsed as SequenceExamples, the
-``seq-*`` seeds); records of one batch are separated by FF FE FD.
+``seq-*`` seeds); records of one batch are separated by FF FE FD. Resample seeds are the
+10-byte header ``fuzz_resample.c`` reads (filter and channel layout, sizes, window, hostile
+argument) followed by source pixels.
 """
 
 from __future__ import annotations
@@ -88,6 +90,38 @@ def sequences() -> list[bytes]:
     ]
 
 
+def resample_seeds() -> dict[str, bytes]:
+    """name -> input of fuzz_resample.c: down-, up- and one-sided resizes, edge windows, widths
+    around the AVX-512 paths' 16-pixel loads, every filter and channel layout."""
+    pixels = bytes((i * 37 + (i >> 4) * 11) & 255 for i in range(512))
+    shapes = {  # (sh, sw, scaled_h, scaled_w, th, tw, top, left)
+        "down": (64, 64, 24, 24, 24, 24, 0, 0),
+        "up": (5, 7, 40, 50, 40, 50, 0, 0),
+        "same": (9, 9, 9, 9, 9, 9, 0, 0),
+        "same-window": (9, 9, 9, 9, 3, 4, 6, 5),
+        "rows-only": (30, 20, 11, 20, 11, 20, 0, 0),
+        "cols-only": (20, 30, 20, 11, 20, 11, 0, 0),
+        "one-pixel": (1, 1, 1, 1, 1, 1, 0, 0),
+        "to-one": (64, 64, 1, 1, 1, 1, 0, 0),
+        "line": (1, 64, 3, 17, 3, 17, 0, 0),
+        "column": (64, 1, 17, 3, 17, 3, 0, 0),
+        "window-end": (40, 40, 100, 100, 7, 9, 93, 91),
+        "window-start": (40, 40, 100, 100, 7, 9, 0, 0),
+        "narrow-16": (16, 16, 16, 5, 16, 5, 0, 0),
+        "narrow-17": (17, 17, 8, 4, 8, 4, 0, 0),
+        "wide-crop": (48, 64, 90, 120, 20, 33, 35, 87),
+    }
+    out = {}
+    for name, (sh, sw, h, w, th, tw, top, left) in shapes.items():
+        for filt in range(5):
+            for layout in range(4):
+                head = bytes([filt | layout << 3, sh - 1, sw - 1, h - 1, w - 1, th - 1, tw - 1, top, left, 0])
+                out[f"{name}-f{filt + 1}-c{layout}"] = head + pixels
+    for sel in (0xE0, 0xE1, 0xE8, 0xF0, 0xF8, 0xFF):  # argument validation, see hostile()
+        out[f"hostile-{sel:02x}"] = bytes([1, 20, 20, 40, 40, 30, 30, 3, 4, sel]) + pixels[:64]
+    return out
+
+
 def main() -> None:
     ex_dir = os.path.join(HERE, "corpus", "example")
     fr_dir = os.path.join(HERE, "corpus", "frames")
@@ -123,6 +157,11 @@ def main() -> None:
         for opt in (0, 1):
             with open(os.path.join(fr_dir, f"{name}-{opt}"), "wb") as f:
                 f.write(bytes([opt]) + data)
+    rs_dir = os.path.join(HERE, "corpus", "resample")
+    os.makedirs(rs_dir, exist_ok=True)
+    for name, data in resample_seeds().items():
+        with open(os.path.join(rs_dir, name), "wb") as f:
+            f.write(data)
 
 
 if __name__ == "__main__":
