@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from common import CTR_BATCH, IMG_BATCH, Ctx, Tally, collate_ctr, ctr_records, image_files, pil_decode_resize
 
+IMPORTS = ("streaming",)  # through _streaming(): see the module docstring
 NAME = "mosaic"
 COLUMNS = {"idx": "int64", "label": "int64", "dense": "ndarray:float32:13", "cat": "bytes", "ids": "ndarray:int64"}
 

@@ -66,10 +66,16 @@ def load(peer: str) -> Any:
 
 # -- the child: one (peer, workload) ------------------------------------------------------------------
 def child(peer: str, workload: str, ctx: Ctx) -> dict[str, Any]:
+    import PIL.Image  # noqa: F401  (the decoders' import is not part of an epoch)
+
     mod = load(peer)
     if workload == "f":
         out = os.path.join(ctx.scratch, "converted")
         image_files(ctx)
+        if peer == "mosaic":
+            mod._streaming()
+        for name in mod.IMPORTS:
+            importlib.import_module(name)
 
         def run():
             from common import Tally

@@ -9,6 +9,8 @@ from typing import Any
 
 from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, ctr_records, image_files, worker_init_reads
 
+# imported before a conversion is timed (workload f times the writing, not the imports)
+IMPORTS = ("shardfeed", "shardfeed.convert")
 NAME = "shardfeed"
 SHARDS = 8
 IMG_LABEL = "image/class/label"
