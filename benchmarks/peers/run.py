@@ -11,15 +11,16 @@ with 2 workers.
 
 Every (peer, workload) runs in its own subprocess, so its peak RSS (the process and its
 children, sampled every 20 ms from /proc) and CPU seconds (its own and its reaped
-children's, over the measured epoch) are its own. Each peer first writes its copy of the
-data in a separate process (cached under ``--dir`` between runs). Rounds run the
-(peer, workload) pairs interleaved; the table holds medians. Columns: records per epoch,
+children's, over the measured epoch) are its own; a child measures ``--epochs`` epochs
+(conversions for f) after building its pipeline, one for e. Each peer first writes its
+copy of the data in a separate process (cached under ``--dir`` between runs). Rounds run
+the (peer, workload) pairs interleaved; the table holds medians over rounds and epochs. Columns: records per epoch,
 records/s, CPU microseconds per record, peak RSS, bytes read (read() calls of the process
 and its DataLoader workers; for (e) the bytes through the proxy; reads through mmap are
 not counted) and shardfeed's rate over the peer's. Usage::
 
     python benchmarks/peers/run.py [--quick] [--peers shardfeed,webdataset] [--workloads a,c]
-        [--ctr-records 200000] [--images 2000] [--rounds 3] [--dir DATA] [--json out.json]
+        [--ctr-records 10000] [--images 300] [--rounds 2] [--epochs 2] [--dir DATA] [--json out.json]
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ PEERS = {
     "mosaic": "mosaic_peer",
     "dali": "dali_peer",
 }
-QUICK = {"ctr_records": 2000, "images": 64, "width": 320, "height": 240, "rounds": 1}
-FULL = {"ctr_records": 200_000, "images": 2000, "width": 500, "height": 375, "rounds": 3}
+QUICK = {"ctr_records": 1000, "images": 32, "width": 320, "height": 240, "rounds": 1, "epochs": 1}
+FULL = {"ctr_records": 10_000, "images": 300, "width": 500, "height": 375, "rounds": 2, "epochs": 2}
 
 
 def load(peer: str) -> Any:
@@ -65,7 +66,7 @@ def load(peer: str) -> Any:
 
 
 # -- the child: one (peer, workload) ------------------------------------------------------------------
-def child(peer: str, workload: str, ctx: Ctx) -> dict[str, Any]:
+def child(peer: str, workload: str, ctx: Ctx, epochs: int) -> dict[str, Any]:
     import PIL.Image  # noqa: F401  (the decoders' import is not part of an epoch)
 
     mod = load(peer)
@@ -85,9 +86,12 @@ def child(peer: str, workload: str, ctx: Ctx) -> dict[str, Any]:
             t.check = expected(ctx, "img")[1]  # a converter writes or fails; its count is checked
             return t
 
-        res = measure(run)
-        res["format_bytes"] = dir_bytes(out)
-        return res
+        results = []
+        for _ in range(epochs):
+            shutil.rmtree(out, ignore_errors=True)
+            results.append(measure(run))
+            results[-1]["format_bytes"] = dir_bytes(out)
+        return {"epochs": results}
     epoch = mod.epoch_fn(workload, ctx)
     reads = os.environ.get("SF_PEERS_WORKER_READS")
 
@@ -97,19 +101,21 @@ def child(peer: str, workload: str, ctx: Ctx) -> dict[str, Any]:
             t.worker_read_bytes = worker_reads(reads)
         return t
 
-    return measure(run)
+    return {"epochs": [measure(run) for _ in range(1 if workload == "e" else epochs)]}
 
 
 def child_main(argv: list[str]) -> int:
     kind, peer, what, ctx_json, out = argv
     ctx = Ctx(**json.loads(ctx_json))
     try:
-        if kind == "prepare":
+        if kind == "prepare":  # what: the data sets, comma-separated
             mod = load(peer)
-            mod.prepare(what, ctx, ctx.peer_dir(peer, what))
+            for data in what.split(","):
+                mod.prepare(data, ctx, ctx.peer_dir(peer, data))
+                open(os.path.join(ctx.peer_dir(peer, data), ".READY"), "w").close()
             res: dict[str, Any] = {"ok": True}
         else:
-            res = child(peer, what, ctx)
+            res = child(peer, what, ctx, int(ctx.extra.get("epochs", 1)))
     except BaseException as exc:  # the runner reports it in the table
         traceback.print_exc()
         res = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]}
@@ -178,6 +184,13 @@ def spawn(kind: str, peer: str, what: str, ctx: Ctx, timeout: float, env_extra: 
     return res
 
 
+def _epochs(res: dict) -> list[dict]:
+    """A child's result as one entry per measured epoch, each with the child's peak RSS."""
+    if "error" in res or "epochs" not in res:
+        return [res]
+    return [dict(e, peak_rss=res["peak_rss"]) for e in res["epochs"]]
+
+
 class S3:
     """A moto server and the shaping proxy in front of it, and each peer's CTR copy uploaded
     under ``<bucket>/<peer>/``."""
@@ -243,7 +256,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         peers.insert(0, "shardfeed")  # the ratio's anchor
     os.makedirs(args.dir, exist_ok=True)
     ctx = Ctx(root=os.path.abspath(args.dir), ctr_records=args.ctr_records, images=args.images,
-              width=args.width, height=args.height)
+              width=args.width, height=args.height, extra={"epochs": args.epochs})
     image_files(ctx)  # the raw image folder, once
     status: dict[str, Any] = {}
     plan: list[tuple[str, str]] = []
@@ -261,20 +274,21 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 plan.append((p, w))
     # each peer writes its copy of the data it needs, in its own process
     for p in dict.fromkeys(p for p, _ in plan):
-        for data in sorted({DATA[w] for q, w in plan if q == p and w != "f"}):
-            marker = os.path.join(ctx.peer_dir(p, data), ".READY")
-            if os.path.exists(marker):
-                continue
-            shutil.rmtree(ctx.peer_dir(p, data), ignore_errors=True)
-            t0 = time.perf_counter()
-            res = spawn("prepare", p, data, ctx, args.timeout)
-            if "error" in res:
-                print(f"{p}: writing its {data} data failed: {res['error']}\n{res.get('log', '')}", file=sys.stderr)
-                status[p].setdefault("failed", {})[data] = res["error"]
-                plan = [(q, w) for q, w in plan if not (q == p and DATA[w] == data and w != "f")]
-                continue
-            open(marker, "w").close()
-            print(f"{p}: wrote its {data} data in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        todo = [d for d in sorted({DATA[w] for q, w in plan if q == p and w != "f"})
+                if not os.path.exists(os.path.join(ctx.peer_dir(p, d), ".READY"))]
+        if not todo:
+            continue
+        for d in todo:
+            shutil.rmtree(ctx.peer_dir(p, d), ignore_errors=True)
+        t0 = time.perf_counter()
+        res = spawn("prepare", p, ",".join(todo), ctx, args.timeout)
+        if "error" in res:
+            print(f"{p}: writing its {'+'.join(todo)} data failed: {res['error']}\n{res.get('log', '')}",
+                  file=sys.stderr)
+            status[p].setdefault("failed", {})["+".join(todo)] = res["error"]
+            plan = [(q, w) for q, w in plan if not (q == p and w != "f")]
+            continue
+        print(f"{p}: wrote its {'+'.join(todo)} data in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     s3 = None
     if any(w == "e" for _, w in plan):
         s3 = S3(args.latency_ms, args.conn_mbps)
@@ -295,11 +309,11 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                         env.update(_s3_env())
                         for ep in ("e1", "e2"):
                             before = s3.fetched()
-                            res = spawn("read", p, w, c, args.timeout, env)
-                            res["read_bytes"] = s3.fetched() - before
-                            results.setdefault((p, ep), []).append(res)
+                            res = _epochs(spawn("read", p, w, c, args.timeout, env))
+                            res[0]["read_bytes"] = s3.fetched() - before
+                            results.setdefault((p, ep), []).extend(res)
                     else:
-                        results.setdefault((p, w), []).append(spawn("read", p, w, c, args.timeout, env))
+                        results.setdefault((p, w), []).extend(_epochs(spawn("read", p, w, c, args.timeout, env)))
                 finally:
                     shutil.rmtree(scratch, ignore_errors=True)
                 last = results[(p, "e2" if w == "e" else w)][-1]
@@ -327,7 +341,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             r["shardfeed_over_peer"] = anchor["rate"] / r["rate"]
     return {"peers": status, "rows": rows, "sizes": {"ctr_records": ctx.ctr_records, "images": ctx.images,
                                                       "image": f"{ctx.width}x{ctx.height}"},
-            "rounds": args.rounds, "quick": args.quick, "python": platform.python_version(),
+            "rounds": args.rounds, "epochs": args.epochs, "quick": args.quick, "python": platform.python_version(),
             "cores": os.cpu_count(), "load_average": os.getloadavg(),
             "proxy": {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps}}
 
@@ -389,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=None)
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--height", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds of every (peer, workload)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs (conversions for f) measured per child process in each round (e: always one)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="shaping proxy: per-request latency")
     ap.add_argument("--conn-mbps", type=float, default=25.0, help="shaping proxy: MB/s per connection")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per child")
@@ -413,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     print("peers: " + "; ".join(f"{p} {st['version'] or 'not installed'}" for p, st in res["peers"].items()))
     print(f"data: {res['sizes']['ctr_records']:,} CTR records, {res['sizes']['images']:,} JPEGs of "
-          f"{res['sizes']['image']}; medians of {res['rounds']} round(s); load average "
+          f"{res['sizes']['image']}; medians of {res['rounds']} round(s) x {res['epochs']} epoch(s); load average "
           f"{' '.join(f'{x:.2f}' for x in res['load_average'])}"
           + ("; --quick: not numbers to quote" if args.quick else ""))
     print(format_table(res))
