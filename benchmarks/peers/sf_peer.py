@@ -27,7 +27,11 @@ def version() -> str:
 
 
 def supports() -> dict[str, str | None]:
-    return dict.fromkeys("abcdefg")
+    import importlib.util
+
+    out: dict[str, str | None] = dict.fromkeys("abcdef")
+    out["g"] = None if importlib.util.find_spec("torch") else "PyTorch is not installed"
+    return out
 
 
 def _spec() -> dict[str, Any]:

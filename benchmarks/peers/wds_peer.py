@@ -8,6 +8,7 @@ epoch 2 reads the local copies; in a DataLoader each worker reads its own shards
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from typing import Any
 
@@ -36,7 +37,7 @@ def version() -> str:
 
 def supports() -> dict[str, str | None]:
     return {"a": None, "b": None, "c": None, "d": "no global shuffle: shard shuffle + sample buffer only",
-            "e": None, "f": None, "g": None}
+            "e": None, "f": None, "g": None if importlib.util.find_spec("torch") else "PyTorch is not installed"}
 
 
 def _write(out: str, samples: Any, total: int) -> None:
