@@ -59,6 +59,11 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	# torchdata for StatefulDataLoader checkpoints (after torch, so it never pulls another build)
 	$(PIP) install -q torch==2.13.0 || echo "torch==2.13.0 not installable here: torch adapter tests will skip"
 	$(PIP) install -q torchdata==0.11.0 || echo "torchdata not installable here: its checkpoint tests will skip"
+	# the peers benchmark's loaders (`shardfeed bench peers --quick` runs in the tests): the extra, then LitData and
+	# Mosaic Streaming without their dependencies (they would pull torchvision and a CUDA torch); torch must stay 2.13
+	$(PIP) install -q -e '.[peers]' || echo "peers extra not installable here: bench peers will skip those peers"
+	$(PIP) install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 || echo "litdata/mosaic not installable here"
+	$(PY) -c "import torch; print('torch', torch.__version__, 'after the peers')" || echo "torch no longer imports"
 	touch $@
 
 # the docs alone (`make test` installs them with the dev extras)

@@ -5,7 +5,8 @@ The benchmark scripts are a source-checkout tool: they live in the repository's
 ``shardfeed bench NAME``) needs a checkout installed with ``pip install -e .``, or
 ``--benchmarks-dir`` (``$SHARDFEED_BENCHMARKS_DIR``) naming that folder. ``shardfeed bench
 storage URL`` and ``shardfeed bench feed`` are part of the package and work from an
-installed wheel.
+installed wheel; ``shardfeed bench peers`` (shardfeed beside other loaders,
+``benchmarks/peers/``) is a source-checkout tool like the scripts.
 
 Every script runs in its own subprocess (so one benchmark's threads, caches and memory
 never bias the next), prints its own table and writes its JSON, whose top-level ``"rows"``
@@ -201,6 +202,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json == _DEFAULT_JSON:
             args.json = os.path.join("bench-out", "feed.json")
         return cmd_bench_feed(args)
+    if args.names and args.names[0] == "peers":
+        if len(args.names) > 1:
+            raise ValueError(f"shardfeed bench peers takes options, not names: {' '.join(args.names[1:])}")
+        return cmd_bench_peers(args)
+    peers_only = [o for o in ("peers", "workloads") if getattr(args, o, None)]
+    if peers_only:
+        raise ValueError(f"--{peers_only[0]} is an option of `shardfeed bench peers` only")
     feed_only = [o for o in ("preset", "pipeline", "step_ms", "batch_size", "duration") if getattr(args, o, None)]
     if feed_only:
         raise ValueError(f"--{feed_only[0].replace('_', '-')} is an option of `shardfeed bench feed` only")
@@ -246,6 +254,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_bench_peers(args: argparse.Namespace) -> int:
+    """``shardfeed bench peers``: run ``benchmarks/peers/run.py`` (a source-checkout tool) in
+    a subprocess against this shardfeed; it prints its own table."""
+    script = benchmarks_dir(args.benchmarks_dir) / "peers" / "run.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script}: no peers benchmark there")
+    json_out = Path(os.path.join("bench-out", "peers.json") if args.json == _DEFAULT_JSON else args.json).resolve()
+    data_dir = json_out.parent / f"peers-data{'-quick' if args.quick else ''}"
+    cmd = [sys.executable, str(script), "--json", str(json_out), "--dir", str(data_dir)]
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--peers", args.peers] if args.peers else []
+    cmd += ["--workloads", args.workloads] if args.workloads else []
+    cmd += ["--timeout", f"{args.timeout:g}"] if args.timeout else []
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[2])  # run it against this very shardfeed
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        return subprocess.run(cmd, env=env, check=False).returncode
+    finally:
+        if not args.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
 _DEFAULT_JSON = os.path.join("bench-out", "bench.json")
 
 
@@ -259,7 +291,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                     "`shardfeed bench storage URL` measures the link to one object instead: latency, one "
                     "connection's rate, and the concurrency shardfeed picks (storage options from the "
                     "environment). `shardfeed bench feed` says how many simulated accelerators a pipeline keeps "
-                    "busy (options below). These two are part of the package and work from an installed wheel.")
+                    "busy (options below). These two are part of the package and work from an installed wheel. "
+                    "`shardfeed bench peers` runs shardfeed beside other loaders (a source-checkout tool like the "
+                    "scripts; options below).")
     sp.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all there are)")
     sp.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not numbers to quote")
     sp.add_argument("--json", default=_DEFAULT_JSON,
@@ -280,6 +314,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     feed.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the pipeline's)")
     feed.add_argument("--duration", type=float, default=None,
                       help="seconds per simulation (default 5; 1.5 with --quick)")
+    peers = sp.add_argument_group(
+        "shardfeed bench peers", "shardfeed beside LitData, Mosaic Streaming, WebDataset, Grain, tf.data and DALI: "
+        "the same data in each one's own format, read through its documented fast path, one table "
+        "(benchmarks/peers/; a missing peer is reported and skipped); --quick runs tiny data")
+    peers.add_argument("--peers", default=None, metavar="A,B",
+                       help="peers to run (default all: shardfeed,tf.data,webdataset,grain,litdata,mosaic,dali)")
+    peers.add_argument("--workloads", default=None, metavar="A,C",
+                       help="workloads to run (default all): a CTR records, b JPEG bytes, c JPEG decode + resize, "
+                            "d global shuffle, e S3 behind a shaping proxy, f convert an image folder, "
+                            "g PyTorch DataLoader with 2 workers")
     sp.set_defaults(func=cmd_bench)
     return sp
 
