@@ -72,7 +72,22 @@ class Plan:
         return [s for s in SPLITS if any(sh.split == s for sh in self.shards)]
 
 
+_PLAIN = (str, int, bool, type(None))  # exact types _canon returns as they are
+
+
 def _canon(v: Any) -> Any:
+    """``v`` as JSON can hold it, the same for the same value in any runner: floats as
+    their ``repr``, numpy scalars as Python's, bytes as hex, other objects as ``str``."""
+    t = type(v)
+    if t in _PLAIN:  # the common cells first, by exact type (a subclass takes the general path)
+        return v
+    if t is float:
+        return repr(v)
+    if t is dict:
+        return {str(k): (x if type(x) in _PLAIN else repr(x) if type(x) is float else _canon(x))
+                for k, x in v.items()}
+    if t is list:
+        return [x if type(x) in _PLAIN else _canon(x) for x in v]
     if isinstance(v, dict):
         return {str(k): _canon(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

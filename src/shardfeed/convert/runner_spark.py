@@ -1,20 +1,25 @@
 """The Spark runner: rows read, converted and written by Spark executors; the driver only
 plans and collects per-task states.
 
-Two Spark jobs, both over the input's own partitions:
+Two Spark jobs; rows reach the executors' Python workers as Arrow batches (``mapInArrow``),
+never as pickled ``Row`` objects:
 
-1. *count*: each partition builds its rows (:class:`~shardfeed.convert.sources.RowBuilder`),
-   puts each in its split by the key rule (:func:`~shardfeed.convert.plan.key_split`) and
-   returns a summary: rows per split, the class names it saw, a digest, and the rows that
-   did not parse. The driver sums the summaries into the plan: shards of
-   ``num_samples_per_tfrecord`` rows per split, numbered in input order exactly as the
-   local runner numbers them (a partition's rows start where the previous partitions'
-   rows end), the label map, the plan digest.
-2. *write*: each partition numbers its rows again from those offsets and sends each to its
-   shard (a shuffle of rows, not of images: ``partitionBy`` with one partition per shard
-   still to write); each shard task sorts its rows, converts them with the local runner's
-   converter (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`)
-   and writes the shard with :class:`~shardfeed.convert.writer.ShardSink`.
+1. *read and count*: each input partition builds its rows once
+   (:class:`~shardfeed.convert.sources.RowBuilder`), puts each in its split by the key rule
+   (:func:`~shardfeed.convert.plan.key_split`) and leaves them, pickled, with their split
+   and their position among the partition's rows of that split, in a DataFrame the
+   executors cache (``persist``); its last row is the partition's summary: rows per split,
+   the class names it saw, a digest, and the rows that did not parse. The driver sums the
+   summaries into the plan: shards of ``num_samples_per_tfrecord`` rows per split,
+   numbered in input order exactly as the local runner numbers them (a partition's rows
+   start where the previous partitions' rows end), the label map, the plan digest.
+2. *write*: from the cached rows, each row's shard and position in it follow from its
+   partition's start (a vectorized step per Arrow batch); ``repartitionById`` gives each
+   shard still to write its own Spark partition (a shuffle of rows, not of images), sorted
+   by position; each shard task converts its rows with the local runner's converter
+   (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`) and
+   writes the shard with :class:`~shardfeed.convert.writer.ShardSink`. The input is read
+   once (again only where Spark lost cached blocks, with an executor).
 
 Exactly once: a task attempt writes its shard to its own hidden staging file
 (:class:`~shardfeed.storage.io.AtomicWriter`) and commits it by an atomic rename, then
@@ -31,10 +36,11 @@ CSV files or folders (through ``spark.read``). An image folder, a PAI annotation
 an iTAG manifest are listed / parsed on the driver (small rows: a path and a label) and
 their rows handed to the executors, as Spark's own file listing is done on the driver.
 
-The input must read the same rows in the same order both times (files do; a DataFrame
-built with a non-deterministic step, such as ``randomSplit`` or ``repartition(n)`` of
-uncached data, must be ``cache()``d or written out first): the write job checks every
-shard's row count against the count job's and fails, naming the shard, when they differ.
+Where Spark recomputes lost cached blocks the input must read the same rows in the same
+order again (files do; a DataFrame built with a non-deterministic step, such as
+``randomSplit`` or ``repartition(n)`` of uncached data, must be ``cache()``d or written out
+first): the write job checks every shard's rows against job 1's count and fails, naming
+the shard, when they differ.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import sys
@@ -58,7 +65,7 @@ from .. import storage
 from ..storage.urls import mask, parse_url
 from .annotations import row_class_names
 from .options import SPLITS, ConvertOptions, DiscardRecord, Row
-from .plan import Plan, Shard, _canon, assign_split, finish_plan, is_multi_label, needs_class_list, shard_layout
+from .plan import Plan, Shard, assign_split, finish_plan, is_multi_label, needs_class_list, shard_layout
 from .schema import AUTOML_COLUMNS, Schema, header_matches_automl
 from .sources import RowBuilder, _dirname, default_schema, parquet_parts, table_format
 from .tasks import make_converter
@@ -160,10 +167,11 @@ def spark_session(master: str | None = None, app_name: str = "shardfeed-convert"
 
 @dataclass
 class SparkSource:
-    """An input as the executors see it: an RDD of ``{column: cell}`` dicts (``kind="table"``)
-    or of :class:`Row` objects the driver built (``kind="rows"``), and how to make rows of it."""
+    """An input as the executors see it: a DataFrame whose columns are the input's cells
+    (``kind="table"``) or one binary column of pickled :class:`Row` objects the driver
+    built (``kind="rows"``), and how to make rows of it."""
 
-    rdd: Any
+    frame: Any
     kind: str
     schema: Schema | None
     origin: str
@@ -173,20 +181,31 @@ class SparkSource:
     annotated: bool = False
     has_image: bool = True
     detect_integer_labels: bool = False
+    bom_column: str | None = None  # the first column, whose first cell may start with a BOM Spark's CSV reader kept
 
-    def rows(self, items: Iterable[Any], offset: int) -> Iterator[Row | DiscardRecord]:
-        """Rows (or discard records) of one partition, numbered from ``offset + 1``."""
+    def rows(self, batches: Iterable[Any]) -> Iterator[Row | DiscardRecord]:
+        """Rows (or discard records) of one partition's Arrow batches, numbered from 1
+        within the partition (the write job adds the rows of the partitions before it)."""
         if self.kind == "rows":
-            yield from items
+            for batch in batches:
+                for blob in batch.column(0).to_pylist():
+                    yield pickle.loads(blob)
             return
         builder = RowBuilder(self.schema, self.origin, self.base)
-        for i, cells in enumerate(items, start=offset + 1):
-            bad = cells.pop(CORRUPT, None)
-            if bad is not None:
-                found = len(next(csv.reader([bad]), []))
-                yield builder.build(i, None, f"expected {len(cells)} cells, found {found}")
-                continue
-            yield builder.build(i, cells, None)
+        first = self.bom_column
+        i = 0
+        for batch in batches:
+            for cells in batch.to_pylist():
+                i += 1
+                bad = cells.pop(CORRUPT, None)
+                if bad is not None:
+                    found = len(next(csv.reader([bad]), []))
+                    yield builder.build(i, None, f"expected {len(cells)} cells, found {found}")
+                    continue
+                v = cells.get(first)
+                if isinstance(v, str) and v.startswith("\ufeff"):
+                    cells[first] = v[1:]
+                yield builder.build(i, cells, None)
 
 
 def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None, description: str) -> SparkSource:
@@ -195,18 +214,10 @@ def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None,
     absent = [c for c in used.columns if c not in columns]
     if absent:
         raise ValueError(f"{origin}: schema names columns the input lacks: {', '.join(absent)} (columns: {columns})")
-    first = columns[0] if columns else None
-
-    def cells(row: Any) -> dict:
-        d = row.asDict()
-        v = d.get(first)
-        if isinstance(v, str) and v.startswith("\ufeff"):  # a BOM Spark's CSV reader kept
-            d[first] = v[1:]
-        return d
-
-    return SparkSource(df.rdd.map(cells), "table", used, origin, base, description,
+    return SparkSource(df, "table", used, origin, base, description,
                        has_image=used.column_of("image_uri") is not None,
-                       detect_integer_labels=schema is None and used.label_type == "string label")
+                       detect_integer_labels=schema is None and used.label_type == "string label",
+                       bom_column=columns[0] if columns else None)
 
 
 def storage_url(url: str) -> str:
@@ -263,52 +274,89 @@ def rows_source(spark: Any, rows: list[Row], discards: list[DiscardRecord], sche
                 description: str, annotated: bool = False, detect_integer_labels: bool = False) -> SparkSource:
     """Rows the driver read (an image folder's files, an annotation file's records), in
     slices of ``ROWS_PER_SLICE`` for the executors."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
     sc = spark.sparkContext
     slices = max(1, min(len(rows) // ROWS_PER_SLICE + 1, 10_000), sc.defaultParallelism if rows else 1)
+    blobs = sc.parallelize([(pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL),) for r in rows], slices)
+    frame = spark.createDataFrame(blobs, StructType([StructField("row", BinaryType())]))
     has_image = annotated or (schema is not None and schema.column_of("image_uri") is not None)
-    return SparkSource(sc.parallelize(rows, slices), "rows", schema, "", None, description, list(discards),
+    return SparkSource(frame, "rows", schema, "", None, description, list(discards),
                        annotated, has_image, detect_integer_labels and schema is not None
                        and schema.label_type == "string label")
 
 
 def _shipped(src: SparkSource) -> SparkSource:
-    """What the tasks need of ``src`` (not the RDD, nor the driver's discards)."""
-    return dataclasses.replace(src, rdd=None, driver_discards=[])
+    """What the tasks need of ``src`` (not the DataFrame, nor the driver's discards)."""
+    return dataclasses.replace(src, frame=None, driver_discards=[])
 
 
-# -- job 1: count ---------------------------------------------------------------------------------------------------
+# -- job 1: read, place in splits, count ----------------------------------------------------------------------------
 
-def _row_digest(h: Any, item: Row | DiscardRecord) -> None:
-    if isinstance(item, Row):
-        h.update(json.dumps(_canon([item.number, item.origin, item.image_uri, item.split, item.label, item.values,
-                                    item.annotation]), ensure_ascii=False, sort_keys=True).encode())
-    else:
-        h.update(json.dumps([item.row, item.source, item.reason], ensure_ascii=False).encode())
-    h.update(b"\n")
+# what job 1 leaves (cached) for job 2: a partition's rows, each with its split (an index
+# into SPLITS) and its position among the partition's rows of that split, pickled; and last,
+# one row holding the partition's summary
+PREPARED = "part int, split byte, pos long, row binary, summary binary"
+BATCH_ROWS = 4096
 
 
-def _summarize(src: SparkSource, options: ConvertOptions, index: int, items: Iterable[Any]) -> Iterator[dict]:
+def _batch(part: int, splits: list[int], pos: list[int], blobs: list[bytes], summary: bytes | None = None) -> Any:
+    import pyarrow as pa
+
+    n = len(blobs) if summary is None else 1
+    return pa.RecordBatch.from_arrays(
+        [pa.array([part] * n, pa.int32()),
+         pa.array(splits if summary is None else [None], pa.int8()),
+         pa.array(pos if summary is None else [None], pa.int64()),
+         pa.array(blobs if summary is None else [None], pa.binary()),
+         pa.array([None] * n if summary is None else [summary], pa.binary())],
+        names=["part", "split", "pos", "row", "summary"])
+
+
+def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) -> Iterator[Any]:
+    """Job 1's task: build the partition's rows once, give each its split, pickle it for
+    job 2, and end with the partition's summary (rows per split, class names, labels, a
+    digest, the rows that did not parse)."""
+    from pyspark import TaskContext
+
+    part = TaskContext.get().partitionId()
     h = hashlib.sha256()
-    n, counts, names, multi = 0, dict.fromkeys(SPLITS, 0), set(), False
+    n, counts, names, multi = 0, [0, 0, 0], set(), False
     labels = all_int = 0
     discards = []
     mt = options.model_type
-    for item in src.rows(items, 0):
+    split_index = {s: i for i, s in enumerate(SPLITS)}
+    splits: list[int] = []
+    pos: list[int] = []
+    blobs: list[bytes] = []
+    for item in src.rows(batches):
         n += 1
-        _row_digest(h, item)
         if isinstance(item, DiscardRecord):
+            h.update(json.dumps([item.row, item.source, item.reason], ensure_ascii=False).encode() + b"\n")
             own = item.source == f"{src.origin}#{item.row}"
             discards.append((item.row, None if own else item.source, item.reason))
             continue
         assign_split(item, options)
-        counts[item.split] += 1
+        si = split_index[item.split]
+        blob = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        h.update(blob)
+        splits.append(si)
+        pos.append(counts[si])
+        blobs.append(blob)
+        counts[si] += 1
         names.update(row_class_names(mt, item))
         multi = multi or (src.annotated and is_multi_label(mt, item))
         if item.label is not None:
             labels += 1
             all_int += isinstance(item.label, str) and item.label.strip().lstrip("-").isdigit()
-    yield {"index": index, "n": n, "counts": counts, "names": sorted(names), "multi": multi,
-           "labels": labels, "int_labels": all_int, "digest": h.hexdigest(), "discards": discards}
+        if len(blobs) >= BATCH_ROWS:
+            yield _batch(part, splits, pos, blobs)
+            splits, pos, blobs = [], [], []
+    if blobs:
+        yield _batch(part, splits, pos, blobs)
+    summary = {"index": part, "n": n, "counts": dict(zip(SPLITS, counts)), "names": sorted(names), "multi": multi,
+               "labels": labels, "int_labels": all_int, "digest": h.hexdigest(), "discards": discards}
+    yield _batch(part, [], [], [], pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -320,16 +368,27 @@ class SparkPlan:
     split_offsets: list[dict[str, int]]
     split_rows: dict[str, int]
     integer_labels: bool
+    prepared: Any = None  # job 1's output, cached on the executors for job 2
 
 
 def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Mapping[str, Any] | None
                   ) -> SparkPlan:
-    """Run the count job and build the plan from the partitions' summaries."""
-    sc = src.rdd.context
-    sc.setJobDescription("shardfeed convert: read and count rows per split")
+    """Run job 1 (its output cached on the executors) and build the plan from the
+    partitions' summaries. The caller unpersists ``SparkPlan.prepared``."""
+    spark = src.frame.sparkSession
+    spark.sparkContext.setJobDescription("shardfeed convert: read rows, place them in splits, count")
     ship = _shipped(src)
-    summaries = sorted(src.rdd.mapPartitionsWithIndex(lambda i, it: _summarize(ship, options, i, it)).collect(),
-                       key=lambda s: s["index"])
+    prepared = src.frame.mapInArrow(lambda it: _prepare(ship, options, it), PREPARED).persist()
+    try:
+        got = prepared.where("summary is not null").select("summary").collect()
+    except BaseException:
+        prepared.unpersist()
+        raise
+    summaries = sorted((pickle.loads(r[0]) for r in got), key=lambda s: s["index"])
+    if [s["index"] for s in summaries] != list(range(len(summaries))):
+        prepared.unpersist()
+        raise RuntimeError("job 1 did not summarize every input partition once: "
+                           f"{[s['index'] for s in summaries][:20]}")
     offsets, split_offsets = [], []
     total = 0
     per_split = dict.fromkeys(SPLITS, 0)
@@ -364,11 +423,12 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
     plan = finish_plan(shard_layout(per_split, options.num_samples_per_tfrecord), discards, rows_read, schema,
                        options, src.description, "sha256:" + h.hexdigest(), names, multi, storage_options,
                        src.has_image, src.annotated)
-    return SparkPlan(plan, offsets, split_offsets, per_split, integer_labels)
+    return SparkPlan(plan, offsets, split_offsets, per_split, integer_labels, prepared)
 
 
 # -- job 2: write ---------------------------------------------------------------------------------------------------
 
+PLACED = "task int, pos int, part int, row binary"
 _CONVERTERS: dict[str, Any] = {}  # per Python worker: one converter per plan
 
 
@@ -380,50 +440,102 @@ def _converter(plan: Plan, storage_options: Mapping[str, Any] | None) -> Any:
     return conv
 
 
-def _keyed(src: SparkSource, sp: SparkPlan, pending: Mapping[tuple[str, int], int], index: int,
-           items: Iterable[Any]) -> Iterator[tuple[int, tuple[int, Row]]]:
-    per = sp.plan.options.num_samples_per_tfrecord
-    start = sp.split_offsets[index]
-    seen = dict.fromkeys(SPLITS, 0)
-    for item in src.rows(items, sp.offsets[index]):
-        if isinstance(item, DiscardRecord):
+def _place(starts: Any, per: int, task_of: list[Any], batches: Iterable[Any]) -> Iterator[Any]:
+    """Job 2's map side, vectorized per Arrow batch: each row's shard task (-1: a shard
+    already written, dropped) and its position in that shard, from its partition's start
+    in its split (``starts[part, split]``) and its position there."""
+    import numpy as np
+    import pyarrow as pa
+
+    for b in batches:
+        part = b.column(0).to_numpy()
+        split = b.column(1).to_numpy().astype(np.int64)
+        g = starts[part, split] + b.column(2).to_numpy()
+        shard = g // per
+        task = np.full(len(g), -1, np.int32)
+        for si, table in enumerate(task_of):
+            m = split == si
+            if m.any():
+                task[m] = table[shard[m]]
+        keep = task >= 0
+        if not keep.any():
             continue
-        if sp.integer_labels:
-            item.label = int(item.label)
-        assign_split(item, sp.plan.options)
-        g = start[item.split] + seen[item.split]
-        seen[item.split] += 1
-        key = pending.get((item.split, g // per))
-        if key is not None:
-            yield key, (g % per, item)
+        idx = pa.array(np.flatnonzero(keep))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(task[keep]), pa.array((g % per)[keep].astype(np.int32)), b.column(0).take(idx),
+             b.column(3).take(idx)], names=["task", "pos", "part", "row"])
 
 
-def _write_shard(plan: Plan, shards: list[tuple[str, int, int, int]], output_dir: str,
-                 storage_options: Mapping[str, Any] | None, job: str, resume: bool, index: int,
-                 items: Iterable[Any]) -> Iterator[dict]:
-    split, number, count, expected = shards[index]
-    placed = sorted((pos_row for _, pos_row in items), key=lambda t: t[0])
-    shard = Shard(split, number, count, [row for _, row in placed])
-    name = plan.shard_name(shard)
-    if len(shard.rows) != expected or [p for p, _ in placed] != list(range(expected)):
-        raise RuntimeError(f"shard {name}: the count job placed {expected} rows in it, the write job "
-                           f"{len(shard.rows)}: the input did not read the same rows twice (cache() a "
-                           "DataFrame built with a non-deterministic step, or write it out first)")
-    done = finished_state(plan, shard, output_dir, storage_options)
-    if done is not None and (resume or done.get("job") == job):  # another attempt of this task committed it
-        yield done
-        return
+def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: list[int], renumber: bool,
+                  integer_labels: bool, output_dir: str, storage_options: Mapping[str, Any] | None, job: str,
+                  resume: bool, batches: Iterable[Any]) -> Iterator[Any]:
+    """Job 2's reduce side: the rows of one shard task (or of several, one after another,
+    where Spark lacks ``repartitionById``), in shard order; each shard is converted and
+    committed, or, when an attempt of this job (or with ``resume`` an earlier job of the
+    same plan) committed it already, its state returned as it is."""
+    import pyarrow as pa
+
+    def emit(state: dict) -> Any:
+        return pa.RecordBatch.from_arrays([pa.array([json.dumps(state).encode()], pa.binary())], names=["state"])
+
+    current = -1
+    sink: ShardSink | None = None
+    done: dict | None = None
+    seen = expected = 0
+    shard: Shard | None = None
+
+    def finish() -> Any:
+        assert shard is not None
+        name = plan.shard_name(shard)
+        if seen != expected:
+            raise RuntimeError(f"shard {name}: job 1 placed {expected} rows in it, job 2 {seen}: the input did not "
+                               "read the same rows twice (cache() a DataFrame built with a non-deterministic step, "
+                               "or write it out first)")
+        if done is not None:
+            return emit(done)
+        assert sink is not None
+        return emit(sink.commit())
+
     converter = _converter(plan, storage_options)
-    sink = ShardSink(plan, shard, output_dir, storage_options)
-    sink.extra_state["job"] = job
     try:
-        for row in shard.rows:
-            records, reason = convert_row(converter, row)
-            sink.add(row, records, reason)
+        for b in batches:
+            tasks = b.column(0).to_pylist()
+            positions = b.column(1).to_pylist()
+            parts = b.column(2).to_pylist()
+            blobs = b.column(3).to_pylist()
+            for task, p, part, blob in zip(tasks, positions, parts, blobs):
+                if task != current:
+                    if current >= 0:
+                        yield finish()
+                    current, seen, sink = task, 0, None
+                    split, number, count, expected = shards[task]
+                    shard = Shard(split, number, count, [])
+                    done = finished_state(plan, shard, output_dir, storage_options)
+                    if done is not None and not (resume or done.get("job") == job):
+                        done = None
+                    if done is None:
+                        sink = ShardSink(plan, shard, output_dir, storage_options)
+                        sink.extra_state["job"] = job
+                if p != seen:
+                    raise RuntimeError(f"shard {plan.shard_name(shard)}: row {p} of it came where row {seen} was "
+                                       "due: the input did not read the same rows twice")
+                seen += 1
+                if sink is None:
+                    continue
+                row = pickle.loads(blob)
+                if renumber:
+                    row.number += offsets[part]
+                if integer_labels:
+                    row.label = int(row.label)
+                records, reason = convert_row(converter, row)
+                sink.add(row, records, reason)
+                shard.rows.append(None)  # type: ignore[arg-type]  # counted by the state; no row is kept
+        if current >= 0:
+            yield finish()
     except BaseException:
-        sink.abort()
+        if sink is not None:
+            sink.abort()
         raise
-    yield sink.commit()
 
 
 def _remove_staging(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None) -> int:
@@ -453,32 +565,45 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
               storage_options: Mapping[str, Any] | None = None, resume: bool = False) -> tuple[Plan, dict[str, dict]]:
     """Plan on the cluster and write every pending shard there; returns the plan and all
     shards' states by name (for :func:`~shardfeed.convert.writer.finalize`)."""
+    import numpy as np
+
     from .runner_local import pending_shards
 
     sp = plan_on_spark(src, options, storage_options)
-    plan = sp.plan
-    todo, states = pending_shards(plan, output_dir, storage_options, resume)
-    if todo:
-        per = options.num_samples_per_tfrecord
-        pending = {(s.split, s.index): i for i, s in enumerate(todo)}
-        # rows each shard gets: per, and the last of a split the rest
-        specs = [(s.split, s.index, s.count, min(per, sp.split_rows[s.split] - s.index * per)) for s in todo]
-        shipped = dataclasses.replace(plan, shards=[], discards=[])
-        job = uuid.uuid4().hex  # attempts of this job's tasks trust each other's commits
-        sp_shipped = dataclasses.replace(sp, plan=shipped)
-        ship = _shipped(src)
-        sc = src.rdd.context
-        sc.setJobDescription(f"shardfeed convert: write {len(todo)} shards")
-        written = (src.rdd.mapPartitionsWithIndex(lambda i, it: _keyed(ship, sp_shipped, pending, i, it))
-                   .partitionBy(len(todo), lambda k: k)
-                   .mapPartitionsWithIndex(lambda i, it: _write_shard(shipped, specs, output_dir, storage_options,
-                                                                      job, resume, i, it))
-                   .collect())
-        for st in written:
-            states[st["file"]] = st
-        missing = [plan.shard_name(s) for s in todo if plan.shard_name(s) not in states]
-        if missing:
-            raise RuntimeError(f"the Spark job finished without writing shard(s) {', '.join(missing[:5])}")
+    try:
+        plan = sp.plan
+        todo, states = pending_shards(plan, output_dir, storage_options, resume)
+        if todo:
+            per = options.num_samples_per_tfrecord
+            # rows each shard gets: per, and the last of a split the rest
+            specs = [(s.split, s.index, s.count, min(per, sp.split_rows[s.split] - s.index * per)) for s in todo]
+            task_of = [np.full(max(1, -(-sp.split_rows[split] // per)), -1, np.int32) for split in SPLITS]
+            for i, s in enumerate(todo):
+                task_of[SPLITS.index(s.split)][s.index] = i
+            starts = np.array([[so[split] for split in SPLITS] for so in sp.split_offsets], np.int64).reshape(-1, 3)
+            shipped = dataclasses.replace(plan, shards=[], discards=[])
+            job = uuid.uuid4().hex  # attempts of this job's tasks trust each other's commits
+            renumber = src.kind == "table"
+            offsets, integer_labels = sp.offsets, sp.integer_labels
+            spark = src.frame.sparkSession
+            spark.sparkContext.setJobDescription(f"shardfeed convert: write {len(todo)} shards")
+            placed = sp.prepared.where("summary is null").mapInArrow(
+                lambda it: _place(starts, per, task_of, it), PLACED)
+            # one Spark partition per shard task; without repartitionById (Spark < 4.1) a hash
+            # of the task, and a partition may then write several shards one after another
+            by_task = (placed.repartitionById(len(todo), "task") if hasattr(placed, "repartitionById")
+                       else placed.repartition(len(todo), "task"))
+            written = by_task.sortWithinPartitions("task", "pos").mapInArrow(
+                lambda it: _write_shards(shipped, specs, offsets, renumber, integer_labels, output_dir,
+                                         storage_options, job, resume, it), "state binary").collect()
+            for r in written:
+                st = json.loads(r[0])
+                states[st["file"]] = st
+            missing = [plan.shard_name(s) for s in todo if plan.shard_name(s) not in states]
+            if missing:
+                raise RuntimeError(f"the Spark job finished without writing shard(s) {', '.join(missing[:5])}")
+    finally:
+        sp.prepared.unpersist()
     removed = _remove_staging(plan, output_dir, storage_options)
     if removed:
         logger.info("removed %d staging file(s) of task attempts that did not finish", removed)
