@@ -126,6 +126,34 @@ def test_spark_writes_what_the_local_runner_writes_for_csv_parquet_dataframe_fol
     same_output(str(tmp_path / "local_ann"), str(tmp_path / "spark_ann"))
 
 
+def test_many_small_partitions_give_few_shards_sized_by_rows_or_bytes_as_the_local_runner(spark, tmp_path):
+    from .test_convert_shard_bytes import SCHEMA, table
+
+    pdf = table(1_200)
+    # 40 partitions of 30 rows, in the pandas DataFrame's order
+    rows = list(pdf.itertuples(index=False, name=None))
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 40), list(pdf.columns))
+    assert df.rdd.getNumPartitions() == 40
+    opts = {"schema": SCHEMA, "test_ratio": 0.2, "progress": False}
+    for name, extra in (("rows", {"num_samples_per_tfrecord": 256}),
+                        ("bytes", {"num_samples_per_tfrecord": 256, "bytes_per_tfrecord": 8192})):
+        local, out = str(tmp_path / f"local_{name}"), str(tmp_path / f"spark_{name}")
+        want = sc.convert(pdf, local, **opts, **extra)
+        got = sc.convert(df, out, **opts, **extra)
+        shards = {k: [s["rows"] for s in v["shards"]] for k, v in got.splits.items()}
+        assert shards == {k: [s["rows"] for s in v["shards"]] for k, v in want.splits.items()}
+        assert sum(len(v) for v in shards.values()) < 20  # not one shard per partition
+        assert split_records(out) == split_records(local)
+        same_output(local, out)  # the same rows in the same order: byte for byte the local runner's shards
+        if name == "rows":
+            assert shards["train"][0] == 256
+        else:
+            per = shards["train"][0]
+            assert 20 < per < 256 and len(shards["train"]) > 3
+            sizes = [os.path.getsize(os.path.join(out, s["file"])) for s in got.splits["train"]["shards"][:-1]]
+            assert all(0.8 * 8192 < x < 1.2 * 8192 for x in sizes), sizes
+
+
 def test_resume_on_spark_rewrites_only_the_shards_not_committed(spark, tmp_path):
     src = dataset(tmp_path, n=12, bad=())
     out = str(tmp_path / "out")

@@ -114,6 +114,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(sp, "read_parallel_num", type=int, default=2, help="conversion workers (default 2)")
     _opt(sp, "write_parallel_num", type=int, default=1, help="shard committers (default 1)")
     _opt(sp, "num_samples_per_tfrecord", type=int, default=256, help="input rows per shard (default 256)")
+    _opt(sp, "bytes_per_tfrecord", type=int, help="about how many bytes a shard holds: fewer rows per shard, "
+         "sized from a sample of converted rows (default: rows only)")
     sp.add_argument("--compression", default=None, help="none (default; shards get .idx index files) or GZIP")
     _opt(sp, "output_prefix", default="data", help="shard name prefix (default 'data')")
     _opt(sp, "char_replace_map_path")
@@ -164,6 +166,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         image_format=args.image_format, jpeg_quality=args.jpeg_quality, max_image_pixels=args.max_image_pixels,
         read_parallel_num=args.read_parallel_num,
         write_parallel_num=args.write_parallel_num, num_samples_per_tfrecord=args.num_samples_per_tfrecord,
+        bytes_per_tfrecord=args.bytes_per_tfrecord,
         compression=compression, prefix=args.output_prefix, char_replace_map_path=args.char_replace_map_path,
         default_char_dict_path=args.default_char_dict_path, converter_class=args.converter_class,
         converter_options={k: _beam_value(v)

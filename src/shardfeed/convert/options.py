@@ -69,7 +69,12 @@ class ConvertOptions:
     runner and any partitioning.
     ``num_samples_per_tfrecord``: input rows per shard (a shard holds fewer records when
     rows of it are discarded; for VIDEO_CLASSIFICATION it counts videos, and a shard holds
-    every clip of its videos). ``compression``: ``None`` or ``"GZIP"`` (index files only
+    every clip of its videos). ``bytes_per_tfrecord``: about how many bytes a shard should
+    hold (``None``: no target): rows per shard become ``bytes_per_tfrecord`` divided by the
+    mean size of a record, measured by converting a sample of up to 256 rows chosen by a
+    hash of their content (the same sample on every runner and partitioning), capped at
+    ``num_samples_per_tfrecord``; every shard of the conversion then has that many rows (the
+    last of a split fewer). ``compression``: ``None`` or ``"GZIP"`` (index files only
     for uncompressed shards).
 
     VIDEO_CLASSIFICATION only (PAI names and defaults): ``decode_type`` 1 intra frames only,
@@ -96,6 +101,7 @@ class ConvertOptions:
     read_parallel_num: int = 2
     write_parallel_num: int = 1
     num_samples_per_tfrecord: int = 256
+    bytes_per_tfrecord: int | None = None
     compression: str | None = None
     prefix: str = "data"
     char_replace_map_path: str | None = None
@@ -131,6 +137,10 @@ class ConvertOptions:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        b = self.bytes_per_tfrecord
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ValueError(f"bytes_per_tfrecord must be a positive int (bytes a shard should hold) or None, "
+                             f"got {b!r}")
         if self.compression is not None:
             c = str(self.compression).upper()
             if c in ("", "NONE"):

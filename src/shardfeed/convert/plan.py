@@ -10,6 +10,7 @@ input and options always give the same plan (and the same ``plan_digest``).
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 from collections.abc import Mapping
@@ -60,6 +61,8 @@ class Plan:
     feature_spec: dict[str, Any] = field(default_factory=dict)
     # where a runner's workers may read the rows again themselves (runner_beam), or None
     reread: dict[str, Any] | None = None
+    # input rows per shard: num_samples_per_tfrecord, or fewer for bytes_per_tfrecord
+    rows_per_shard: int = 0
 
     def context(self, storage_options: Mapping[str, Any] | None) -> ConvertContext:
         return ConvertContext(self.options, self.label_map, self.chars, storage_options, self.schema,
@@ -158,6 +161,39 @@ def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str 
             r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
 
 
+SAMPLE_ROWS = 256  # rows converted to measure the record size for bytes_per_tfrecord
+
+
+def sample_key(row: Row, seed: int) -> int:
+    """Where ``row`` ranks for the size sample (the ``SAMPLE_ROWS`` lowest are taken): a
+    signed 64-bit blake2b of its content (as :func:`split_key_value` with no split key),
+    so the same rows are sampled on every runner and partitioning."""
+    data = json.dumps(_canon(split_key_value(row, None)), ensure_ascii=False, sort_keys=True).encode()
+    h = hashlib.blake2b(data, digest_size=8, key=f"size-sample:{int(seed)}".encode()).digest()
+    return int.from_bytes(h, "big", signed=True)
+
+
+def size_shards(plan: Plan, sample: list[Row], storage_options: Mapping[str, Any] | None) -> int:
+    """Rows per shard for ``plan``: ``num_samples_per_tfrecord``, or with
+    ``bytes_per_tfrecord`` that many bytes over the mean framed size of the records of the
+    ``sample`` rows (converted here; discarded rows are not counted), at least 1."""
+    o = plan.options
+    per = o.num_samples_per_tfrecord
+    if o.bytes_per_tfrecord is None or not sample:
+        return per
+    from .writer import convert_row  # the writer imports this module
+
+    converter = make_converter(plan.context(storage_options), plan.has_image)
+    sizes = []
+    for row in sample:
+        records, _ = convert_row(converter, row)
+        if records:
+            sizes.append(sum(len(r) + 16 for r in records))  # 16: TFRecord framing per record
+    if not sizes:
+        return per
+    return max(1, min(per, int(o.bytes_per_tfrecord * len(sizes) // sum(sizes))))
+
+
 def needs_class_list(model_type: str, label_type: str | None, annotated: bool) -> bool:
     """Whether the plan builds a label map from class names found in the data."""
     return (model_type in ("CLASSIFICATION", "VIDEO_CLASSIFICATION", "DETECTION", "INSTANCE_SEGMENTATION",
@@ -194,7 +230,7 @@ def finish_plan(shards: list[Shard], discards: list[DiscardRecord], rows_read: i
                                     storage_options=storage_options)
     chars = load_char_table(options.char_replace_map_path, options.default_char_dict_path, storage_options)
     plan = Plan(options, schema if not annotated else None, label_map, chars, multi_label, has_image, shards,
-                discards, rows_read, source, digest)
+                discards, rows_read, source, digest, rows_per_shard=options.num_samples_per_tfrecord)
     plan.feature_spec = make_converter(plan.context(storage_options), has_image).feature_spec()
     opts = {k: v for k, v in options.to_dict().items() if k not in RUNTIME_OPTIONS}
     plan.plan_digest = "sha256:" + hashlib.sha256(json.dumps(
@@ -216,12 +252,15 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
         for r in rows:
             class_names.update(row_class_names(mt, r))
     multi_label = annotated and any(is_multi_label(mt, r) for r in rows)
-    shards: list[Shard] = []
-    per = options.num_samples_per_tfrecord
+    plan = finish_plan([], discards, len(rows) + len(discards), schema, options, source, digest, class_names,
+                       multi_label, storage_options, has_image, annotated)
+    if options.bytes_per_tfrecord is not None:
+        sample = heapq.nsmallest(SAMPLE_ROWS, rows, key=lambda r: sample_key(r, options.seed))
+        plan.rows_per_shard = size_shards(plan, sample, storage_options)
+    per = plan.rows_per_shard
     for split in SPLITS:
         in_split = [r for r in rows if r.split == split]
         count = math.ceil(len(in_split) / per)
         for i in range(count):
-            shards.append(Shard(split, i, count, in_split[i * per:(i + 1) * per]))
-    return finish_plan(shards, discards, len(rows) + len(discards), schema, options, source, digest, class_names,
-                       multi_label, storage_options, has_image, annotated)
+            plan.shards.append(Shard(split, i, count, in_split[i * per:(i + 1) * per]))
+    return plan

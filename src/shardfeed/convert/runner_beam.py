@@ -65,7 +65,7 @@ class _ReadFileFn:
         from .sources import _dirname, read_table_part
 
         spec = self.plan.reread
-        per = self.plan.options.num_samples_per_tfrecord
+        per = self.plan.rows_per_shard
         rows, _, _ = read_table_part(f["url"], spec["schema"], self.storage_options, spec["origin"],
                                      spec["base"] or _dirname(f["url"]), f["first"])
         seen = dict.fromkeys(f["before"], 0)

@@ -65,7 +65,18 @@ from .. import storage
 from ..storage.urls import mask, parse_url
 from .annotations import row_class_names
 from .options import SPLITS, ConvertOptions, DiscardRecord, Row
-from .plan import Plan, Shard, assign_split, finish_plan, is_multi_label, needs_class_list, shard_layout
+from .plan import (
+    SAMPLE_ROWS,
+    Plan,
+    Shard,
+    assign_split,
+    finish_plan,
+    is_multi_label,
+    needs_class_list,
+    sample_key,
+    shard_layout,
+    size_shards,
+)
 from .schema import AUTOML_COLUMNS, Schema, header_matches_automl
 from .sources import RowBuilder, _dirname, default_schema, parquet_parts, table_format
 from .tasks import make_converter
@@ -295,22 +306,26 @@ def _shipped(src: SparkSource) -> SparkSource:
 
 # what job 1 leaves (cached) for job 2: a partition's rows, each with its split (an index
 # into SPLITS) and its position among the partition's rows of that split, pickled; and last,
-# one row holding the partition's summary
-PREPARED = "part int, split byte, pos long, row binary, summary binary"
+# one row holding the partition's summary; ``sample`` ranks a row for the size sample
+# (:func:`~shardfeed.convert.plan.sample_key`, only with ``bytes_per_tfrecord``)
+PREPARED = "part int, split byte, pos long, row binary, sample long, summary binary"
 BATCH_ROWS = 4096
 
 
-def _batch(part: int, splits: list[int], pos: list[int], blobs: list[bytes], summary: bytes | None = None) -> Any:
+def _batch(part: int, splits: list[int], pos: list[int], blobs: list[bytes], samples: list[int] | None,
+           summary: bytes | None = None) -> Any:
     import pyarrow as pa
 
     n = len(blobs) if summary is None else 1
+    none = [None] * n
     return pa.RecordBatch.from_arrays(
         [pa.array([part] * n, pa.int32()),
-         pa.array(splits if summary is None else [None], pa.int8()),
-         pa.array(pos if summary is None else [None], pa.int64()),
-         pa.array(blobs if summary is None else [None], pa.binary()),
-         pa.array([None] * n if summary is None else [summary], pa.binary())],
-        names=["part", "split", "pos", "row", "summary"])
+         pa.array(splits if summary is None else none, pa.int8()),
+         pa.array(pos if summary is None else none, pa.int64()),
+         pa.array(blobs if summary is None else none, pa.binary()),
+         pa.array(samples if samples is not None and summary is None else none, pa.int64()),
+         pa.array(none if summary is None else [summary], pa.binary())],
+        names=["part", "split", "pos", "row", "sample", "summary"])
 
 
 def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) -> Iterator[Any]:
@@ -329,6 +344,8 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
     splits: list[int] = []
     pos: list[int] = []
     blobs: list[bytes] = []
+    sizing = options.bytes_per_tfrecord is not None
+    samples: list[int] | None = [] if sizing else None
     for item in src.rows(batches):
         n += 1
         if isinstance(item, DiscardRecord):
@@ -344,19 +361,21 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
         pos.append(counts[si])
         blobs.append(blob)
         counts[si] += 1
+        if samples is not None:
+            samples.append(sample_key(item, options.seed))
         names.update(row_class_names(mt, item))
         multi = multi or (src.annotated and is_multi_label(mt, item))
         if item.label is not None:
             labels += 1
             all_int += isinstance(item.label, str) and item.label.strip().lstrip("-").isdigit()
         if len(blobs) >= BATCH_ROWS:
-            yield _batch(part, splits, pos, blobs)
-            splits, pos, blobs = [], [], []
+            yield _batch(part, splits, pos, blobs, samples)
+            splits, pos, blobs, samples = [], [], [], [] if sizing else None
     if blobs:
-        yield _batch(part, splits, pos, blobs)
+        yield _batch(part, splits, pos, blobs, samples)
     summary = {"index": part, "n": n, "counts": dict(zip(SPLITS, counts)), "names": sorted(names), "multi": multi,
                "labels": labels, "int_labels": all_int, "digest": h.hexdigest(), "discards": discards}
-    yield _batch(part, [], [], [], pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
+    yield _batch(part, [], [], [], None, pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 @dataclass
@@ -420,9 +439,23 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
     multi = any(s["multi"] for s in summaries)
     discards.sort(key=lambda d: d.row)
     rows_read = total + len(src.driver_discards) if src.kind == "rows" else total
-    plan = finish_plan(shard_layout(per_split, options.num_samples_per_tfrecord), discards, rows_read, schema,
-                       options, src.description, "sha256:" + h.hexdigest(), names, multi, storage_options,
-                       src.has_image, src.annotated)
+    plan = finish_plan([], discards, rows_read, schema, options, src.description, "sha256:" + h.hexdigest(), names,
+                       multi, storage_options, src.has_image, src.annotated)
+    if options.bytes_per_tfrecord is not None:
+        # the SAMPLE_ROWS rows of lowest sample key in all partitions (Spark takes each
+        # partition's lowest, then theirs), converted here to measure a record
+        spark.sparkContext.setJobDescription("shardfeed convert: sample rows to size shards")
+        got = prepared.where("sample is not null").orderBy("sample").limit(SAMPLE_ROWS).select("part", "row").collect()
+        sample = []
+        for part, blob in got:
+            row = pickle.loads(blob)
+            if src.kind == "table":
+                row.number += offsets[part]
+            if integer_labels:
+                row.label = int(row.label)
+            sample.append(row)
+        plan.rows_per_shard = size_shards(plan, sample, storage_options)
+    plan.shards = shard_layout(per_split, plan.rows_per_shard)
     return SparkPlan(plan, offsets, split_offsets, per_split, integer_labels, prepared)
 
 
@@ -574,7 +607,7 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
         plan = sp.plan
         todo, states = pending_shards(plan, output_dir, storage_options, resume)
         if todo:
-            per = options.num_samples_per_tfrecord
+            per = plan.rows_per_shard
             # rows each shard gets: per, and the last of a split the rest
             specs = [(s.split, s.index, s.count, min(per, sp.split_rows[s.split] - s.index * per)) for s in todo]
             task_of = [np.full(max(1, -(-sp.split_rows[split] // per)), -1, np.int32) for split in SPLITS]
