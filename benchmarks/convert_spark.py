@@ -20,6 +20,11 @@ Usage::
 
     python benchmarks/convert_spark.py [--images 300] [--rows 200000] [--rows-small 20000] [--rounds 1]
                                        [--json bench-out/convert_spark.json]
+    python benchmarks/convert_spark.py --rss-only --rows 2000000 --rows-small 200000
+
+``--rss-only``: one Spark conversion per table size, no local runner and no untimed first
+conversion: the driver's peak RSS (Python and JVM) at the two sizes, and the rows/s of
+that single (cold) conversion.
 """
 
 from __future__ import annotations
@@ -134,7 +139,8 @@ def child(args) -> int:
     # a first, untimed conversion of the same input: page cache, and on Spark the executors'
     # Python workers started and shardfeed, numpy and Pillow imported in them
     t0 = time.perf_counter()
-    sc.convert(args.child_input, args.child_out + "-warm", progress=False, **kw)
+    if not args.rss_only:
+        sc.convert(args.child_input, args.child_out + "-warm", progress=False, **kw)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     res = sc.convert(args.child_input, args.child_out, progress=False, **kw)
@@ -147,10 +153,12 @@ def child(args) -> int:
     return 0
 
 
-def run_child(runner: str, inp: str, out: str, options: dict, schema: bool, master: str) -> dict:
+def run_child(runner: str, inp: str, out: str, options: dict, schema: bool, master: str, rss_only: bool = False
+              ) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", runner, "--child-input", inp, "--child-out", out,
-           "--child-options", json.dumps(options), "--master", master] + (["--child-schema"] if schema else [])
+           "--child-options", json.dumps(options), "--master", master] + (["--child-schema"] if schema else []) + (
+           ["--rss-only"] if rss_only else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -167,6 +175,27 @@ def table_rows(res: dict) -> list[_rows.Row]:
              _rows.ratio(r["ratio"])) for r in res["results"]]
 
 
+def rss_only(args) -> int:
+    import shutil
+
+    opts = {"test_ratio": 0.1, "num_samples_per_tfrecord": 20_000}
+    results = []
+    for n in (args.rows_small, args.rows):
+        out = os.path.join(args.dir, f"out-rss-{n}")
+        shutil.rmtree(out, ignore_errors=True)
+        r = run_child("spark", make_table(args.dir, n), out, opts, True, args.master, rss_only=True)
+        results.append({"rows": r["rows"], "spark_rows_s": r["rows"] / r["seconds"],
+                        "spark_driver_py_peak_mib": r["driver_py_peak_mib"],
+                        "spark_driver_jvm_peak_mib": r["driver_jvm_peak_mib"]})
+        print(f"{r['rows']:>10,} rows: {r['rows'] / r['seconds']:>8,.0f} rows/s (cold), driver peak RSS "
+              f"{r['driver_py_peak_mib']:.0f} MiB Python + {r['driver_jvm_peak_mib']:.0f} MiB JVM", flush=True)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"master": args.master, "rss_only": results}, f, indent=1)
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=300)
@@ -176,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--master", default="local-cluster[2,1,1024]")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardfeed-bench-convert-spark"))
     ap.add_argument("--json", default=os.path.join("bench-out", "convert_spark.json"))
+    ap.add_argument("--rss-only", action="store_true",
+                    help="Spark only, one cold conversion per table size: the driver's peak RSS")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-input", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -185,6 +216,8 @@ def main(argv=None) -> int:
     if args.child:
         return child(args)
     os.makedirs(args.dir, exist_ok=True)
+    if args.rss_only:
+        return rss_only(args)
     cases = [
         ("images", make_images(args.dir, args.images), {"max_image_size": 128, "test_ratio": 0.1,
                                                          "num_samples_per_tfrecord": 64}, False),

@@ -404,10 +404,11 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
         prepared.unpersist()
         raise
     summaries = sorted((pickle.loads(r[0]) for r in got), key=lambda s: s["index"])
-    if [s["index"] for s in summaries] != list(range(len(summaries))):
+    parts = src.frame.rdd.getNumPartitions()
+    if [s["index"] for s in summaries] != list(range(parts)):
         prepared.unpersist()
-        raise RuntimeError("job 1 did not summarize every input partition once: "
-                           f"{[s['index'] for s in summaries][:20]}")
+        raise RuntimeError(f"job 1 did not summarize each of the input's {parts} partitions once: got summaries of "
+                           f"partitions {[s['index'] for s in summaries][:20]}")
     offsets, split_offsets = [], []
     total = 0
     per_split = dict.fromkeys(SPLITS, 0)
