@@ -195,5 +195,4 @@ class SourceBatchNode(Node):
                 self.pool.close()
         finally:
             self.producer.close()
-            if self.bytes_as == "buffer":
-                release_pooled_memory()  # no idle batch memory kept between passes
+            release_pooled_memory()  # buffer-form columns, decode_images batches: none kept idle after a pass
