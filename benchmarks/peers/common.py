@@ -163,6 +163,23 @@ class Tally:
             self.nbytes += int(np.asarray(batch).nbytes) if not isinstance(batch, list) else sum(map(len, batch))
 
 
+def epoch_over(batches: Any, ctr: bool, label: str = "label", image: str = "image") -> Callable[[], Tally]:
+    """The epoch function of a peer whose batches are dicts: each pass over ``batches`` (an
+    iterable that starts over when iterated again) tallied as CTR ids (``ctr``) or as images
+    (``label``, ``image`` keys)."""
+
+    def epoch() -> Tally:
+        t = Tally()
+        for b in batches:
+            if ctr:
+                t.ctr(b["idx"])
+            else:
+                t.images(b[label], b[image])
+        return t
+
+    return epoch
+
+
 def rchar() -> int:
     """Bytes this process read through read()-like calls (``/proc/self/io``; reads through
     mmap are not counted)."""

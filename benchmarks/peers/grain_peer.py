@@ -14,7 +14,7 @@ import pickle
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, Ctx, Tally, collate_ctr, ctr_records, image_files, pil_decode_resize
+from common import CTR_BATCH, IMG_BATCH, Ctx, collate_ctr, ctr_records, epoch_over, image_files, pil_decode_resize
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("grain", "array_record.python.array_record_module")
@@ -100,13 +100,4 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
                     "image": np.stack([pil_decode_resize(r["jpg"]) for r in recs])}
     ds = ds.map(load)
 
-    def epoch() -> Tally:
-        t = Tally()
-        for b in ds:
-            if data == "ctr":
-                t.ctr(b["idx"])
-            else:
-                t.images(b["label"], b["image"])
-        return t
-
-    return epoch
+    return epoch_over(ds, data == "ctr")

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, Ctx, Tally, collate_ctr, ctr_record, image_files, pil_decode_resize
+from common import CTR_BATCH, IMG_BATCH, Ctx, collate_ctr, ctr_record, epoch_over, image_files, pil_decode_resize
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("litdata",)
@@ -99,13 +99,4 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
     kw: dict[str, Any] = {"num_workers": 2, "worker_init_fn": worker_init_reads} if workload == "g" else {}
     loader = StreamingDataLoader(ds, batch_size=CTR_BATCH if data == "ctr" else IMG_BATCH, collate_fn=collate, **kw)
 
-    def epoch() -> Tally:
-        t = Tally()
-        for b in loader:
-            if data == "ctr":
-                t.ctr(b["idx"])
-            else:
-                t.images(b["label"], b["image"])
-        return t
-
-    return epoch
+    return epoch_over(loader, data == "ctr")

@@ -20,7 +20,7 @@ import types
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, Ctx, Tally, collate_ctr, ctr_records, image_files, pil_decode_resize
+from common import CTR_BATCH, IMG_BATCH, Ctx, collate_ctr, ctr_records, epoch_over, image_files, pil_decode_resize
 
 IMPORTS = ("streaming",)  # through _streaming(): see the module docstring
 NAME = "mosaic"
@@ -124,13 +124,4 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
     kw: dict[str, Any] = {"num_workers": 2, "worker_init_fn": worker_init_reads} if workload == "g" else {}
     loader = DataLoader(ds, batch_size=batch, collate_fn=collate, **kw)
 
-    def epoch() -> Tally:
-        t = Tally()
-        for b in loader:
-            if data == "ctr":
-                t.ctr(b["idx"])
-            else:
-                t.images(b["label"], b["image"])
-        return t
-
-    return epoch
+    return epoch_over(loader, data == "ctr")

@@ -7,7 +7,7 @@ import glob
 import os
 from typing import Any
 
-from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, ctr_records, image_files, worker_init_reads
+from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, ctr_records, epoch_over, image_files, worker_init_reads
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("shardfeed", "shardfeed.convert")
@@ -101,16 +101,7 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
     else:
         raise ValueError(workload)
 
-    def epoch() -> Tally:
-        t = Tally()
-        for b in ds:
-            if workload in "ade":
-                t.ctr(b["idx"])
-            else:
-                t.images(b[IMG_LABEL], b["image/encoded"])
-        return t
-
-    return epoch
+    return epoch_over(ds, workload in "ade", IMG_LABEL, "image/encoded")
 
 
 def _loader_epoch(ds: Any) -> Any:

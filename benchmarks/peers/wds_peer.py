@@ -13,7 +13,17 @@ import os
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, collate_ctr, ctr_records, image_files, worker_init_reads
+from common import (
+    CTR_BATCH,
+    IMG_BATCH,
+    IMG_SIZE,
+    Ctx,
+    collate_ctr,
+    ctr_records,
+    epoch_over,
+    image_files,
+    worker_init_reads,
+)
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("webdataset",)
@@ -132,15 +142,6 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
     else:
         raise ValueError(workload)
 
-    def epoch() -> Tally:
-        t = Tally()
-        for b in ds:
-            if workload in "aeg":
-                t.ctr(b["idx"])
-            else:
-                t.images(b["label"], b["image"])
-        return t
-
-    return epoch
+    return epoch_over(ds, workload in "aeg")
 
 
