@@ -72,6 +72,138 @@ def test_torch_workers_send_bytes_columns_packed_and_the_main_process_gets_plain
     assert got == {i: (r["tag"][0], r["words"], b"") for i, r in enumerate(rows)}
 
 
+def _wide_shard(tmp_path, n: int) -> tuple[str, dict]:
+    rows = [{"id": [i], "x": [i / 4, -i / 8, 0.5], "flag": [i % 2], "tag": [b"t%d" % i + b"\x00" * (i % 3)],
+             "pair": [b"a%d" % i, b""], "words": [b"w"] * (i % 4), "ids": list(range(i % 5))} for i in range(n)]
+    url = str(tmp_path / "wide.tfrecord")
+    with sf.TFRecordWriter(url) as w:
+        for r in rows:
+            w.write(sf.encode_example(r))
+    spec = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=(3,)), "flag": sf.FixedLen("int64"),
+            "tag": sf.FixedLen("bytes"), "pair": sf.FixedLen("bytes", shape=(2,)), "words": sf.VarLen("bytes"),
+            "ids": sf.VarLen("int64")}
+    return url, spec
+
+
+def _by_id(batches) -> dict:
+    """Record id -> every column's value and its container's type, dtype and shape."""
+    out = {}
+    for b in batches:
+        for k, i in enumerate(b["id"].tolist()):
+            row = {}
+            for name, col in b.items():
+                if isinstance(col, sf.RaggedColumn):
+                    row[name] = (type(col.values).__name__, str(col.values.dtype), col[k].tolist())
+                else:
+                    v = col[k]
+                    row[name] = (type(col).__name__, str(col.dtype), tuple(col.shape[1:]),
+                                 v.tolist() if hasattr(v, "tolist") else v)
+            out[i] = row
+    return out
+
+
+def test_torch_workers_give_the_main_process_what_no_workers_give(tmp_path):
+    """With batch_size=None and no collate_fn of the user's, workers parse bytes as buffers and
+    send each batch's numeric columns as one buffer; the main process still gets, column by
+    column, the types, dtypes, shapes and values that reading without workers gives."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    url, spec = _wide_shard(tmp_path, 45)
+    ds = sf.read_tfrecord(url, spec=spec).batch(4).to_torch(slice_id=0, slice_count=1)
+    alone = _by_id(DataLoader(ds, batch_size=None, num_workers=0))
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert _by_id(batches) == alone and sorted(alone) == list(range(45))
+    assert alone[7]["x"][0] == "Tensor" and alone[7]["tag"][:2] == ("ndarray", "object")
+    # the numeric columns of a batch came as one buffer: their memory lies side by side
+    for b in batches:
+        tensors = [c for c in b.values() if isinstance(c, torch.Tensor)]
+        lo = min(t.data_ptr() for t in tensors)
+        hi = max(t.data_ptr() + t.nbytes for t in tensors)
+        assert len(tensors) == 3 and hi - lo < 3 * 64 + sum(t.nbytes for t in tensors)
+
+
+def test_torch_workers_leave_elements_alone_for_a_users_collate_or_auto_collation(tmp_path):
+    """A collate_fn of the user's gets the element the pipeline makes (numpy arrays, bytes as
+    objects), and DataLoader's own batching of single records still works."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    url, spec = _wide_shard(tmp_path, 12)
+    seen = []
+
+    def collate(b):
+        seen.append((type(b["id"]), b["tag"].dtype, type(b["words"].values[0]) if len(b["words"].values) else bytes))
+        return b
+
+    ds = sf.read_tfrecord(url, spec=spec).batch(4).to_torch(slice_id=0, slice_count=1)
+    got = list(DataLoader(ds, batch_size=None, num_workers=2, collate_fn=collate))
+    assert sum(len(b["id"]) for b in got) == 12 and all(t == (np.ndarray, np.dtype(object), bytes) for t in seen)
+    flat = sf.read_tfrecord(url, spec={"id": spec["id"], "x": spec["x"]}).to_torch(slice_id=0, slice_count=1)
+    batches = list(DataLoader(flat, batch_size=4, num_workers=2))
+    assert sorted(torch.cat([b["id"] for b in batches]).tolist()) == list(range(12))
+    assert all(b["x"].shape[1:] == (3,) and b["x"].dtype == torch.float32 for b in batches)
+
+
+def test_a_batch_for_default_convert_unpickles_as_default_convert_makes_it():
+    """for_default_convert: small batches travel in the pickle, large ones as tensors on one
+    shared storage; either way the main process gets default_convert(element)."""
+    torch = pytest.importorskip("torch")
+    import pickle  # noqa: PLC0415
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.data._utils.collate import default_convert
+
+    from shardfeed.adapters import _torch_dataset as td
+    from shardfeed.formats.native import BytesBuffer
+
+    big = np.arange(td.IN_BAND_BYTES // 8 + 3, dtype=np.int64)
+    element = {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([True, False]),
+               "zero_d": np.array(5), "s": np.array([b"x"], object),
+               "t": (np.arange(2, dtype=np.int16), "keep"), "buf": BytesBuffer(np.frombuffer(b"ab", np.uint8),
+                                                                               np.array([0, 1, 2]))}
+    for extra, shared in (({}, False), ({"big": big}, True)):
+        el = {**element, **extra}
+        sent = default_convert(td.for_default_convert(el))  # as the worker's fetcher does
+        assert (type(sent) is td._InBand) is not shared
+        if shared:  # tensors that are views of one storage already
+            storages = {sent[k].untyped_storage().data_ptr() for k in ("f", "b", "big")}
+            assert len(storages) == 1 and sent["big"].is_shared()
+        back = ForkingPickler.loads(ForkingPickler.dumps(sent, pickle.HIGHEST_PROTOCOL))
+        want = default_convert(el)
+        assert back.keys() == want.keys()
+        for k in want:
+            w, g = want[k], back[k]
+            if isinstance(w, torch.Tensor):
+                assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
+                assert g.tolist() == w.tolist()
+        assert back["s"].tolist() == [b"x"] and back["t"][1] == "keep" and back["t"][0].dtype == torch.int16
+        assert isinstance(back["buf"], BytesBuffer) and back["buf"].data.tolist() == [97, 98]
+    assert td.for_default_convert({"one": np.arange(3)})["one"].dtype == np.int64  # one array: as it is
+    assert not td._numeric(np.arange(3, dtype=">i4"))  # default_convert refuses it: left for it to say so
+
+
+def test_workers_parse_bytes_as_buffers_only_where_the_objects_can_be_made_again(tmp_path):
+    from shardfeed.adapters.torch import buffers_in_worker, objects_in_main
+
+    url, spec = _wide_shard(tmp_path, 6)
+    ds = sf.read_tfrecord(url, spec=spec).batch(4)
+    inner, s = buffers_in_worker(ds)
+    assert inner.bytes_as == "buffer" and s == spec
+    import pickle  # noqa: PLC0415
+
+    want = list(ds)
+    got = [pickle.loads(pickle.dumps(objects_in_main(b, s))) for b in inner]
+    for w, g in zip(want, got):
+        for name in ("tag", "pair"):
+            assert g[name].dtype == object and g[name].shape == w[name].shape and g[name].tolist() == w[name].tolist()
+        assert g["words"].values.tolist() == w["words"].values.tolist()
+    for other in (ds.map(lambda b: b), sf.read_tfrecord(url, spec=spec).batch(4, bytes_as="buffer"),
+                  sf.read_tfrecord(url, spec={"id": spec["id"]}).batch(4),
+                  sf.read_tfrecord(url, spec={**spec, "z": sf.FixedLen("bytes", shape=(0,))}).batch(4)):
+        assert buffers_in_worker(other) == (other, None)
+
+
 class _Bytes(bytes):
     pass
 

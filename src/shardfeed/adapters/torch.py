@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..formats.native import BytesBuffer, pack_bytes
-from ..formats.spec import RaggedColumn
+from ..formats.spec import BYTES, FixedLen, RaggedColumn, VarLen
+from ..pipeline.batch import BatchDataset
 from ..pipeline.dataset import Dataset
 from ..pipeline.slicing import split_near_source
 from ..pipeline.tree import tree_map
@@ -105,6 +106,52 @@ def pack_for_transfer(element: Any) -> Any:
     return tree_map(_pack_leaf, element, sequences=())
 
 
+class _BytesInTransit:
+    """A bytes column that a DataLoader worker parsed as one buffer, on its way to the main
+    process, where it unpickles as the object array that ``bytes_as="object"`` gives."""
+
+    __slots__ = ("buffer", "shape")
+
+    def __init__(self, buffer: BytesBuffer, shape: tuple) -> None:
+        self.buffer, self.shape = buffer, shape
+
+    def __reduce__(self) -> Any:
+        return _unpack_bytes, (self.buffer.data, self.buffer.offsets, self.shape)
+
+
+def buffers_in_worker(ds: Dataset) -> tuple[Dataset, Any]:
+    """``(pipeline, spec)``: for a pipeline that ends in ``batch()`` over parsed TFRecords
+    with bytes as objects (and whose bytes features are FixedLen or VarLen), the same with
+    bytes parsed as buffers, and the spec to make the objects from in the main process (see
+    :func:`objects_in_main`); any other pipeline as it is, and None. A worker whose batches
+    are pickled anyway then never makes the 26 bytes objects a CTR record has only to pack
+    them again."""
+    if type(ds) is not BatchDataset or ds.bytes_as != "object":
+        return ds, None
+    spec = ds.parent._deferred_spec()
+    if not spec:
+        return ds, None
+    cols = [s for s in spec.values() if getattr(s, "dtype", None) == BYTES]
+    if not cols or any(type(s) not in (FixedLen, VarLen) or (type(s) is FixedLen and not s.size) for s in cols):
+        return ds, None
+    return BatchDataset(ds.parent, ds.batch_size, ds.drop_remainder, "buffer"), spec
+
+
+def objects_in_main(batch: Any, spec: Any) -> Any:
+    """A batch of :func:`buffers_in_worker`'s pipeline with each bytes column wrapped to
+    unpickle as its object form: what ``bytes_as="object"`` would have given."""
+    out = dict(batch)
+    for name, s in spec.items():
+        col = out.get(name)
+        if getattr(s, "dtype", None) != BYTES:
+            continue
+        if isinstance(s, FixedLen) and isinstance(col, BytesBuffer):
+            out[name] = _BytesInTransit(col, (len(col) // s.size, *s.shape))
+        elif isinstance(col, RaggedColumn) and isinstance(col.values, BytesBuffer):
+            out[name] = dataclasses.replace(col, values=_BytesInTransit(col.values, (len(col.values),)))
+    return out
+
+
 def _torch_dataset_class() -> type:
     from ._torch_dataset import ShardfeedIterableDataset  # noqa: PLC0415 - imports torch
 
@@ -151,4 +198,4 @@ def pipeline_for_worker(ds: Dataset, rank: int, world_size: int) -> tuple[Datase
 
 
 __all__ = ["to_torch", "reader_index", "split_for_reader", "shard_near_source", "pipeline_for_worker",
-           "pack_for_transfer"]
+           "pack_for_transfer", "buffers_in_worker", "objects_in_main"]
