@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t cap = (opt & 4) ? 3 : len / 16 + 1;
     int64_t *off = malloc(sizeof(int64_t) * cap), *lens = malloc(sizeof(int64_t) * cap);
     sf_scan_result r;
-    sf_scan_frames(copy, len, verify, max_rec, off, lens, cap, &r);
+    sf_scan_frames(copy, len, verify, max_rec, off, lens, NULL, cap, &r);
     if (r.count > cap || r.consumed > len) abort();
     size_t expect = 0;
     for (size_t k = 0; k < r.count; k++) {

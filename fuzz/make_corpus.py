@@ -1,4 +1,4 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,example,resample}/), deterministically.
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample}/), deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
 one byte choosing the harness's spec (bit 2 set: parsed as SequenceExamples, the
@@ -122,6 +122,27 @@ def resample_seeds() -> dict[str, bytes]:
     return out
 
 
+def crcfuse_seeds() -> dict[str, bytes]:
+    """name -> input of fuzz_crcfuse.c: options, segment count, 5 bytes per segment (start,
+    length, outside-the-record flag), the record (an Example, so values lie where a parse
+    finds them)."""
+    rec = encode_example({"image/encoded": [bytes(range(256)) * 3], "label": [7]})
+
+    def seg(start: int, n: int, outside: int = 0) -> bytes:
+        return struct.pack("<HHB", start, n, outside)
+
+    at = rec.index(bytes(range(256)))
+    return {
+        "one-value": bytes([0, 1]) + seg(at, 768) + rec,
+        "tiled-long-blocks": bytes([1, 2]) + seg(5, 3000) + seg(4000, 20) + rec,
+        "wrong-crc": bytes([2, 1]) + seg(at, 768) + rec,
+        "default-and-overlap": bytes([0, 3]) + seg(0, 10, 1) + seg(3, 50) + seg(20, 50) + rec,
+        "empty-record": bytes([0, 2]) + seg(0, 0) + seg(5, 5, 1),
+        "unsorted": bytes([4 << 2, 3]) + seg(100, 20) + seg(10, 20) + seg(50, 5) + rec,
+        "misaligned-dst": bytes([7 << 2 | 1, 1]) + seg(at + 1, 700) + rec,
+    }
+
+
 def main() -> None:
     ex_dir = os.path.join(HERE, "corpus", "example")
     fr_dir = os.path.join(HERE, "corpus", "frames")
@@ -161,6 +182,11 @@ def main() -> None:
     os.makedirs(rs_dir, exist_ok=True)
     for name, data in resample_seeds().items():
         with open(os.path.join(rs_dir, name), "wb") as f:
+            f.write(data)
+    cf_dir = os.path.join(HERE, "corpus", "crcfuse")
+    os.makedirs(cf_dir, exist_ok=True)
+    for name, data in crcfuse_seeds().items():
+        with open(os.path.join(cf_dir, name), "wb") as f:
             f.write(data)
 
 

@@ -19,6 +19,12 @@ extern "C" {
 void sf_crc32c_init(void);
 /* CRC of buf[0:len], continuing from a previous CRC `crc` (0 to start). */
 uint32_t sf_crc32c_extend(uint32_t crc, const uint8_t *buf, size_t len);
+/* sf_crc32c_extend(crc, src, len) that also copies src[0:len] to dst (not overlapping) in
+ * the same pass: each word is loaded once, checksummed and stored. */
+uint32_t sf_crc32c_copy(uint32_t crc, uint8_t *dst, const uint8_t *src, size_t len);
+/* The same by blocks of 4 KiB: the CRC of a block, then its copy from the cache (for
+ * benchmarks and tests; the fallback where there is no fused kernel). */
+uint32_t sf_crc32c_copy_blocked(uint32_t crc, uint8_t *dst, const uint8_t *src, size_t len);
 /* The same through the table-driven path only (for tests and benchmarks). */
 uint32_t sf_crc32c_sw(uint32_t crc, const uint8_t *buf, size_t len);
 /* TFRecord's masked CRC of buf[0:len]. */

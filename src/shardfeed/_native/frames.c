@@ -15,7 +15,7 @@ static inline uint32_t rd32(const uint8_t *p) {
 }
 
 void sf_scan_frames(const uint8_t *buf, size_t len, int verify, uint64_t max_record_bytes,
-                    int64_t *offsets, int64_t *lengths, size_t cap, sf_scan_result *res) {
+                    int64_t *offsets, int64_t *lengths, uint32_t *crcs, size_t cap, sf_scan_result *res) {
     size_t pos = 0, count = 0;
     int error = SF_FRAME_OK;
     while (len - pos >= 12) {
@@ -33,7 +33,9 @@ void sf_scan_frames(const uint8_t *buf, size_t len, int verify, uint64_t max_rec
         size_t avail = len - pos;
         if (avail < 16 || n > (uint64_t)(avail - 16)) break; /* incomplete: caller refills */
         if (count == cap) break; /* out of room: the caller grows the arrays and goes on */
-        if (verify && sf_masked_crc32c(h + 12, (size_t)n) != rd32(h + 12 + n)) {
+        if (crcs) {
+            crcs[count] = rd32(h + 12 + n); /* the batch parser checks it */
+        } else if (verify && sf_masked_crc32c(h + 12, (size_t)n) != rd32(h + 12 + n)) {
             error = SF_FRAME_DATA_CRC;
             break;
         }

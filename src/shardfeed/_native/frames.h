@@ -26,8 +26,11 @@ typedef struct {
  * whole frame that no longer fits in `cap` (its header is checked first, so a bad header
  * is reported even with cap 0); `consumed` is where the next scan should start. Never reads outside
  * buf[0:len]. Checks in the order the Python reader does: length crc (when verify),
- * absurd length (> max_record_bytes), completeness, data crc (when verify). */
+ * absurd length (> max_record_bytes), completeness, data crc (when verify).
+ * With `crcs` (cap entries), the data crc is not checked but each frame's stored masked
+ * data CRC is written there, for a later pass to check (crcfuse.h); the length crc is
+ * still checked when verify. */
 void sf_scan_frames(const uint8_t *buf, size_t len, int verify, uint64_t max_record_bytes,
-                    int64_t *offsets, int64_t *lengths, size_t cap, sf_scan_result *res);
+                    int64_t *offsets, int64_t *lengths, uint32_t *crcs, size_t cap, sf_scan_result *res);
 
 #endif

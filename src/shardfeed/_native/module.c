@@ -12,6 +12,7 @@
 
 #include "bufpool.h"
 #include "crc32c.h"
+#include "crcfuse.h"
 #include "example_parse.h"
 #include "frames.h"
 #include "packbytes.h"
@@ -61,17 +62,22 @@ static PyObject *py_crc_backend(PyObject *self, PyObject *unused) {
 
 /* ------------------------------------------------------------------ framing scan */
 
+/* scan_frames(buf, verify, max_rec, defer) -> (offsets, lengths, consumed, error, error_offset)
+ * and, with defer (and verify), a sixth item: each frame's stored masked data CRC (uint32),
+ * its data CRC left unchecked for the batch parser (parse_batch's crcs). */
 static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
     Py_buffer view;
-    int verify = 1;
+    int verify = 1, defer = 0;
     unsigned long long max_rec = 0x7FFFFFFFull;
-    if (!PyArg_ParseTuple(args, "y*|pK:scan_frames", &view, &verify, &max_rec)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*|pKp:scan_frames", &view, &verify, &max_rec, &defer)) return NULL;
+    defer = defer && verify;
     const uint8_t *buf = view.buf;
     size_t len = (size_t)view.len;
     /* every frame is at least 16 bytes: this bounds the output by the buffer size */
     size_t max_frames = len / 16;
     size_t cap = max_frames < 4096 ? max_frames : 4096;
     int64_t *off = NULL, *lens = NULL;
+    uint32_t *crcs = NULL;
     size_t count = 0, pos = 0;
     int error = 0, nomem = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -82,7 +88,9 @@ static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
             if (o2) off = o2;
             int64_t *l2 = o2 ? realloc(lens, (ncap ? ncap : 1) * sizeof(int64_t)) : NULL;
             if (l2) lens = l2;
-            if (!o2 || !l2) {
+            uint32_t *c2 = l2 && defer ? realloc(crcs, (ncap ? ncap : 1) * sizeof(uint32_t)) : NULL;
+            if (c2) crcs = c2;
+            if (!o2 || !l2 || (defer && !c2)) {
                 nomem = 1;
                 break;
             }
@@ -91,13 +99,15 @@ static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
         if (!off) {
             off = malloc(sizeof(int64_t) * (cap ? cap : 1));
             lens = malloc(sizeof(int64_t) * (cap ? cap : 1));
-            if (!off || !lens) {
+            crcs = defer ? malloc(sizeof(uint32_t) * (cap ? cap : 1)) : NULL;
+            if (!off || !lens || (defer && !crcs)) {
                 nomem = 1;
                 break;
             }
         }
         sf_scan_result r;
-        sf_scan_frames(buf + pos, len - pos, verify, max_rec, off + count, lens + count, cap - count, &r);
+        sf_scan_frames(buf + pos, len - pos, verify, max_rec, off + count, lens + count, crcs ? crcs + count : NULL,
+                       cap - count, &r);
         for (size_t k = 0; k < r.count; k++) off[count + k] += (int64_t)pos;
         count += r.count;
         pos += r.consumed;
@@ -112,24 +122,31 @@ static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
     if (nomem) {
         free(off);
         free(lens);
+        free(crcs);
         return PyErr_NoMemory();
     }
     npy_intp dims[1] = {(npy_intp)count};
     PyObject *po = PyArray_SimpleNew(1, dims, NPY_INT64);
     PyObject *pl = PyArray_SimpleNew(1, dims, NPY_INT64);
-    if (!po || !pl) {
+    PyObject *pc = defer ? PyArray_SimpleNew(1, dims, NPY_UINT32) : NULL;
+    if (!po || !pl || (defer && !pc)) {
         Py_XDECREF(po);
         Py_XDECREF(pl);
+        Py_XDECREF(pc);
         free(off);
         free(lens);
+        free(crcs);
         return NULL;
     }
     if (count) {
         memcpy(PyArray_DATA((PyArrayObject *)po), off, count * sizeof(int64_t));
         memcpy(PyArray_DATA((PyArrayObject *)pl), lens, count * sizeof(int64_t));
+        if (pc) memcpy(PyArray_DATA((PyArrayObject *)pc), crcs, count * sizeof(uint32_t));
     }
     free(off);
     free(lens);
+    free(crcs);
+    if (pc) return Py_BuildValue("NNninN", po, pl, (Py_ssize_t)pos, error, (Py_ssize_t)pos, pc);
     return Py_BuildValue("NNnin", po, pl, (Py_ssize_t)pos, error, (Py_ssize_t)pos);
 }
 
@@ -389,7 +406,61 @@ static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer) {
     return arr;
 }
 
-/* parse_batch(spec, records, offsets, lengths, bytes_as_buffer) -> (columns, error)
+/* The buffer-form bytes columns of a batch whose values are copied in the records' CRC
+ * pass (crcfuse.h): FIXED and VAR bytes columns. `data`/`offs` are the arrays handed out. */
+typedef struct {
+    const sf_bytes *vals;
+    size_t count;      /* values in the column */
+    size_t size;       /* FIXED: values per record; 0 for VAR */
+    const int64_t *splits; /* VAR: per-record value offsets */
+    PyObject *data, *offs;
+} fused_col;
+
+/* Allocate a fused column's arrays and its offsets (with the GIL). 0 or -1. */
+static int fused_alloc(fused_col *f) {
+    size_t total = 0;
+    for (size_t k = 0; k < f->count; k++) total += f->vals[k].n;
+    npy_intp on = (npy_intp)f->count + 1;
+    f->data = sf_pool_array(total);
+    f->offs = f->data ? PyArray_SimpleNew(1, &on, NPY_INT64) : NULL;
+    if (!f->offs) return -1;
+    int64_t *o = PyArray_DATA((PyArrayObject *)f->offs);
+    size_t pos = 0;
+    o[0] = 0;
+    for (size_t k = 0; k < f->count; k++) {
+        pos += f->vals[k].n;
+        o[k + 1] = (int64_t)pos;
+    }
+    return 0;
+}
+
+/* Copy the fused columns' values of records[0:n] and check each record's CRC against want,
+ * one pass over each record (no GIL needed). Returns n, or the first record whose CRC fails
+ * (the copy stops there). segs: room for the most values one record can hold. */
+static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fused_col *fc, size_t nfc, sf_seg *segs) {
+    for (size_t k = 0; k < n; k++) {
+        size_t nseg = 0;
+        for (size_t c = 0; c < nfc; c++) {
+            fused_col *f = &fc[c];
+            size_t lo = f->splits ? (size_t)f->splits[k] : k * f->size;
+            size_t hi = f->splits ? (size_t)f->splits[k + 1] : lo + f->size;
+            uint8_t *d = PyArray_DATA((PyArrayObject *)f->data);
+            const int64_t *o = PyArray_DATA((PyArrayObject *)f->offs);
+            for (size_t v = lo; v < hi; v++) {
+                segs[nseg].src = f->vals[v].p;
+                segs[nseg].n = f->vals[v].n;
+                segs[nseg].dst = d + o[v];
+                nseg++;
+            }
+        }
+        uint32_t w;
+        memcpy(&w, want + 4 * k, 4);
+        if (sf_copy_verify_record(recs[k].p, recs[k].n, segs, nseg, w)) return k;
+    }
+    return n;
+}
+
+/* parse_batch(spec, records, offsets, lengths, bytes_as_buffer, crcs=None) -> (columns, error)
  * records: a sequence of bytes-like (offsets None), or one buffer holding the records at
  * offsets[i]:offsets[i]+lengths[i]. columns: one entry per spec column:
  *   FIXED numeric: array (n, size); FIXED bytes: object array (n, size) or (data, offsets)
@@ -398,13 +469,19 @@ static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer) {
  * error: None, or (kind, code, record, column, a, b, c, message) with kind "decode",
  * "parse", or "type" (a record of a type that is not bytes-like; message = type name).
  * parse_sequence_batch: the same for SequenceExamples; a type error there comes before a
- * parse error in an earlier record (the reference decodes every record first). */
+ * parse error in an earlier record (the reference decodes every record first).
+ * crcs (with offsets only): each record's stored masked data CRC (n uint32, what
+ * scan_frames hands out when it defers them): every record's CRC is checked here, for
+ * buffer-form FIXED/VAR bytes columns in the pass that copies the values out; error
+ * ("crc", 0, record, ...) for the first record whose CRC fails, ahead of a decode or
+ * parse error of that record or a later one. */
 static PyObject *parse_common(PyObject *args, int sequence) {
     CompiledSpecObject *cso;
     PyObject *records, *offsets_obj, *lengths_obj;
+    PyObject *crcs_obj = Py_None;
     int as_buffer = 0;
-    if (!PyArg_ParseTuple(args, sequence ? "O!OOO|p:parse_sequence_batch" : "O!OOO|p:parse_batch", &CompiledSpecType,
-                          &cso, &records, &offsets_obj, &lengths_obj, &as_buffer))
+    if (!PyArg_ParseTuple(args, sequence ? "O!OOO|pO:parse_sequence_batch" : "O!OOO|pO:parse_batch", &CompiledSpecType,
+                          &cso, &records, &offsets_obj, &lengths_obj, &as_buffer, &crcs_obj))
         return NULL;
     const sf_spec *spec = cso->spec;
     if (!spec) {
@@ -418,8 +495,11 @@ static PyObject *parse_common(PyObject *args, int sequence) {
     PyObject **fixed_arrays = NULL;
     sf_bytes *recs = NULL;
     sf_colout *outs = NULL;
-    Py_buffer view = {0};
-    int have_view = 0;
+    Py_buffer view = {0}, crcv = {0};
+    int have_view = 0, have_crcs = 0;
+    fused_col *fc = NULL;
+    size_t nfc = 0;
+    sf_seg *segs = NULL;
     size_t n = 0, type_err_at = SIZE_MAX;
     PyObject *type_err_name = NULL;
 
@@ -485,6 +565,21 @@ static PyObject *parse_common(PyObject *args, int sequence) {
         }
     }
 
+    if (crcs_obj != Py_None) {
+        if (offsets_obj == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "crcs: only with records in one buffer (offsets and lengths)");
+            goto done;
+        }
+        if (PyObject_GetBuffer(crcs_obj, &crcv, PyBUF_SIMPLE) < 0) goto done;
+        have_crcs = 1;
+        if ((size_t)crcv.len != 4 * n) {
+            PyErr_Format(PyExc_ValueError, "crcs: %zd bytes for %zu records (4 bytes each)", crcv.len, n);
+            goto done;
+        }
+    }
+    const uint8_t *want = have_crcs ? crcv.buf : NULL;
+    int fuse = want && as_buffer && !sequence;
+
     outs = PyMem_Calloc(ncols ? ncols : 1, sizeof(sf_colout));
     fixed_arrays = PyMem_Calloc(ncols ? ncols : 1, sizeof(PyObject *));
     if (!outs || !fixed_arrays) {
@@ -524,11 +619,66 @@ static PyObject *parse_common(PyObject *args, int sequence) {
 
     sf_error err;
     int rc;
+    size_t crc_bad = n; /* the first record whose data CRC fails; n: none */
     Py_BEGIN_ALLOW_THREADS
     rc = sequence ? sf_parse_sequence_batch(spec, recs, n, outs, &err) : sf_parse_batch(spec, recs, n, outs, &err);
+    if (want && rc && err.kind != SF_ERR_NOMEM) {
+        /* a record that does not parse may be a damaged one: its CRC (and those before it) first */
+        size_t upto = err.record < n ? err.record + 1 : n;
+        size_t bad = sf_first_bad_crc(recs, want, upto);
+        if (bad < upto) crc_bad = bad;
+    } else if (want && !rc && !fuse) {
+        crc_bad = sf_first_bad_crc(recs, want, n);
+    }
     Py_END_ALLOW_THREADS
     if (rc && err.kind == SF_ERR_NOMEM) {
         PyErr_NoMemory();
+        goto done;
+    }
+    if (crc_bad == n && fuse && !rc && !type_err_name) {
+        fc = PyMem_Calloc(ncols ? ncols : 1, sizeof(fused_col));
+        if (!fc) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        size_t most = 0; /* the most values one record can have in the fused columns */
+        for (size_t ci = 0; ci < ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(columns, ci);
+            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+            int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
+            Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+            if (kind != SF_KIND_BYTES || (col != SF_COL_FIXED && col != SF_COL_VAR)) continue;
+            fused_col *f = &fc[nfc++];
+            if (col == SF_COL_FIXED) {
+                f->vals = outs[ci].fixed;
+                f->size = (size_t)size;
+                f->count = n * (size_t)size;
+                most += (size_t)size;
+            } else {
+                f->vals = outs[ci].values.data;
+                f->count = outs[ci].values.len;
+                f->splits = outs[ci].splits;
+                size_t m = 0;
+                for (size_t k = 0; k < n; k++) {
+                    size_t r = (size_t)(f->splits[k + 1] - f->splits[k]);
+                    if (r > m) m = r;
+                }
+                most += m;
+            }
+            if (fused_alloc(f) < 0) goto done;
+        }
+        segs = PyMem_Malloc((most ? most : 1) * sizeof(sf_seg));
+        if (!segs) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        crc_bad = fused_pass(recs, n, want, fc, nfc, segs);
+        Py_END_ALLOW_THREADS
+    }
+    if (crc_bad < n) {
+        result = Py_BuildValue("(O(snnnLLLs))", Py_None, "crc", (Py_ssize_t)0, (Py_ssize_t)crc_bad, (Py_ssize_t)0, 0LL,
+                               0LL, 0LL, "data crc");
         goto done;
     }
     if (type_err_name && sequence && !(rc && err.kind == SF_ERR_DECODE)) rc = 0; /* reported below */
@@ -549,21 +699,33 @@ static PyObject *parse_common(PyObject *args, int sequence) {
     }
     PyObject *cols_out = PyList_New((Py_ssize_t)ncols);
     if (!cols_out) goto done;
+    size_t fi = 0; /* the next fused column */
     for (size_t ci = 0; ci < ncols; ci++) {
         PyObject *t = PyTuple_GET_ITEM(columns, ci);
         int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
         int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
         PyObject *item = NULL;
+        PyObject *fused = NULL; /* (data, offsets) of a fused column */
+        if (fc && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
+            fused = Py_BuildValue("OO", fc[fi].data, fc[fi].offs);
+            fi++;
+            if (!fused) {
+                Py_DECREF(cols_out);
+                goto done;
+            }
+        }
         if (col == SF_COL_FIXED) {
-            if (kind == SF_KIND_BYTES) {
+            if (fused) {
+                item = fused;
+            } else if (kind == SF_KIND_BYTES) {
                 item = bytes_array(outs[ci].fixed, n * (size_t)size, as_buffer, (npy_intp)n, size, 1);
             } else {
                 item = fixed_arrays[ci];
                 fixed_arrays[ci] = NULL;
             }
         } else {
-            PyObject *vals = vec_array(&outs[ci].values, kind, as_buffer);
+            PyObject *vals = fused ? fused : vec_array(&outs[ci].values, kind, as_buffer);
             if (vals && col == SF_COL_VAR) {
                 item = Py_BuildValue("NO", vals, fixed_arrays[ci]);
             } else if (vals && (col == SF_COL_SEQ_FIXED || col == SF_COL_SEQ_VAR)) {
@@ -608,6 +770,15 @@ done:
         for (size_t ci = 0; ci < ncols; ci++) Py_XDECREF(fixed_arrays[ci]);
         PyMem_Free(fixed_arrays);
     }
+    if (fc) {
+        for (size_t c = 0; c < nfc; c++) {
+            Py_XDECREF(fc[c].data);
+            Py_XDECREF(fc[c].offs);
+        }
+        PyMem_Free(fc);
+    }
+    PyMem_Free(segs);
+    if (have_crcs) PyBuffer_Release(&crcv);
     PyMem_Free(recs);
     if (have_view) PyBuffer_Release(&view);
     Py_XDECREF(offs);
@@ -742,11 +913,12 @@ static PyMethodDef methods[] = {
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
     {"crc_backend", py_crc_backend, METH_NOARGS, "crc_backend() -> str: 'sse4.2', 'armv8-crc' or 'table'."},
     {"scan_frames", py_scan_frames, METH_VARARGS,
-     "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1) -> (offsets, lengths, consumed, error, error_offset)"},
+     "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1, defer_data_crc=False) -> (offsets, lengths, "
+     "consumed, error, error_offset[, crcs])"},
     {"parse_batch", py_parse_batch, METH_VARARGS,
-     "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
+     "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None) -> (columns, error)"},
     {"parse_sequence_batch", py_parse_sequence_batch, METH_VARARGS,
-     "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False) -> (columns, error)"},
+     "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None) -> (columns, error)"},
     {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
     {"validate_sequence_example", py_validate_sequence_example, METH_O,
      "validate_sequence_example(buf) -> None or a DecodeError message"},

@@ -10,6 +10,7 @@ raises or skips (``on_corrupt``) and reports exactly as it always does.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
-from .native import scan_frames
+from .native import masked_crc32c, native_available, scan_frames, scan_frames_deferred
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
 DEFAULT_CHUNK = 8 << 20
@@ -33,13 +34,17 @@ class FrameChunk(NamedTuple):
     """Records ``buffer[offsets[k] : offsets[k] + lengths[k]]`` for ``k < len(offsets)``;
     ``positions[k]`` is where record ``k``'s frame starts in its file (the uncompressed
     stream), for resuming and for error messages. ``sources``, when a reader tracks it:
-    which file each record came from (small ints, for measuring how mixed batches are)."""
+    which file each record came from (small ints, for measuring how mixed batches are).
+    ``crcs``: ``None`` when every record's data CRC was checked (or is not to be), else each
+    record's stored masked data CRC (uint32), left for the batch parser to check in the pass
+    that copies the values out (``defer_data_crc``)."""
 
     buffer: Any
     offsets: np.ndarray
     lengths: np.ndarray
     positions: np.ndarray
     sources: Any = None
+    crcs: Any = None
 
     @property
     def triple(self) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -78,6 +83,7 @@ def iter_frame_chunks(
     counters: Any = None,
     cache: Any = None,
     first_chunk: int = FIRST_CHUNK,
+    defer_data_crc: bool = False,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
@@ -89,8 +95,13 @@ def iter_frame_chunks(
     local copy, downloaded whole on first use, unless the cache is full. A streamed
     file's first chunk is ``first_chunk`` bytes at most (small, so that its records go out
     after one ranged read; a reader reading this file ahead of its consumer passes
-    ``chunk_size``, so that a short span is one chunk)."""
+    ``chunk_size``, so that a short span is one chunk). ``defer_data_crc`` (with
+    ``verify_crc``, native core only): the scan checks each frame's length CRC but leaves
+    its data CRC to the batch parser (``FrameChunk.crcs``); whoever takes these chunks
+    must check them (:func:`~shardfeed.formats.parse.parse_batch` does)."""
     comp = normalize_compression(compression, url)
+    defer = bool(defer_data_crc and verify_crc and native_available())
+    scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=defer)
     stats = stats if stats is not None else ReadStats()
     chunk_size = max(int(chunk_size), 64)  # at least a frame header, so every scan can progress
     if end_offset is not None and end_offset <= start_offset:
@@ -105,14 +116,14 @@ def iter_frame_chunks(
         if local is not None:
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
-                                             max_record_bytes, start_offset, end_offset)
+                                             max_record_bytes, start_offset, end_offset, defer_data_crc=defer)
             except CorruptRecordError as exc:
                 exc.add_note(f"(the local copy of {mask(url)} in the cache at {cache.root})")
                 raise
             return
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
-                                  end_offset)
+                                  end_offset, scan)
         return
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
@@ -159,12 +170,12 @@ def iter_frame_chunks(
             buf = parts[0] if len(parts) == 1 else b"".join(parts)
             if not buf and not broken:
                 return
-            offsets, lengths, consumed, error = scan_frames(buf, verify_crc, max_record_bytes)
+            offsets, lengths, consumed, error, crcs = scan(buf)
             if len(offsets):
                 stats.records += len(offsets)
                 stats.bytes += int(lengths.sum()) + 16 * len(offsets)
                 index += len(offsets)
-                yield FrameChunk(buf, offsets, lengths, offsets + (base - 12))
+                yield FrameChunk(buf, offsets, lengths, offsets + (base - 12), crcs=crcs)
             if error is not None or broken or (not data and consumed < len(buf)):
                 # a failed check, or the file ends inside a frame: the reference reader
                 # takes over from that frame and raises or skips exactly as it does
@@ -210,8 +221,15 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
             stats.merge(reader.stats)
 
 
+def _scan(buf: Any, verify_crc: bool, max_record_bytes: int, defer: bool) -> tuple:
+    """:func:`scan_frames` plus the deferred data CRCs (``None`` unless ``defer``)."""
+    if defer:
+        return scan_frames_deferred(buf, max_record_bytes)
+    return (*scan_frames(buf, verify_crc, max_record_bytes), None)
+
+
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
-                   end_offset=None) -> Iterator[FrameChunk]:
+                   end_offset=None, scan=None) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced.
 
@@ -219,6 +237,8 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     (``MADV_DONTNEED``), so the process's resident size does not grow with the file; a
     consumer that still reads them (a chunk held in a queue) faults them back in from the
     page cache, unchanged, since the mapping is a read-only view of the file."""
+    if scan is None:
+        scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=False)
     path = parse_url(url).path
     try:
         with open(path, "rb") as f:
@@ -244,17 +264,17 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
                 released = upto
         prev = pos
         end = min(size, pos + chunk_size)
-        offsets, lengths, consumed, error = scan_frames(view[pos:end], verify_crc, max_record_bytes)
+        offsets, lengths, consumed, error, crcs = scan(view[pos:end])
         if consumed == 0 and error is None and end < size and size - pos >= 8:
             # a frame bigger than the chunk (its length CRC checked out): scan just past it
             (length,) = struct.unpack_from("<Q", mm, pos)
             end = min(size, pos + 16 + length)
-            offsets, lengths, consumed, error = scan_frames(view[pos:end], verify_crc, max_record_bytes)
+            offsets, lengths, consumed, error, crcs = scan(view[pos:end])
         if len(offsets):
             stats.records += len(offsets)
             stats.bytes += int(lengths.sum()) + 16 * len(offsets)
             index += len(offsets)
-            yield FrameChunk(mm, offsets + pos, lengths, offsets + (pos - 12))
+            yield FrameChunk(mm, offsets + pos, lengths, offsets + (pos - 12), crcs=crcs)
         pos += consumed
         if error is not None or (end == size and pos < size):
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
@@ -305,7 +325,8 @@ def rebatch_tagged(
 
 def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
     return FrameChunk(chunk.buffer, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j],
-                      None if chunk.sources is None else chunk.sources[i:j])
+                      None if chunk.sources is None else chunk.sources[i:j],
+                      None if chunk.crcs is None else chunk.crcs[i:j])
 
 
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
@@ -318,10 +339,14 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     sources = [p.sources for p in pieces if p.count]
     merged_sources = np.concatenate(sources) if sources and all(s is not None for s in sources) else None
     live = [p for p in pieces if p.count]
+    # records still to be checked go on with their stored CRCs; checked ones (a piece from
+    # the reference reader) get theirs computed, which they match
+    crcs = (np.concatenate([p.crcs if p.crcs is not None else _crcs_of(p) for p in live])
+            if any(p.crcs is not None for p in live) else None)
     if live and all(p.buffer is live[0].buffer for p in live):
         return FrameChunk(live[0].buffer, np.concatenate([p.offsets for p in live]),
                           np.concatenate([p.lengths for p in live]), np.concatenate([p.positions for p in live]),
-                          merged_sources)
+                          merged_sources, crcs)
     parts, offsets, lengths, positions = [], [], [], []
     pos = 0
     for p in pieces:
@@ -335,7 +360,14 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
         positions.append(p.positions)
         pos += hi - lo
     return FrameChunk(b"".join(parts), np.concatenate(offsets), np.concatenate(lengths), np.concatenate(positions),
-                      merged_sources)
+                      merged_sources, crcs)
+
+
+def _crcs_of(chunk: FrameChunk) -> np.ndarray:
+    """The masked data CRCs of a chunk's records, computed."""
+    mv = memoryview(chunk.buffer).cast("B")
+    return np.array([masked_crc32c(mv[o:o + n]) for o, n in zip(chunk.offsets.tolist(), chunk.lengths.tolist())],
+                    dtype=np.uint32)
 
 
 def iter_record_batches(

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, ParseError
+from ..errors import CorruptRecordError, DecodeError, ParseError
 from . import crc as _crc
 from .padding import pad_rows
 from .spec import (
@@ -183,6 +183,21 @@ def scan_frames(
         return _scan_frames_py(buf, verify_crc, max_record_bytes)
     offsets, lengths, consumed, err, err_off = _ext.scan_frames(buf, bool(verify_crc), int(max_record_bytes))
     return offsets, lengths, consumed, (FRAME_CHECKS[err], err_off) if err else None
+
+
+def scan_frames_deferred(
+    buf: Any, max_record_bytes: int = _MAX_RECORD_BYTES
+) -> tuple[np.ndarray, np.ndarray, int, None | tuple[str, int], np.ndarray]:
+    """:func:`scan_frames` checking each frame's length CRC but not its data CRC: returns
+    ``(offsets, lengths, consumed, error, crcs)``, ``crcs`` each frame's stored masked data
+    CRC (uint32), for :func:`parse_example_batch` (``crcs=``) to check in the pass that
+    copies the values out. Native core only (``RuntimeError`` without it)."""
+    if _ext is None:
+        raise RuntimeError("scan_frames_deferred needs the native core")
+    if not 0 <= max_record_bytes < 1 << 64:
+        raise ValueError(f"max_record_bytes must be in 0 .. 2**64-1, got {max_record_bytes}")
+    offsets, lengths, consumed, err, err_off, crcs = _ext.scan_frames(buf, True, int(max_record_bytes), True)
+    return offsets, lengths, consumed, (FRAME_CHECKS[err], err_off) if err else None, crcs
 
 
 # ----------------------------------------------------------------------------- Example parsing
@@ -380,6 +395,7 @@ def parse_example_batch(
     spec: Mapping[str, FeatureSpec] | CompiledSpec,
     *,
     bytes_as: str = "object",
+    crcs: np.ndarray | None = None,
 ) -> dict[str, np.ndarray | RaggedColumn | SparseColumn | BytesBuffer]:
     """Parse a batch of serialized Examples into columns; same result and errors as
     :func:`shardfeed.formats.example.parse_example`, natively (GIL released).
@@ -392,6 +408,13 @@ def parse_example_batch(
     the values of record ``i`` are ``prod(S)`` consecutive entries; a VarLen feature gives
     a :class:`RaggedColumn` whose ``values`` is a BytesBuffer.
 
+    ``crcs`` (with a triple only): each record's stored masked data CRC (uint32, what
+    :func:`scan_frames_deferred` returns); every record's CRC is checked, a buffer-form
+    FixedLen/VarLen bytes column's values copied out in the same pass. A record whose CRC
+    fails raises CorruptRecordError (``check`` "data crc", ``url`` None, ``offset`` its
+    frame's start in ``buffer``, ``record_index`` its index in the batch), before any
+    DecodeError or ParseError of that record or a later one.
+
     Raises DecodeError (``record_index``) for a record that is not an Example, ParseError
     (``feature``, ``record_index``) for one that does not fit the spec, TypeError/ValueError
     for bad arguments.
@@ -401,12 +424,23 @@ def parse_example_batch(
     as_buffer = bytes_as == "buffer"
     triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
     cs = compile_spec(spec)
+    if crcs is not None:
+        if not triple:
+            raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
+        crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
+        if len(crcs) != len(records[1]):
+            raise ValueError(f"crcs: {len(crcs)} CRCs for {len(records[1])} records")
     if _ext is None:
+        if crcs is not None:
+            _check_crcs_py(records, crcs)
         return _parse_py(records, cs, triple, as_buffer)
     if triple:
         buf, offsets, lengths = records
         n = len(offsets)
-        cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer)
+        cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer, crcs)
+        if err is not None and err[0] == "crc":
+            ri = err[2]
+            raise CorruptRecordError("data crc", None, int(offsets[ri]) - 12, ri)
     else:
         _check_records(records)
         n = len(records)
@@ -435,6 +469,14 @@ def parse_example_batch(
             values, splits, idx = col
             out[name] = _sparse_column(s, n, values, splits, idx, as_buffer)
     return out
+
+
+def _check_crcs_py(records: tuple, crcs: np.ndarray) -> None:
+    buf, offsets, lengths = records
+    mv = memoryview(buf).cast("B")
+    for k, (o, n) in enumerate(zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist())):
+        if _crc.masked_crc32c(mv[o:o + n]) != int(crcs[k]):
+            raise CorruptRecordError("data crc", None, o - 12, k)
 
 
 def _buffer_of(values: np.ndarray) -> BytesBuffer:

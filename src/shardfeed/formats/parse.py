@@ -24,13 +24,15 @@ def parse_batch(records: Records, spec: Mapping[str, FeatureSpec], *, bytes_as: 
 
     ``records`` is a sequence of records or a ``(buffer, offsets, lengths)`` triple such as
     a :class:`~shardfeed.formats.chunks.FrameChunk`. Uses the native parser (GIL released)
-    when it is built.
+    when it is built. A FrameChunk whose data CRCs the framing left unchecked (``crcs``)
+    has them checked here (CorruptRecordError for the first that fails).
     """
     triple = getattr(records, "triple", None)  # a FrameChunk
+    crcs = getattr(records, "crcs", None)  # its data CRCs, when the framing left them to us
     if triple is not None:
         records = triple
-    if native_available() or bytes_as != "object" or isinstance(records, tuple):
-        return parse_example_batch(records, spec, bytes_as=bytes_as)
+    if crcs is not None or native_available() or bytes_as != "object" or isinstance(records, tuple):
+        return parse_example_batch(records, spec, bytes_as=bytes_as, crcs=crcs)
     return _parse_example_py(records, spec)
 
 

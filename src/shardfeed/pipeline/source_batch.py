@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import DecodeError, ParseError
+from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.chunks import FrameChunk, rebatch_tagged
 from ..formats.native import release_pooled_memory
 from ..formats.parse import parse_batch
@@ -37,7 +37,9 @@ class _PlainBatches:
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
                  counters: Any = None, errors: Any = None) -> None:
         self.src = src
-        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors, track_sources=True)
+        # the data CRCs are checked by the batch parser, in the pass that copies the values out
+        self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors, track_sources=True,
+                                 defer_data_crc=True)
         self._chunk_iter = iter(self.chunks)
         self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.replayable = src.replayable
@@ -50,7 +52,18 @@ class _PlainBatches:
             return (f"byte offset {int(batch.positions[k])} of {mask(tag.span.url)} "
                     "(or the span before it, for a batch spanning two)")
 
+        where.url = tag.span.url  # type: ignore[attr-defined]
+
         return batch, where, cursor_state(tag, offset, None, self.replayable), tag.seq
+
+    def crc_failed(self, batch: FrameChunk, k: int, tag_url: str) -> CorruptRecordError:
+        """The error for record ``k`` of ``batch`` whose data CRC (left to the parser) failed:
+        its file and the byte offset of its frame there."""
+        url = None if batch.sources is None else self.chunks.url_of(int(batch.sources[k]))
+        return CorruptRecordError("data crc", mask(url or tag_url), int(batch.positions[k]))
+
+    def frame_skipped(self, err: CorruptRecordError, batch: FrameChunk, k: int) -> None:
+        self.chunks.frame_skipped(err, int(batch.lengths[k]) + FRAME_OVERHEAD)
 
     def delivered(self, seq: int) -> None:
         self.chunks.delivered(seq)
@@ -68,10 +81,12 @@ class _PlainBatches:
 
 def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
     """Parse ``batch`` (a :class:`FrameChunk` or a list of records), leaving out each
-    record that does not parse: ``(columns, or None when none is left, [(index in batch,
-    error), ...])``. One more parse per bad record."""
+    record that does not parse, or whose data CRC (left to the parser: ``batch.crcs``)
+    fails: ``(columns, or None when none is left, [(index in batch, error), ...])``, a CRC
+    failure as a CorruptRecordError whose ``record_index`` is the index in the batch. One
+    more parse per bad record."""
     if isinstance(batch, FrameChunk):
-        records: Any = (batch.buffer, batch.offsets, batch.lengths)
+        records: Any = FrameChunk(batch.buffer, batch.offsets, batch.lengths, batch.positions, None, batch.crcs)
         n = batch.count
     else:
         records, n = list(batch), len(batch)
@@ -80,16 +95,23 @@ def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
     while len(keep):
         try:
             return parse_batch(records, spec, bytes_as=bytes_as), skipped
+        except CorruptRecordError as exc:
+            k = exc.record_index
+            if k is None or not 0 <= k < len(keep):
+                raise
+            skipped.append((int(keep[k]), CorruptRecordError(exc.check, exc.url, exc.offset, int(keep[k]))))
         except (DecodeError, ParseError) as exc:
             k = exc.record_index
             if k is None or not 0 <= k < len(keep):
                 raise
             skipped.append((int(keep[k]), exc.with_record_index(int(keep[k]))))  # its index as read
-            keep = np.delete(keep, k)
-            if isinstance(records, tuple):
-                records = (records[0], np.delete(records[1], k), np.delete(records[2], k))
-            else:
-                del records[k]
+        keep = np.delete(keep, k)
+        if isinstance(records, FrameChunk):
+            records = FrameChunk(records.buffer, np.delete(records.offsets, k), np.delete(records.lengths, k),
+                                 np.delete(records.positions, k), None,
+                                 None if records.crcs is None else np.delete(records.crcs, k))
+        else:
+            del records[k]
     return None, skipped
 
 
@@ -159,6 +181,11 @@ class SourceBatchNode(Node):
             raise fut
         try:
             out = self._parse(batch) if fut is None else fut.result()
+        except CorruptRecordError as exc:  # a data CRC the framing left to the parser
+            k = exc.record_index
+            if batch.crcs is None or k is None or not 0 <= k < batch.count:
+                raise
+            raise self.producer.crc_failed(batch, k, where.url) from None
         except (DecodeError, ParseError) as exc:
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at {where(exc.record_index)}")
@@ -166,6 +193,9 @@ class SourceBatchNode(Node):
         if not self.policy.raises:
             out, skipped = out
             for k, exc in skipped:  # each put to the policy: a handler may stop here
+                if isinstance(exc, CorruptRecordError):  # framing's error, found by the parser
+                    self.producer.frame_skipped(self.producer.crc_failed(batch, k, where.url), batch, k)
+                    continue
                 exc.add_note(f"in record at {where(k)}")
                 self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
                                          "record_index": k}, self.errors)

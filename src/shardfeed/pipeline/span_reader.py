@@ -71,8 +71,11 @@ class SpanChunks:
     """
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int,
-                 counters: IOCounters | None = None, errors: Any = None, track_sources: bool = False) -> None:
+                 counters: IOCounters | None = None, errors: Any = None, track_sources: bool = False,
+                 defer_data_crc: bool = False) -> None:
         self.src = src
+        # data CRCs left to the batch parser (FrameChunk.crcs): only for a consumer that parses
+        self.defer_data_crc = defer_data_crc
         # chunks say which file each record came from (FrameChunk.sources), for batch mixing
         self.track_sources = track_sources
         self.file_ids: dict[str, int] = {}
@@ -161,7 +164,8 @@ class SpanChunks:
             chunks = iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,
                                        end_offset=span.end, counters=self.counters, cache=self.cache,
-                                       first_chunk=FIRST_CHUNK if first else self.chunk_size)
+                                       first_chunk=FIRST_CHUNK if first else self.chunk_size,
+                                       defer_data_crc=self.defer_data_crc)
         return self._with_sources(span, chunks) if self.track_sources else chunks
 
     def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
@@ -201,6 +205,23 @@ class SpanChunks:
 
     def _stats(self) -> ReadStats:
         return ReadStats(on_skip=self.on_skip)
+
+    def url_of(self, file_id: int) -> str | None:
+        """The file a chunk's ``sources`` entry names (``track_sources``)."""
+        for url, i in self.file_ids.items():
+            if i == file_id:
+                return url
+        return None
+
+    def frame_skipped(self, err: Any, nbytes: int) -> None:
+        """A frame delivered in a chunk and skipped later, when its deferred data CRC failed:
+        put to the policy as the framing reader's skips are, and counted as skipped, not
+        read."""
+        stats = self._stats()
+        stats.records -= 1
+        stats.bytes -= nbytes
+        stats.skipped(err, 1, nbytes)
+        self.src._merge_stats(stats)
 
     def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
         stats = self._stats()
