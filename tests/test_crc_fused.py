@@ -12,6 +12,7 @@ import pytest
 import shardfeed as sf
 from shardfeed.errors import CorruptRecordError, DecodeError
 from shardfeed.formats import native as nv
+from shardfeed.formats.chunks import iter_frame_chunks
 from shardfeed.formats.example import encode_example
 from shardfeed.formats.tfrecord import frame
 
@@ -39,7 +40,7 @@ def _flip_in_image(data: bytearray, start: int, record: bytes) -> None:
 
 
 @needs_native
-def test_deferred_scan_checks_the_length_crc_and_hands_out_the_stored_data_crcs():
+def test_deferred_scan_checks_the_length_crc_and_hands_out_the_stored_data_crcs(tmp_path):
     recs = _records(6)
     data, starts = _file(recs)
     o, n, consumed, err, crcs = nv.scan_frames_deferred(data)
@@ -51,6 +52,13 @@ def test_deferred_scan_checks_the_length_crc_and_hands_out_the_stored_data_crcs(
     o, n, consumed, err, crcs = nv.scan_frames_deferred(bytes(bad))
     assert err is None and len(o) == 6  # the data CRC is left to the parser
     assert nv.scan_frames(bytes(bad))[3] == ("data crc", starts[2])  # the plain scan still checks it
+    # a fused batch pass reads local files this way; plain record reads still check in the scan
+    path = tmp_path / "b.tfrecord"
+    path.write_bytes(bytes(bad))
+    chunks = list(iter_frame_chunks(str(path), defer_data_crc=True))
+    assert sum(c.count for c in chunks) == 6 and all(c.crcs is not None for c in chunks)
+    with pytest.raises(CorruptRecordError):
+        list(iter_frame_chunks(str(path)))
     bad[starts[3] + 9] ^= 1  # a length CRC: still the scan's
     assert nv.scan_frames_deferred(bytes(bad))[3] == ("length crc", starts[3])
 
@@ -151,39 +159,70 @@ def _write_big(tmp_path, name: str, records: list[bytes], flip: int | None):
 
 
 @needs_native
+def test_records_in_several_buffers_parse_as_if_joined():
+    recs = _records(9)
+    a, _ = _file(recs[:4])
+    b, _ = _file(recs[4:])
+    oa, na, _, _, ca = nv.scan_frames_deferred(a)
+    ob, nb, _, _, cb = nv.scan_frames_deferred(b)
+    which = np.array([0] * 4 + [1] * 5)
+    triple = (nv.Buffers((a, b), which), np.concatenate([oa, ob]), np.concatenate([na, nb]))
+    crcs = np.concatenate([ca, cb])
+    joined, _ = _file(recs)
+    oj, nj, _, _, _ = nv.scan_frames_deferred(joined)
+    for bytes_as in ("buffer", "object"):
+        got = nv.parse_example_batch(triple, SPEC, bytes_as=bytes_as, crcs=crcs)
+        want = nv.parse_example_batch((joined, oj, nj), SPEC, bytes_as=bytes_as)
+        assert np.array_equal(got["label"], want["label"])
+        img = got["image"].to_numpy() if bytes_as == "buffer" else got["image"]
+        img2 = want["image"].to_numpy() if bytes_as == "buffer" else want["image"]
+        assert img.tolist() == img2.tolist()
+    bad_b = bytearray(b)
+    _flip_in_image(bad_b, int(ob[2]) - 12, recs[6])
+    with pytest.raises(CorruptRecordError) as info:
+        nv.parse_example_batch((nv.Buffers((a, bytes(bad_b)), which), *triple[1:]), SPEC, bytes_as="buffer",
+                               crcs=crcs)
+    assert info.value.record_index == 6
+    with pytest.raises(ValueError, match="buffer 2 of 2"):
+        nv.parse_example_batch((nv.Buffers((a, b), which * 2), *triple[1:]), SPEC, crcs=crcs)
+
+
+@needs_native
 @pytest.mark.parametrize("reads", [None, sf.AUTOTUNE])
 @pytest.mark.parametrize("bytes_as", ["buffer", "object"])
-def test_a_bad_data_crc_found_on_the_fused_path_names_its_file_and_offset(tmp_path, reads, bytes_as):
+@pytest.mark.parametrize("flip", [1, 17])  # 1: in the batch that spans both files
+def test_a_bad_data_crc_found_on_the_fused_path_names_its_file_and_offset(tmp_path, reads, bytes_as, flip):
     recs = _records(30, size=20_000)
     good, _ = _write_big(tmp_path, "a.tfrecord", recs, None)
-    bad, starts = _write_big(tmp_path, "b.tfrecord", recs, 17)
+    bad, starts = _write_big(tmp_path, "b.tfrecord", recs, flip)
     ds = sf.read_tfrecord([good, bad], SPEC, num_parallel_reads=reads).batch(8, bytes_as=bytes_as)
     with pytest.raises(CorruptRecordError) as info:
         for _ in ds:
             pass
-    assert info.value.check == "data crc" and info.value.offset == starts[17]
+    assert info.value.check == "data crc" and info.value.offset == starts[flip]
     assert info.value.url.endswith("b.tfrecord")
-    assert f"b.tfrecord at byte offset {starts[17]}: data crc" in str(info.value)
+    assert f"b.tfrecord at byte offset {starts[flip]}: data crc" in str(info.value)
 
 
 @needs_native
 @pytest.mark.parametrize("bytes_as", ["buffer", "object"])
-def test_skip_drops_a_record_whose_crc_fails_on_the_fused_path_and_counts_it(tmp_path, bytes_as):
+@pytest.mark.parametrize("flip", [1, 5])  # 1: in the batch that spans both files
+def test_skip_drops_a_record_whose_crc_fails_on_the_fused_path_and_counts_it(tmp_path, bytes_as, flip):
     recs = _records(30, size=20_000)
     good, _ = _write_big(tmp_path, "a.tfrecord", recs, None)
-    bad, starts = _write_big(tmp_path, "b.tfrecord", recs, 5)
+    bad, starts = _write_big(tmp_path, "b.tfrecord", recs, flip)
     src = sf.read_tfrecord([good, bad], SPEC, on_corrupt="skip")
     it = iter(src.batch(8, bytes_as=bytes_as))
     labels = []
     for b in it:
         labels += b["label"].ravel().tolist()
-    assert labels == list(range(30)) + [i for i in range(30) if i != 5]
+    assert labels == list(range(30)) + [i for i in range(30) if i != flip]
     st = src.read_stats
     assert st.skipped_records == 1 and st.records == 59
-    assert st.corrupt[0].check == "data crc" and st.corrupt[0].offset == starts[5]
+    assert st.corrupt[0].check == "data crc" and st.corrupt[0].offset == starts[flip]
     assert st.corrupt[0].url.endswith("b.tfrecord")
     skipped = it.stats().to_dict()["skipped"]
-    assert skipped["by_stage"] == {"read": 1} and skipped["examples"][0]["offset"] == starts[5]
+    assert skipped["by_stage"] == {"read": 1} and skipped["examples"][0]["offset"] == starts[flip]
 
 
 @needs_native

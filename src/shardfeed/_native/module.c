@@ -460,9 +460,9 @@ static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fu
     return n;
 }
 
-/* parse_batch(spec, records, offsets, lengths, bytes_as_buffer, crcs=None) -> (columns, error)
+/* parse_batch(spec, records, offsets, lengths, bytes_as_buffer, crcs=None, which=None) -> (columns, error)
  * records: a sequence of bytes-like (offsets None), or one buffer holding the records at
- * offsets[i]:offsets[i]+lengths[i]. columns: one entry per spec column:
+ * offsets[i]:offsets[i]+lengths[i], or a tuple of buffers with record i in records[which[i]]. columns: one entry per spec column:
  *   FIXED numeric: array (n, size); FIXED bytes: object array (n, size) or (data, offsets)
  *   VAR: (values, splits); SPARSE: (values, splits, [index arrays]);
  *   SEQ_*: (values, record step splits, step value splits).
@@ -478,10 +478,13 @@ static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fu
 static PyObject *parse_common(PyObject *args, int sequence) {
     CompiledSpecObject *cso;
     PyObject *records, *offsets_obj, *lengths_obj;
-    PyObject *crcs_obj = Py_None;
+    PyObject *crcs_obj = Py_None, *which_obj = Py_None, *whicha = NULL;
+    Py_buffer *views = NULL;
+    Py_ssize_t nviews = 0, views_held = 0;
     int as_buffer = 0;
-    if (!PyArg_ParseTuple(args, sequence ? "O!OOO|pO:parse_sequence_batch" : "O!OOO|pO:parse_batch", &CompiledSpecType,
-                          &cso, &records, &offsets_obj, &lengths_obj, &as_buffer, &crcs_obj))
+    if (!PyArg_ParseTuple(args, sequence ? "O!OOO|pOO:parse_sequence_batch" : "O!OOO|pOO:parse_batch",
+                          &CompiledSpecType, &cso, &records, &offsets_obj, &lengths_obj, &as_buffer, &crcs_obj,
+                          &which_obj))
         return NULL;
     const sf_spec *spec = cso->spec;
     if (!spec) {
@@ -536,31 +539,59 @@ static PyObject *parse_common(PyObject *args, int sequence) {
             recs[i].n = (size_t)PyBytes_GET_SIZE(r);
         }
     } else {
-        if (PyObject_GetBuffer(records, &view, PyBUF_SIMPLE) < 0) goto done;
-        have_view = 1;
+        /* one buffer; or a tuple of buffers, record i in records[which[i]] (a batch whose
+         * records lie in two mapped files: no copy to join them) */
+        int several = PyTuple_Check(records);
+        if (several != (which_obj != Py_None)) {
+            PyErr_SetString(PyExc_ValueError, "records: a tuple of buffers goes with `which`, one buffer without");
+            goto done;
+        }
+        if (several) {
+            nviews = PyTuple_GET_SIZE(records);
+            views = PyMem_Calloc(nviews ? (size_t)nviews : 1, sizeof(Py_buffer));
+            if (!views) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (; views_held < nviews; views_held++)
+                if (PyObject_GetBuffer(PyTuple_GET_ITEM(records, views_held), &views[views_held], PyBUF_SIMPLE) < 0)
+                    goto done;
+            whicha = PyArray_FROMANY(which_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+            if (!whicha) goto done;
+        } else {
+            if (PyObject_GetBuffer(records, &view, PyBUF_SIMPLE) < 0) goto done;
+            have_view = 1;
+        }
         offs = PyArray_FROMANY(offsets_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
         lens = offs ? PyArray_FROMANY(lengths_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY) : NULL;
         if (!lens) goto done;
         n = (size_t)PyArray_SIZE((PyArrayObject *)offs);
-        if ((size_t)PyArray_SIZE((PyArrayObject *)lens) != n) {
-            PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        if ((size_t)PyArray_SIZE((PyArrayObject *)lens) != n ||
+            (whicha && (size_t)PyArray_SIZE((PyArrayObject *)whicha) != n)) {
+            PyErr_SetString(PyExc_ValueError, "offsets, lengths (and which) must have the same length");
             goto done;
         }
         const int64_t *o = PyArray_DATA((PyArrayObject *)offs), *l = PyArray_DATA((PyArrayObject *)lens);
+        const int64_t *wh = whicha ? PyArray_DATA((PyArrayObject *)whicha) : NULL;
         recs = PyMem_Calloc(n ? n : 1, sizeof(sf_bytes));
         if (!recs) {
             PyErr_NoMemory();
             goto done;
         }
-        uint64_t blen = (uint64_t)view.len;
         for (size_t i = 0; i < n; i++) {
+            if (wh && (wh[i] < 0 || wh[i] >= (int64_t)nviews)) {
+                PyErr_Format(PyExc_ValueError, "record %zu: buffer %lld of %zd", i, (long long)wh[i], nviews);
+                goto done;
+            }
+            const Py_buffer *v = wh ? &views[wh[i]] : &view;
+            uint64_t blen = (uint64_t)v->len;
             if (o[i] < 0 || l[i] < 0 || (uint64_t)o[i] > blen || (uint64_t)l[i] > blen - (uint64_t)o[i]) {
                 PyErr_Format(PyExc_ValueError,
                              "record %zu: offset %lld and length %lld are outside the buffer (%lld bytes)", i,
                              (long long)o[i], (long long)l[i], (long long)blen);
                 goto done;
             }
-            recs[i].p = (const uint8_t *)view.buf + o[i];
+            recs[i].p = (const uint8_t *)v->buf + o[i];
             recs[i].n = (size_t)l[i];
         }
     }
@@ -779,6 +810,9 @@ done:
     }
     PyMem_Free(segs);
     if (have_crcs) PyBuffer_Release(&crcv);
+    for (Py_ssize_t v = 0; v < views_held; v++) PyBuffer_Release(&views[v]);
+    PyMem_Free(views);
+    Py_XDECREF(whicha);
     PyMem_Free(recs);
     if (have_view) PyBuffer_Release(&view);
     Py_XDECREF(offs);
@@ -916,9 +950,10 @@ static PyMethodDef methods[] = {
      "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1, defer_data_crc=False) -> (offsets, lengths, "
      "consumed, error, error_offset[, crcs])"},
     {"parse_batch", py_parse_batch, METH_VARARGS,
-     "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None) -> (columns, error)"},
+     "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None, which=None) -> (columns, error)"},
     {"parse_sequence_batch", py_parse_sequence_batch, METH_VARARGS,
-     "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None) -> (columns, error)"},
+     "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None, which=None) -> "
+     "(columns, error)"},
     {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
     {"validate_sequence_example", py_validate_sequence_example, METH_O,
      "validate_sequence_example(buf) -> None or a DecodeError message"},

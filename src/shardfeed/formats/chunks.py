@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
-from .native import masked_crc32c, native_available, scan_frames, scan_frames_deferred
+from .native import Buffers, masked_crc32c, native_available, scan_frames, scan_frames_deferred
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
 DEFAULT_CHUNK = 8 << 20
@@ -57,6 +57,9 @@ class FrameChunk(NamedTuple):
         return len(self.offsets)
 
     def records(self) -> list[bytes]:
+        if isinstance(self.buffer, Buffers):
+            return [self.buffer.record(k, o, n)
+                    for k, (o, n) in enumerate(zip(self.offsets.tolist(), self.lengths.tolist()))]
         mv = memoryview(self.buffer)
         return [bytes(mv[o: o + n]) for o, n in zip(self.offsets.tolist(), self.lengths.tolist())]
 
@@ -332,8 +335,10 @@ def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     """One chunk of ``pieces``' records, in order. Pieces of one buffer (the chunks of
     one mapped file all view its whole map, at offsets into it) are joined without a copy:
-    only their offsets are concatenated. Otherwise the records' bytes are copied into one
-    new buffer."""
+    only their offsets are concatenated. So are pieces whose data CRCs are left to the
+    parser (``crcs``: only the native parser takes them), their buffers as
+    :class:`~shardfeed.formats.native.Buffers`. Otherwise the records' bytes are copied
+    into one new buffer."""
     if len(pieces) == 1:
         return pieces[0]
     sources = [p.sources for p in pieces if p.count]
@@ -345,6 +350,18 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
             if any(p.crcs is not None for p in live) else None)
     if live and all(p.buffer is live[0].buffer for p in live):
         return FrameChunk(live[0].buffer, np.concatenate([p.offsets for p in live]),
+                          np.concatenate([p.lengths for p in live]), np.concatenate([p.positions for p in live]),
+                          merged_sources, crcs)
+    if live and all(p.crcs is not None and not isinstance(p.buffer, Buffers) for p in live):
+        # records left to the native parser (deferred CRCs): the pieces' buffers as they are,
+        # each record naming its own (no copy of the records to join them)
+        bufs: list = []
+        which = []
+        for p in live:
+            if not bufs or bufs[-1] is not p.buffer:
+                bufs.append(p.buffer)
+            which.append(np.full(p.count, len(bufs) - 1, dtype=np.int64))
+        return FrameChunk(Buffers(tuple(bufs), np.concatenate(which)), np.concatenate([p.offsets for p in live]),
                           np.concatenate([p.lengths for p in live]), np.concatenate([p.positions for p in live]),
                           merged_sources, crcs)
     parts, offsets, lengths, positions = [], [], [], []

@@ -203,6 +203,18 @@ def scan_frames_deferred(
 # ----------------------------------------------------------------------------- Example parsing
 
 
+class Buffers(NamedTuple):
+    """Records in several buffers, for a ``(buffer, offsets, lengths)`` triple whose records
+    lie in more than one (a batch spanning two mapped files, joined without a copy): record
+    ``k`` is ``buffers[which[k]][offsets[k]:][:lengths[k]]``."""
+
+    buffers: tuple
+    which: np.ndarray
+
+    def record(self, k: int, offset: int, length: int) -> bytes:
+        return bytes(memoryview(self.buffers[int(self.which[k])]).cast("B")[offset:offset + length])
+
+
 class BytesBuffer(NamedTuple):
     """A bytes column without a Python object per value: value ``k`` is
     ``data[offsets[k]:offsets[k + 1]]`` (``data`` uint8, ``offsets`` int64 of ``count + 1``).
@@ -437,7 +449,11 @@ def parse_example_batch(
     if triple:
         buf, offsets, lengths = records
         n = len(offsets)
-        cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer, crcs)
+        if isinstance(buf, Buffers):
+            cols, err = _ext.parse_batch(cs._native, tuple(buf.buffers), offsets, lengths, as_buffer, crcs,
+                                         np.ascontiguousarray(buf.which, dtype=np.int64))
+        else:
+            cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer, crcs)
         if err is not None and err[0] == "crc":
             ri = err[2]
             raise CorruptRecordError("data crc", None, int(offsets[ri]) - 12, ri)
@@ -471,12 +487,19 @@ def parse_example_batch(
     return out
 
 
-def _check_crcs_py(records: tuple, crcs: np.ndarray) -> None:
-    buf, offsets, lengths = records
+def _records_of(triple: tuple) -> list[bytes]:
+    buf, offsets, lengths = triple
+    pairs = zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist())
+    if isinstance(buf, Buffers):
+        return [buf.record(k, o, n) for k, (o, n) in enumerate(pairs)]
     mv = memoryview(buf).cast("B")
-    for k, (o, n) in enumerate(zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist())):
-        if _crc.masked_crc32c(mv[o:o + n]) != int(crcs[k]):
-            raise CorruptRecordError("data crc", None, o - 12, k)
+    return [bytes(mv[o:o + n]) for o, n in pairs]
+
+
+def _check_crcs_py(records: tuple, crcs: np.ndarray) -> None:
+    for k, rec in enumerate(_records_of(records)):
+        if _crc.masked_crc32c(rec) != int(crcs[k]):
+            raise CorruptRecordError("data crc", None, int(records[1][k]) - 12, k)
 
 
 def _buffer_of(values: np.ndarray) -> BytesBuffer:
@@ -491,9 +514,7 @@ def _parse_py(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool) -> 
     from .example import parse_example
 
     if triple:
-        buf, offsets, lengths = records
-        mv = memoryview(buf).cast("B")
-        records = [bytes(mv[int(o):int(o) + int(n)]) for o, n in zip(offsets, lengths)]
+        records = _records_of(records)
     out = parse_example(records, cs.spec)
     if not as_buffer:
         return out

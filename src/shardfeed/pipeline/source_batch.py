@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.chunks import FrameChunk, rebatch_tagged
-from ..formats.native import release_pooled_memory
+from ..formats.native import Buffers, release_pooled_memory
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
@@ -107,7 +107,10 @@ def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
             skipped.append((int(keep[k]), exc.with_record_index(int(keep[k]))))  # its index as read
         keep = np.delete(keep, k)
         if isinstance(records, FrameChunk):
-            records = FrameChunk(records.buffer, np.delete(records.offsets, k), np.delete(records.lengths, k),
+            buf = records.buffer
+            if isinstance(buf, Buffers):
+                buf = Buffers(buf.buffers, np.delete(buf.which, k))
+            records = FrameChunk(buf, np.delete(records.offsets, k), np.delete(records.lengths, k),
                                  np.delete(records.positions, k), None,
                                  None if records.crcs is None else np.delete(records.crcs, k))
         else:
