@@ -9,6 +9,10 @@
 
 #include "bufpool.h"
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 #define POOL_MIN_BYTES ((size_t)1 << 20)   /* below this, numpy's own allocation is cheap */
 #define POOL_MAX_BLOCKS 8                   /* a few batches in flight (prefetch, parse threads) */
 #define POOL_MAX_BYTES ((size_t)512 << 20)  /* what the pool may hold while nobody uses it */
@@ -25,14 +29,39 @@ static struct {
 } pool[POOL_MAX_BLOCKS];
 static size_t pool_n, pool_bytes, pool_reused, pool_allocated;
 
+/* Blocks are mapped in transparent huge pages where the kernel offers them (madvise mode):
+ * a fresh 46 MB block then costs 23 page faults instead of 11,000 (the zeroing stays), and
+ * the copy into it misses the TLB far less. */
+#define HUGE_BYTES ((size_t)2 << 20)
+
+static void *block_alloc(size_t cap) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    madvise(p, cap, MADV_HUGEPAGE); /* advice only: refused or unsupported leaves 4 KiB pages */
+    return p;
+#else
+    return malloc(cap);
+#endif
+}
+
+static void block_free(void *p, size_t cap) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    munmap(p, cap);
+#else
+    (void)cap;
+    free(p);
+#endif
+}
+
 static void block_dealloc(BlockObject *self) {
     if (self->p && pool_n < POOL_MAX_BLOCKS && pool_bytes + self->cap <= POOL_MAX_BYTES) {
         pool[pool_n].p = self->p;
         pool[pool_n].cap = self->cap;
         pool_n++;
         pool_bytes += self->cap;
-    } else {
-        free(self->p);
+    } else if (self->p) {
+        block_free(self->p, self->cap);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -68,14 +97,15 @@ PyObject *sf_pool_array(size_t nbytes) {
     if (!p) {
         /* an eighth more than asked, so the next batch, a little larger, still fits */
         cap = nbytes + nbytes / 8;
-        cap = (cap + POOL_GRAIN - 1) / POOL_GRAIN * POOL_GRAIN;
-        p = malloc(cap);
+        size_t grain = cap >= 4 * HUGE_BYTES ? HUGE_BYTES : POOL_GRAIN;
+        cap = (cap + grain - 1) / grain * grain;
+        p = block_alloc(cap);
         if (!p) return PyErr_NoMemory();
         pool_allocated++;
     }
     BlockObject *block = PyObject_New(BlockObject, &BlockType);
     if (!block) {
-        free(p);
+        block_free(p, cap);
         return NULL;
     }
     block->p = p;
@@ -98,7 +128,7 @@ PyObject *sf_pool_info(PyObject *self, PyObject *unused) {
 PyObject *sf_pool_clear(PyObject *self, PyObject *unused) {
     while (pool_n) {
         pool_n--;
-        free(pool[pool_n].p);
+        block_free(pool[pool_n].p, pool[pool_n].cap);
     }
     pool_bytes = 0;
     Py_RETURN_NONE;
