@@ -9,7 +9,9 @@ cache. Rows, interleaved in rounds, medians:
 - tf.data: ``TFRecordDataset(files).batch(400).map(parse_example)`` (skipped without
   TensorFlow).
 
-Prints records/s and GB/s and writes JSON::
+Prints records/s, GB/s and the process's CPU time per record (all threads, user + system:
+what a configuration costs in cores, and a figure that holds on a machine shared with other
+jobs, where records/s does not) and writes JSON::
 
     python benchmarks/large_records.py [--records 4000] [--rounds 3] [--no-tf] [--json out.json]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -114,27 +117,33 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print("tf.data: not run (TensorFlow is not installed)")
     runs: dict[str, list[float]] = {k: [] for k in rows}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}
     n_expected = None
     for r in range(args.rounds):
         for name, fn in rows.items():
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
             t0 = time.perf_counter()
             n = fn()
             runs[name].append(n / (time.perf_counter() - t0))
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu[name].append((r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / n * 1e6)
             n_expected = n_expected or n
             if n != n_expected:
                 raise RuntimeError(f"{name} read {n} records, expected {n_expected}")
         print(f"round {r + 1}/{args.rounds} done", flush=True)
     per_record = total / n_expected
     median = {k: statistics.median(v) for k, v in runs.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     tf_rate = median.get("tf.data")
     print(f"\n{n_expected} records of {per_record:,.0f} bytes ({total / 1e6:.0f} MB, page cache), batch {BATCH}, "
           f"{os.cpu_count()} cores, median of {args.rounds}")
-    print(f"{'configuration':32s} {'records/s':>12s} {'GB/s':>7s} {'vs tf.data':>11s}")
+    print(f"{'configuration':32s} {'records/s':>12s} {'GB/s':>7s} {'vs tf.data':>11s} {'CPU us/rec':>11s}")
     for name, rate in median.items():
         vs = f"{rate / tf_rate:.2f}x" if tf_rate else "-"
-        print(f"{name:32s} {rate:12,.0f} {rate * per_record / 1e9:7.2f} {vs:>11s}")
+        print(f"{name:32s} {rate:12,.0f} {rate * per_record / 1e9:7.2f} {vs:>11s} {cpu_med[name]:11.1f}")
     out = {"records": n_expected, "record_bytes": per_record, "batch": BATCH, "rounds": args.rounds,
-           "runs": runs, "median": median, "gb_per_s": {k: v * per_record / 1e9 for k, v in median.items()},
+           "runs": runs, "median": median, "cpu_us_per_record": cpu_med, "cpu_runs": cpu,
+           "gb_per_s": {k: v * per_record / 1e9 for k, v in median.items()},
            "anchor": "tf.data" if tf_rate else None,
            "targets": {"default_gb_per_s": 3.5, "vs_tf": 3.0}}
     out["rows"] = table_rows(out)
