@@ -52,15 +52,13 @@ class _PlainBatches:
             return (f"byte offset {int(batch.positions[k])} of {mask(tag.span.url)} "
                     "(or the span before it, for a batch spanning two)")
 
-        where.url = tag.span.url  # type: ignore[attr-defined]
-
         return batch, where, cursor_state(tag, offset, None, self.replayable), tag.seq
 
-    def crc_failed(self, batch: FrameChunk, k: int, tag_url: str) -> CorruptRecordError:
+    def crc_failed(self, batch: FrameChunk, k: int) -> CorruptRecordError:
         """The error for record ``k`` of ``batch`` whose data CRC (left to the parser) failed:
-        its file and the byte offset of its frame there."""
-        url = None if batch.sources is None else self.chunks.url_of(int(batch.sources[k]))
-        return CorruptRecordError("data crc", mask(url or tag_url), int(batch.positions[k]))
+        its file (the chunks say which: ``track_sources``) and the byte offset of its frame."""
+        url = self.chunks.url_of(int(batch.sources[k]))
+        return CorruptRecordError("data crc", None if url is None else mask(url), int(batch.positions[k]))
 
     def frame_skipped(self, err: CorruptRecordError, batch: FrameChunk, k: int) -> None:
         self.chunks.frame_skipped(err, int(batch.lengths[k]) + FRAME_OVERHEAD)
@@ -188,7 +186,7 @@ class SourceBatchNode(Node):
             k = exc.record_index
             if batch.crcs is None or k is None or not 0 <= k < batch.count:
                 raise
-            raise self.producer.crc_failed(batch, k, where.url) from None
+            raise self.producer.crc_failed(batch, k) from None
         except (DecodeError, ParseError) as exc:
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at {where(exc.record_index)}")
@@ -197,7 +195,7 @@ class SourceBatchNode(Node):
             out, skipped = out
             for k, exc in skipped:  # each put to the policy: a handler may stop here
                 if isinstance(exc, CorruptRecordError):  # framing's error, found by the parser
-                    self.producer.frame_skipped(self.producer.crc_failed(batch, k, where.url), batch, k)
+                    self.producer.frame_skipped(self.producer.crc_failed(batch, k), batch, k)
                     continue
                 exc.add_note(f"in record at {where(k)}")
                 self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
