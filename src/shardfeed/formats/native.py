@@ -58,7 +58,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 
 __all__ = [
     "gather",
-    "native_available", "native_info", "scan_frames", "crc32c", "masked_crc32c", "parse_example_batch",
+    "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c", "parse_example_batch",
     "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
     "validate_sequence_example",
     "FRAME_CHECKS",
@@ -212,6 +212,7 @@ class Buffers(NamedTuple):
     which: np.ndarray
 
     def record(self, k: int, offset: int, length: int) -> bytes:
+        """Record ``k`` (at ``offset``, ``length`` bytes in its buffer) as bytes."""
         return bytes(memoryview(self.buffers[int(self.which[k])]).cast("B")[offset:offset + length])
 
 
