@@ -58,7 +58,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 
 __all__ = [
     "gather",
-    "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c", "parse_example_batch",
+    "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c",
+    "parse_example_batch",
     "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
     "validate_sequence_example",
     "FRAME_CHECKS",
