@@ -15,6 +15,7 @@
 #include "crcfuse.h"
 #include "example_parse.h"
 #include "frames.h"
+#include "imgcheck.h"
 #include "packbytes.h"
 #include "resample.h"
 
@@ -942,6 +943,25 @@ static PyObject *py_resample_backend(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(sf_resample_backend());
 }
 
+/* ------------------------------------------------------------------ image headers */
+
+static PyObject *py_image_check(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    sf_imginfo info;
+    const char *err;
+    if (view.len >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS err = sf_image_check(view.buf, (size_t)view.len, &info);
+        Py_END_ALLOW_THREADS
+    } else {
+        err = sf_image_check(view.buf, (size_t)view.len, &info);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(ikkiiiiizn)", info.format, (unsigned long)info.width, (unsigned long)info.height,
+                         info.components, info.color_type, info.bit_depth, info.orientation, info.flags, err,
+                         (Py_ssize_t)info.error_offset);
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
@@ -967,6 +987,9 @@ static PyMethodDef methods[] = {
     {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},
     {"pool_array", py_pool_array, METH_O,
      "pool_array(nbytes) -> uint8 array, uninitialised; large ones backed by a recycled block"},
+    {"image_check", py_image_check, METH_O,
+     "image_check(data) -> (format, width, height, components, color_type, bit_depth, orientation, flags, error, "
+     "error_offset): the structural check of a JPEG or PNG file (imgcheck.h)"},
     {"resample", py_resample, METH_VARARGS,
      "resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None: Pillow's resize"},
     {"resample_backend", py_resample_backend, METH_NOARGS,
@@ -982,6 +1005,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__native(void) {
     import_array();
     sf_crc32c_init();
+    sf_imgcheck_init();
     if (PyType_Ready(&CompiledSpecType) < 0 || sf_pool_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;

@@ -109,6 +109,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(sp, "max_image_size", type=int, help="longest side in pixels (never upscaled)")
     _opt(sp, "max_test_image_size", type=int, help="the same for validation/test (default max_image_size)")
     _opt(sp, "image_format", default="jpg", choices=["jpg", "jpeg", "png"])
+    _opt(sp, "image_check", default="header", choices=["header", "decode"],
+         help="how images stored as they are get verified: 'header' (default) walks the JPEG markers / PNG "
+              "chunks and CRCs without decoding; 'decode' decodes each fully (slower; also catches damage "
+              "inside the compressed data)")
     _opt(sp, "jpeg_quality", type=int, default=90)
     _opt(sp, "max_image_pixels", type=int, default=89_478_485, help="decompression-bomb limit (pixels)")
     _opt(sp, "read_parallel_num", type=int, default=2, help="conversion workers (default 2)")
@@ -163,7 +167,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         class_list_file=args.class_list_file, default_class=args.default_class, error_class=args.error_class,
         ignore_class=args.ignore_class, test_ratio=args.test_ratio, seed=args.seed, split_key=args.split_key,
         max_image_size=args.max_image_size, max_test_image_size=args.max_test_image_size,
-        image_format=args.image_format, jpeg_quality=args.jpeg_quality, max_image_pixels=args.max_image_pixels,
+        image_format=args.image_format, image_check=args.image_check, jpeg_quality=args.jpeg_quality,
+        max_image_pixels=args.max_image_pixels,
         read_parallel_num=args.read_parallel_num,
         write_parallel_num=args.write_parallel_num, num_samples_per_tfrecord=args.num_samples_per_tfrecord,
         bytes_per_tfrecord=args.bytes_per_tfrecord,

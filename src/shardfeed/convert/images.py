@@ -4,7 +4,19 @@ Every image comes out 8-bit RGB, upright (EXIF orientation applied), no longer t
 ``max_size`` on its longest side (aspect kept, never upscaled), encoded as JPEG or PNG.
 The original bytes are kept when nothing needs changing and the format already matches.
 Anything Pillow cannot make sense of raises :class:`~shardfeed.convert.options.Discard`
-with a reason, never a bare library error. Pillow releases the GIL while it decodes,
+with a reason, never a bare library error.
+
+Kept bytes are checked one of two ways (``image_check``). ``"header"`` (the default): the
+native core walks the file's structure without decoding pixels (JPEG: SOI, frame header,
+tables, scans, EOI, every segment length; PNG: signature, IHDR, every chunk's CRC-32, IEND;
+see ``_native/imgcheck.h``) and reads the size from the frame header or IHDR, about 100
+times cheaper than a decode; a truncated or garbled file is discarded with what is wrong
+and at which byte. It does not decode the compressed image data, so damage inside a JPEG's
+entropy-coded data (or a PNG's deflate stream behind valid CRCs) passes; ``"decode"``
+decodes every kept image fully, as libjpeg/zlib see it. Any file the header check cannot
+judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
+orientation other than 1, grey/CMYK/alpha, multi-picture) takes the decode path either way,
+so both give the same features for every image they keep. Pillow releases the GIL while it decodes,
 resizes and encodes, so threads scale; large JPEGs are decoded at reduced size
 (``Image.draft``, DCT scaling) when the target is at most half their size.
 """
@@ -14,6 +26,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from ..formats.native import image_check as _native_image_check
 from .options import Discard
 
 _EXIF_ORIENTATION = 0x0112
@@ -101,20 +114,49 @@ def _to_rgb(im):
     return im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
 
 
+def _kept_by_header(data: bytes, max_size: int | None, want: str, max_pixels: int) -> EncodedImage | None:
+    """The image with its bytes kept as they are, judged from its headers alone; ``None``
+    when it needs the decode path (it must change, or only a decoder can judge it).
+
+    Raises :class:`Discard` for a structurally broken JPEG/PNG or one over ``max_pixels``.
+    """
+    h = _native_image_check(data)
+    if h is None or not h.format:
+        return None  # no native core, or not a JPEG/PNG: Pillow decides
+    if h.error is not None:
+        raise Discard(f"corrupt image: {h.error} (at byte {h.error_offset})")
+    if h.width * h.height > max_pixels:
+        raise Discard(f"decompression bomb: {h.width}x{h.height} = {h.width * h.height} pixels exceeds "
+                      f"max_image_pixels={max_pixels}")
+    rgb = h.components == 3 if h.format == "jpeg" else h.color_type == 2
+    if (h.format != want or not rgb or h.unusual or h.orientation_unsure or h.orientation not in (0, 1)
+            or target_size(h.width, h.height, max_size) != (h.width, h.height)):
+        return None
+    return EncodedImage(bytes(data), want, h.height, h.width, h.height, h.width)
+
+
 def load_image(data: bytes, *, max_size: int | None = None, image_format: str = "jpg",
-               jpeg_quality: int = 90, max_pixels: int = 89_478_485) -> EncodedImage:
+               jpeg_quality: int = 90, max_pixels: int = 89_478_485, check: str = "decode") -> EncodedImage:
     """Turn the bytes of an image file into stored bytes (see the module docstring).
 
+    ``check``: how bytes that are kept as they are get verified, ``"decode"`` (a full
+    decode) or ``"header"`` (the native structural check; see the module docstring).
     Raises :class:`Discard` for a non-image, a corrupt or truncated file, or an image over
     ``max_pixels`` pixels (checked from the header, before decoding).
     """
-    Image, ImageOps = _pil()
     if not data:
         raise Discard("empty file (0 bytes)")
+    want = "jpeg" if image_format in ("jpg", "jpeg") else "png"
+    if check == "header":
+        kept = _kept_by_header(data, max_size, want, max_pixels)
+        if kept is not None:
+            return kept
+    elif check != "decode":
+        raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
+    Image, ImageOps = _pil()
     im = _open(data, max_pixels)
     ow, oh = im.size
     src_format = (im.format or "").upper()
-    want = "jpeg" if image_format in ("jpg", "jpeg") else "png"
     try:
         orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
     except Exception:  # noqa: BLE001 - a broken EXIF block is not worth dropping the image

@@ -14,6 +14,7 @@ MODEL_TYPES = (
 )
 SPLITS = ("train", "validation", "test")
 IMAGE_FORMATS = {"jpg": "jpeg", "jpeg": "jpeg", "png": "png"}
+IMAGE_CHECKS = ("header", "decode")
 
 
 class Discard(Exception):
@@ -60,6 +61,12 @@ class DiscardRecord:
 class ConvertOptions:
     """Options of a conversion. Names follow PAI's ``convert_param_config`` where one exists.
 
+    ``image_check``: how an image whose bytes are stored as they are (no resize, no
+    rotation, already RGB in ``image_format``) is verified: ``"header"`` (default) walks its
+    JPEG markers or PNG chunks (CRCs included) natively and takes the size from its header,
+    without decoding pixels; ``"decode"`` decodes it fully (about 100 times the CPU; also
+    catches damage inside the compressed image data, which the header check cannot see).
+    Images that must change are decoded either way. See :mod:`shardfeed.convert.images`.
     ``max_image_size`` / ``max_test_image_size``: longest side in pixels (aspect kept, never
     upscaled; the test size applies to the validation and test splits and defaults to
     ``max_image_size``). ``image_format``: ``"jpg"`` or ``"png"``. ``test_ratio``: share of
@@ -96,6 +103,7 @@ class ConvertOptions:
     max_image_size: int | None = None
     max_test_image_size: int | None = None
     image_format: str = "jpg"
+    image_check: str = "header"
     jpeg_quality: int = 90
     max_image_pixels: int = 89_478_485  # Pillow's own default bomb limit
     read_parallel_num: int = 2
@@ -124,6 +132,9 @@ class ConvertOptions:
         if fmt not in IMAGE_FORMATS:
             raise ValueError(f"image_format must be 'jpg' or 'png', got {self.image_format!r}")
         self.image_format = "jpg" if IMAGE_FORMATS[fmt] == "jpeg" else "png"
+        if self.image_check not in IMAGE_CHECKS:
+            raise ValueError(f"image_check must be 'header' (verify kept images by their structure) or 'decode' "
+                             f"(decode every kept image), got {self.image_check!r}")
         if not 0.0 <= float(self.test_ratio) < 1.0:
             raise ValueError(f"test_ratio must be in [0, 1), got {self.test_ratio!r}")
         self.test_ratio = float(self.test_ratio)

@@ -313,9 +313,9 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
             raise FileNotFoundError(f"{mask(url)}: no such folder")
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for f in filenames:
-                if not f.startswith("."):
-                    rels.append(tuple(os.path.relpath(os.path.join(dirpath, f), base).split(os.sep)))
+            rel = os.path.relpath(dirpath, base)  # once per folder, not per file (it costs tens of us)
+            parts = () if rel == os.curdir else tuple(rel.split(os.sep))
+            rels.extend((*parts, f) for f in filenames if not f.startswith("."))
         def join(parts: tuple) -> str:
             return os.path.join(base, *parts)
     else:

@@ -68,7 +68,7 @@ class ConvertContext:
             raise Discard("row has no image")
         o = self.options
         return load_image(self.read(row.image_uri), max_size=o.max_size_for(split), image_format=o.image_format,
-                          jpeg_quality=o.jpeg_quality, max_pixels=o.max_image_pixels)
+                          jpeg_quality=o.jpeg_quality, max_pixels=o.max_image_pixels, check=o.image_check)
 
 
 def image_features(img: EncodedImage, row: Row) -> dict[str, Any]:

@@ -115,25 +115,43 @@ def _encode_feature(name: str, value: Any) -> bytes:
         except OverflowError:
             raise ValueError(f"feature {name!r}: an int is too large to convert to float32") from None
         return _len_prefixed(b"\x12", _len_prefixed(b"\x0a", payload) if payload else b"")
-    payload = b"".join(_len_prefixed(b"\x0a", _to_bytes(name, v)) for v in seq)
-    return _len_prefixed(b"\x0a", payload)
+    # one copy of each value (large image bytes): the pieces are joined once
+    parts = [b"\x0a", b""]
+    size = 0
+    for v in seq:
+        b = _to_bytes(name, v)
+        n = encode_varint(len(b))
+        parts += (b"\x0a", n, b)
+        size += 1 + len(n) + len(b)
+    parts[1] = encode_varint(size)
+    return b"".join(parts)
 
 
-def _encode_features(features: Mapping[str, Any], sort_keys: bool, encode_value) -> bytes:
+def _features_parts(features: Mapping[str, Any], sort_keys: bool, encode_value) -> tuple[list[bytes], int]:
+    """The map entries of a Features message as pieces to join (values are not copied
+    here), and their total size."""
     if not isinstance(features, Mapping):
         raise TypeError(f"features must be a mapping of name to values, got {type(features).__name__}")
     items = []
+    size = 0
     for name, value in features.items():
         if not isinstance(name, str):
             raise TypeError(f"feature names must be str, got {name!r}")
         key = name.encode("utf-8")
-        entry = _len_prefixed(b"\x0a", key) + _len_prefixed(b"\x12", encode_value(name, value))
-        items.append((key, _len_prefixed(b"\x0a", entry)))
+        feat = encode_value(name, value)
+        head = _len_prefixed(b"\x0a", key) + b"\x12" + encode_varint(len(feat))
+        head = b"\x0a" + encode_varint(len(head) + len(feat)) + head
+        items.append((key, head, feat))
+        size += len(head) + len(feat)
     if sort_keys:
         # protobuf-python (upb) deterministic order: byte-wise, except that a key sorts
         # after the keys it is a prefix of ("label_id" before "label"; C++ puts it first).
         items.sort(key=lambda kv: (*kv[0], 256))
-    return b"".join(e for _, e in items)
+    return [p for _, head, feat in items for p in (head, feat)], size
+
+
+def _encode_features(features: Mapping[str, Any], sort_keys: bool, encode_value) -> bytes:
+    return b"".join(_features_parts(features, sort_keys, encode_value)[0])
 
 
 def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> bytes:
@@ -154,7 +172,8 @@ def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> b
     Raises TypeError for an unsupported value type or mixed kinds, ValueError for an int
     outside int64, both naming the feature.
     """
-    return _len_prefixed(b"\x0a", _encode_features(features, sort_keys, _encode_feature))
+    parts, size = _features_parts(features, sort_keys, _encode_feature)
+    return b"".join((b"\x0a", encode_varint(size), *parts))
 
 
 def _encode_feature_list(name: str, values: Any) -> bytes:

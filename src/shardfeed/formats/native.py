@@ -61,7 +61,7 @@ __all__ = [
     "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c",
     "parse_example_batch",
     "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
-    "validate_sequence_example",
+    "validate_sequence_example", "image_check", "ImageHeader",
     "FRAME_CHECKS",
 ]
 
@@ -560,3 +560,34 @@ def validate_sequence_example(record: Any) -> str | None:
             return str(e)
         return None
     return _ext.validate_sequence_example(record)
+
+
+class ImageHeader(NamedTuple):
+    """What :func:`image_check` read from a file's headers (see ``_native/imgcheck.h``)."""
+
+    format: str          # "jpeg", "png", or "" (neither signature)
+    width: int
+    height: int
+    components: int      # JPEG: frame components; PNG: channels of the colour type
+    color_type: int      # PNG colour type; -1 for JPEG
+    bit_depth: int
+    orientation: int     # EXIF orientation, 0 when the file has none
+    unusual: bool        # a file only a full decoder should judge (12-bit, lossless, arithmetic, DNL, MPO, ...)
+    orientation_unsure: bool  # orientation may come from metadata the check does not read
+    error: str | None    # what is wrong with the structure, or None
+    error_offset: int    # where (bytes from the start)
+
+
+_IMG_FORMATS = {0: "", 1: "jpeg", 2: "png"}
+
+
+def image_check(data: Any) -> ImageHeader | None:
+    """The native structural check of a JPEG or PNG file: a marker walk (JPEG: SOI, frame,
+    tables, scans, EOI, segment lengths; PNG: signature, IHDR, every chunk's CRC-32, IEND)
+    without decoding pixels, the GIL released for large files. ``None`` when the native core
+    is not built (the caller then decodes)."""
+    if _ext is None or not hasattr(_ext, "image_check"):
+        return None
+    fmt, w, h, comps, ct, depth, orient, flags, err, off = _ext.image_check(data)
+    return ImageHeader(_IMG_FORMATS.get(fmt, ""), w, h, comps, ct, depth, orient, bool(flags & 0x02),
+                       bool(flags & 0x04), err, off)

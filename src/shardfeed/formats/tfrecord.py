@@ -361,16 +361,19 @@ class TFRecordWriter:
             raise ValueError(f"write to a closed TFRecordWriter ({mask(self.url)})")
         if not isinstance(record, (bytes, bytearray, memoryview)):
             raise TypeError(f"TFRecordWriter.write takes bytes, got {type(record).__name__}")
-        data = frame(bytes(record))
+        record = bytes(record)
+        n = len(record)
         if self._gz is not None:
-            self._gz.write(data)
+            self._gz.write(frame(record))
         elif self._zobj is not None:
-            self._raw.write(self._zobj.compress(data))
-        else:
-            self._raw.write(data)
+            self._raw.write(self._zobj.compress(frame(record)))
+        else:  # the pieces go to the buffered file as they are: no joined copy of the record
+            self._raw.write(_HEADER.pack(n, masked_length_crc(n)))
+            self._raw.write(record)
+            self._raw.write(_FOOTER.pack(masked_crc32c(record)))
         if self.index_url:
-            self._index.append((self._offset, len(data)))
-        self._offset += len(data)
+            self._index.append((self._offset, n + 16))
+        self._offset += n + 16
         self.records += 1
 
     def write_many(self, records: Iterable[bytes]) -> None:
