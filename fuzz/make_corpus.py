@@ -1,4 +1,5 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample}/), deterministically.
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck}/),
+deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
 one byte choosing the harness's spec (bit 2 set: parsed as SequenceExamples, the
@@ -143,6 +144,37 @@ def crcfuse_seeds() -> dict[str, bytes]:
     }
 
 
+def imgcheck_seeds() -> dict[str, bytes]:
+    """name -> small JPEG/PNG files for fuzz_imgcheck.c (under its 4,096-byte inputs), made with
+    Pillow: baseline, progressive, restart markers, EXIF, grey; PNG RGB, palette + tRNS, eXIf."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    a = (np.arange(16 * 12 * 3, dtype=np.uint32).reshape(12, 16, 3) * 37 % 251).astype(np.uint8)
+    im = Image.fromarray(a)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+
+    def enc(img, fmt, **kw):
+        b = io.BytesIO()
+        img.save(b, fmt, **kw)
+        return b.getvalue()
+
+    return {
+        "baseline.jpg": enc(im, "JPEG", quality=80),
+        "progressive.jpg": enc(im, "JPEG", progressive=True),
+        "restart.jpg": enc(im, "JPEG", restart_marker_blocks=1),
+        "exif.jpg": enc(im, "JPEG", exif=exif.tobytes()),
+        "grey.jpg": enc(im.convert("L"), "JPEG"),
+        "rgb.png": enc(im, "PNG"),
+        "palette-trns.png": enc(im.convert("P"), "PNG", transparency=0),
+        "exif.png": enc(im, "PNG", exif=exif.tobytes()),
+        "truncated.jpg": enc(im, "JPEG")[:300],
+    }
+
+
 def main() -> None:
     ex_dir = os.path.join(HERE, "corpus", "example")
     fr_dir = os.path.join(HERE, "corpus", "frames")
@@ -187,6 +219,11 @@ def main() -> None:
     os.makedirs(cf_dir, exist_ok=True)
     for name, data in crcfuse_seeds().items():
         with open(os.path.join(cf_dir, name), "wb") as f:
+            f.write(data)
+    ic_dir = os.path.join(HERE, "corpus", "imgcheck")
+    os.makedirs(ic_dir, exist_ok=True)
+    for name, data in imgcheck_seeds().items():
+        with open(os.path.join(ic_dir, name), "wb") as f:
             f.write(data)
 
 

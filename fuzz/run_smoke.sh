@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 SECS="${FUZZ_SECONDS:-30}"
 OUT="${FUZZ_OUT:-$(mktemp -d -t shardfeed-fuzz.XXXXXX)}"
 SRC=../src/shardfeed/_native
-NAMES=(frames crcfuse example resample)
+NAMES=(frames crcfuse example resample imgcheck)
 
 if ! command -v clang >/dev/null 2>&1; then
   echo "clang not found; trying to install it with apt-get"
@@ -21,13 +21,14 @@ if ! command -v clang >/dev/null 2>&1; then
   fi
 fi
 
-# build CC FLAGS... DRIVER: the four harnesses into $OUT/fuzz_NAME (DRIVER: extra source with main, or "")
+# build CC FLAGS... DRIVER: the harnesses into $OUT/fuzz_NAME (DRIVER: extra source with main, or "")
 build() {
   local cc=$1 driver=$2
   shift 2
   "$cc" "$@" fuzz_frames.c $driver "$SRC/frames.c" "$SRC/crc32c.c" -o "$OUT/fuzz_frames"
   "$cc" "$@" fuzz_crcfuse.c $driver "$SRC/crcfuse.c" "$SRC/crc32c.c" -o "$OUT/fuzz_crcfuse"
   "$cc" "$@" fuzz_example.c $driver "$SRC/example_parse.c" -o "$OUT/fuzz_example"
+  "$cc" "$@" fuzz_imgcheck.c $driver "$SRC/imgcheck.c" -o "$OUT/fuzz_imgcheck"
   for isa in 0 1 2 3; do # resample.c once per ISA level (resample_isa.c)
     "$cc" "$@" -c -DSF_FUZZ_ISA=$isa resample_isa.c -o "$OUT/resample_isa$isa.o"
   done
