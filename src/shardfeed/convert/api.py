@@ -15,6 +15,7 @@ from ..storage.urls import mask, parse_url
 from .annotations import read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
+from .runner_local import run_local  # the default runner, imported with the API (beam and spark when used)
 from .schema import Schema, as_schema
 from .sources import _dirname, parquet_parts, read_dataframe, read_image_folder, read_table_file
 from .writer import finalize, join, manifest_url, spec_from_json
@@ -185,8 +186,6 @@ def _run_spark(source: Any, output_dir: str, schema: Schema | None, opts: Conver
 def _run(plan: Plan, output_dir: str, storage_options, runner: str, resume: bool, progress: bool,
          beam_runner: str | None, beam_options, pipeline_options) -> ConvertResult:
     if runner == "local":
-        from .runner_local import run_local
-
         states = run_local(plan, output_dir, storage_options, resume=resume, progress=progress)
     elif runner == "beam":
         from .runner_beam import run_beam

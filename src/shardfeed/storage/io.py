@@ -434,6 +434,16 @@ def remove(url: str, storage_options: Mapping[str, Any] | None = None, missing_o
 def list_dir(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
     """URLs of the files directly under ``url``, sorted."""
     parsed = parse_url(url)
+    if parsed.is_local and os.path.isdir(parsed.path):
+        # a local folder without fsspec (whose first import, with asyncio and its codecs, costs
+        # more than converting a hundred images); the same names fsspec's LocalFileSystem.ls gives
+        base = os.path.abspath(parsed.path)
+        try:
+            with os.scandir(base) as it:
+                files = [os.path.join(base, e.name) for e in it if not e.is_dir()]
+        except OSError as exc:
+            raise _translate(exc, url, "list") from exc
+        return sorted(parsed.with_path(f) for f in files)
     fs, path = get_filesystem(parsed, storage_options)
     entries = _run("list", url, lambda: fs.ls(path, detail=True))
     return sorted(parsed.with_path(_unstrip(fs, e["name"], parsed)) for e in entries if e.get("type") != "directory")
