@@ -685,3 +685,20 @@ def test_sequence_example_rejects_bad_bytes():
         decode_sequence_example(ld(2, entry(b"s", ld(1, b"x")))[:-2])
     with pytest.raises(TypeError, match="feature list 's'"):
         encode_sequence_example({}, {"s": "ab"})
+
+
+def test_repeated_small_scalars_encode_the_same_bytes_each_time():
+    # small scalar features are remembered per (name, type, value): a hit must give the same
+    # bytes as the first encoding, and int/bool/str values that compare equal must not mix
+    from shardfeed.formats.example_encode import _ENTRY_CACHE
+
+    _ENTRY_CACHE.clear()
+    recs = [{"label": 1, "flag": True, "text": "cat", "big": 2**40, "neg": -3} for _ in range(3)]
+    first = [encode_example(r) for r in recs]
+    assert len(set(first)) == 1 and _ENTRY_CACHE
+    assert decode_example(first[0]) == {"label": [1], "flag": [1], "text": [b"cat"], "big": [2**40], "neg": [-3]}
+    assert encode_example({"label": 1.0}) != encode_example({"label": 1})  # a float is not the cached int
+    assert decode_example(encode_example({"label": 1.0}))["label"][0] == pytest.approx(1.0)
+    assert decode_example(encode_example({"text": "dog"}))["text"] == [b"dog"]
+    _ENTRY_CACHE.clear()
+    assert encode_example(recs[0]) == first[0]

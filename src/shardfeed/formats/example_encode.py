@@ -132,6 +132,12 @@ def _encode_feature(name: str, value: Any) -> bytes:
     return b"".join(parts)
 
 
+# Whole map entries of small scalar features (a label, a format, a height) seen before: a
+# converter writes the same few values in every record. Bounded; emptied when full.
+_ENTRY_CACHE: dict[tuple, tuple[bytes, bytes]] = {}
+_ENTRY_CACHE_MAX = 4096
+
+
 def _features_parts(features: Mapping[str, Any], sort_keys: bool, encode_value) -> tuple[list[bytes], int]:
     """The map entries of a Features message as pieces to join (values are not copied
     here), and their total size."""
@@ -139,13 +145,25 @@ def _features_parts(features: Mapping[str, Any], sort_keys: bool, encode_value) 
         raise TypeError(f"features must be a mapping of name to values, got {type(features).__name__}")
     items = []
     size = 0
+    cacheable = encode_value is _encode_feature
     for name, value in features.items():
+        t = type(value)
+        ck = (name, t, value) if cacheable and (t is int or t is bool or (t is str and len(value) <= 64)) else None
+        hit = _ENTRY_CACHE.get(ck) if ck is not None else None
+        if hit is not None:
+            items.append((hit[0], hit[1], b""))
+            size += len(hit[1])
+            continue
         if not isinstance(name, str):
             raise TypeError(f"feature names must be str, got {name!r}")
         key = name.encode("utf-8")
         feat = encode_value(name, value)
         head = _len_prefixed(b"\x0a", key) + b"\x12" + encode_varint(len(feat))
         head = b"\x0a" + encode_varint(len(head) + len(feat)) + head
+        if ck is not None:
+            if len(_ENTRY_CACHE) >= _ENTRY_CACHE_MAX:
+                _ENTRY_CACHE.clear()
+            _ENTRY_CACHE[ck] = (key, head + feat)
         items.append((key, head, feat))
         size += len(head) + len(feat)
     if sort_keys:
