@@ -238,3 +238,16 @@ def test_cli_image_check_flag_reaches_the_manifest(tmp_path):
     assert convert_api.load_manifest(out2)["options"]["image_check"] == "header"
     with pytest.raises(SystemExit):
         main(["convert", folder, str(tmp_path / "out3"), "--image_check", "pixels", "-q"])
+
+
+@needs_native
+def test_damage_inside_the_entropy_coded_data_passes_the_header_check_as_documented():
+    # docs/conversion.md: bytes overwritten inside a JPEG's scan data leave its structure
+    # intact; the header check keeps the file (and here a full decode accepts it too)
+    data = bytearray(encode(photo(), "JPEG", quality=90))
+    start = data.index(b"\xff\xda") + 20
+    for i in range(start, len(data) - 40, 97):
+        data[i] = 0x55
+    damaged = bytes(data)
+    assert load_image(damaged, check="header").data == damaged
+    assert load_image(damaged, check="decode").data == damaged
