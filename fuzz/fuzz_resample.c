@@ -1,5 +1,5 @@
 /* libFuzzer harness for resample.c (sf_resample): every ISA path the CPU has (scalar,
- * SSE4.1, AVX2, AVX-512; resample_isa.c builds one copy of resample.c per level) on one
+ * SSE4.1, AVX2, AVX-512, AVX-512 VNNI; resample_isa.c builds one copy of resample.c per level) on one
  * input, checked to give identical bytes, to write nothing outside the destination (guard
  * bytes on both sides) and, under AddressSanitizer, to read nothing outside the source (an
  * exact-size allocation). Arguments the binding (module.c py_resample) passes on but that are
@@ -26,16 +26,20 @@ int sf_resample_isa0(const uint8_t *, int, int, int, uint8_t *, int, int, int, i
 int sf_resample_isa1(const uint8_t *, int, int, int, uint8_t *, int, int, int, int, int, int, int, int);
 int sf_resample_isa2(const uint8_t *, int, int, int, uint8_t *, int, int, int, int, int, int, int, int);
 int sf_resample_isa3(const uint8_t *, int, int, int, uint8_t *, int, int, int, int, int, int, int, int);
+int sf_resample_isa4(const uint8_t *, int, int, int, uint8_t *, int, int, int, int, int, int, int, int);
 const char *sf_resample_backend_isa0(void);
 const char *sf_resample_backend_isa1(void);
 const char *sf_resample_backend_isa2(void);
 const char *sf_resample_backend_isa3(void);
+const char *sf_resample_backend_isa4(void);
 
 typedef int (*resample_fn)(const uint8_t *, int, int, int, uint8_t *, int, int, int, int, int, int, int, int);
-static const resample_fn FNS[4] = {sf_resample_isa0, sf_resample_isa1, sf_resample_isa2, sf_resample_isa3};
-static const char *(*const BACKENDS[4])(void) = {sf_resample_backend_isa0, sf_resample_backend_isa1,
-                                                 sf_resample_backend_isa2, sf_resample_backend_isa3};
-static const char *const NAMES[4] = {"scalar", "sse4.1", "avx2", "avx512"};
+static const resample_fn FNS[5] = {sf_resample_isa0, sf_resample_isa1, sf_resample_isa2, sf_resample_isa3,
+                                   sf_resample_isa4};
+static const char *(*const BACKENDS[5])(void) = {sf_resample_backend_isa0, sf_resample_backend_isa1,
+                                                 sf_resample_backend_isa2, sf_resample_backend_isa3,
+                                                 sf_resample_backend_isa4};
+static const char *const NAMES[5] = {"scalar", "sse4.1", "avx2", "avx512", "avx512vnni"};
 
 #define GUARD 64
 #define GUARD_BYTE 0xA5
@@ -102,7 +106,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < slen; i++) src[i] = npix ? pix[i % npix] : (uint8_t)(i * 131);
     uint8_t *ref = NULL;
     int ran = 0;
-    for (int isa = 0; isa < 4; isa++) {
+    for (int isa = 0; isa < 5; isa++) {
         const char *backend = BACKENDS[isa]();
         if (strcmp(backend, NAMES[isa]) != 0) continue; /* the CPU lacks it: already ran as a lower level */
         uint8_t *buf = malloc(dlen + 2 * GUARD);

@@ -29,10 +29,10 @@ build() {
   "$cc" "$@" fuzz_crcfuse.c $driver "$SRC/crcfuse.c" "$SRC/crc32c.c" -o "$OUT/fuzz_crcfuse"
   "$cc" "$@" fuzz_example.c $driver "$SRC/example_parse.c" -o "$OUT/fuzz_example"
   "$cc" "$@" fuzz_imgcheck.c $driver "$SRC/imgcheck.c" -o "$OUT/fuzz_imgcheck"
-  for isa in 0 1 2 3; do # resample.c once per ISA level (resample_isa.c)
+  for isa in 0 1 2 3 4; do # resample.c once per ISA level (resample_isa.c)
     "$cc" "$@" -c -DSF_FUZZ_ISA=$isa resample_isa.c -o "$OUT/resample_isa$isa.o"
   done
-  "$cc" "$@" fuzz_resample.c $driver "$OUT"/resample_isa[0-3].o -lm -o "$OUT/fuzz_resample"
+  "$cc" "$@" fuzz_resample.c $driver "$OUT"/resample_isa[0-4].o -lm -o "$OUT/fuzz_resample"
 }
 
 MODE=""

@@ -255,10 +255,10 @@ def test_native_path_gives_the_pillow_path_values(resize, channels):
             np.testing.assert_array_equal(fast(batch_of(values))["image"], slow(batch_of(values))["image"])
 
 
-@pytest.mark.parametrize("isa", ["scalar", "sse4.1", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["scalar", "sse4.1", "avx2", "avx512", "avx512vnni"])
 def test_every_vector_path_equals_pillow(isa):
-    """The scalar, SSE4.1, AVX2 and AVX-512 passes (SHARDFEED_RESAMPLE_ISA lowers the one picked; a
-    CPU without the asked one runs the widest it has) each give Pillow's values."""
+    """The scalar, SSE4.1, AVX2, AVX-512 and AVX-512 VNNI passes (SHARDFEED_RESAMPLE_ISA lowers the
+    one picked; a CPU without the asked one runs the widest it has) each give Pillow's values."""
     import os
     import subprocess
     import sys
@@ -285,7 +285,7 @@ def test_every_vector_path_equals_pillow(isa):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() in ("scalar", "sse4.1", "avx2", "avx512")
+    assert proc.stdout.strip() in ("scalar", "sse4.1", "avx2", "avx512", "avx512vnni")
 
 
 def test_one_batch_shared_among_threads_gives_the_same_batch():

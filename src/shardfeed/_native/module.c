@@ -993,7 +993,7 @@ static PyMethodDef methods[] = {
     {"resample", py_resample, METH_VARARGS,
      "resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None: Pillow's resize"},
     {"resample_backend", py_resample_backend, METH_NOARGS,
-     "resample_backend() -> str: 'avx512', 'avx2', 'sse4.1' or 'scalar'."},
+     "resample_backend() -> str: 'avx512vnni', 'avx512', 'avx2', 'sse4.1' or 'scalar'."},
     {NULL, NULL, 0, NULL},
 };
 

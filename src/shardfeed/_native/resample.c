@@ -434,6 +434,179 @@ out:
     return rc;
 }
 
+/* Vertical pass, AVX-512BW: the same integer sums from 16-bit multiplies. A weight k (22-bit
+ * fixed point, |k| <= 2^22 or a little more) is split as k = kh * 2^11 + kl with kl in [0, 2^11),
+ * both fitting int16; vpmaddwd multiplies a pair of taps' samples by their kh (or kl) and
+ * adds them, exactly, and (sum_h << 11) + sum_l is the same 32-bit sum the 32-bit multiplies
+ * give (two's complement wraps alike), so the results are Pillow's bit for bit. A 512-bit
+ * vpmaddwd does 32 multiplies in one micro-op where vpmulld does 16 in two. */
+#define SPLIT_HI(k) ((int16_t)((k) >> 11))
+#define SPLIT_LO(k) ((int16_t)((k) & 2047))
+
+/* The weight k in three balanced base-256 digits, k = d2 * 65536 + d1 * 256 + d0, each in
+ * [-128, 127] (so |k| < 2^23 fits: 22-bit weights with room), for vpdpbusd, which multiplies
+ * four unsigned bytes by four signed bytes and adds the four products to an int32 lane:
+ * sum(p * k) = (sum(p * d2) << 16) + (sum(p * d1) << 8) + sum(p * d0), exactly, mod 2^32 as
+ * the 32-bit multiplies wrap. */
+static int digits3(int32_t k, int8_t d[3]) {
+    if (k >= (1 << 23) - (1 << 15) || k <= -(1 << 23) + (1 << 15)) return -1;
+    for (int i = 0; i < 3; i++) {
+        int32_t r = ((k + 128) & 255) - 128;
+        d[i] = (int8_t)r;
+        k = (k - r) / 256;
+    }
+    return 0;
+}
+
+/* Horizontal pass for 4-byte pixels with AVX-512 VNNI: four neighbouring output pixels per
+ * 512-bit vector, one per 128-bit lane, as hpass4_gather512, but four taps at a time: a vpermd puts
+ * each lane's next four source pixels in its lane, one vpshufb transposes them to four taps
+ * per channel, and three vpdpbusd (one per weight digit) multiply and accumulate them.
+ * Windows are padded to a multiple of four taps. Returns 1 where the windows do not fit in
+ * 16 source pixels or a weight does not fit three digits (the caller uses the other
+ * passes), -2 when out of memory. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static int hpass4_vnni(
+    const uint8_t *src, int sw, int y0, int y1, const weights *w, int left, int tw, uint8_t *tmp, int oc) {
+    if (tw < 4 || sw < 16) return 1;
+    int P = 4;
+    for (int j = 0; j < tw; j++)
+        if (w->n[left + j] > P) P = w->n[left + j];
+    P = (P + 3) & ~3;
+    if (P > 16) return 1;
+    int C = P / 4, groups = (tw + 3) / 4;
+    int32_t *ix = malloc(sizeof(int32_t) * 16 * (size_t)groups * C);
+    int8_t *kw = malloc(192 * (size_t)groups * C); /* per chunk: digit 0, 1, 2, 64 bytes each */
+    int *base = malloc(sizeof(int) * (size_t)groups), *first = malloc(sizeof(int) * (size_t)groups);
+    int rc = 0;
+    if (!ix || !kw || !base || !first) {
+        rc = -2;
+        goto out;
+    }
+    for (int g = 0; g < groups; g++) {
+        int j0 = g * 4 < tw - 4 ? g * 4 : tw - 4; /* the last group overlaps the one before */
+        int s[4], b = sw;
+        first[g] = j0;
+        for (int i = 0; i < 4; i++) {
+            int lo = w->lo[left + j0 + i];
+            s[i] = lo + P > sw ? sw - P : lo;
+            if (s[i] < b) b = s[i];
+        }
+        if (b > sw - 16) b = sw - 16;
+        base[g] = b;
+        for (int i = 0; i < 4; i++) {
+            if (s[i] < b || s[i] - b + P > 16) {
+                rc = 1;
+                goto out;
+            }
+            int j = left + j0 + i, lo = w->lo[j], n = w->n[j];
+            const int32_t *k = w->k + (size_t)j * w->ksize;
+            for (int c = 0; c < C; c++) {
+                int8_t *D = kw + ((size_t)g * C + c) * 192;
+                for (int e = 0; e < 4; e++) {
+                    ix[((size_t)g * C + c) * 16 + i * 4 + e] = s[i] - b + 4 * c + e;
+                    int t = 4 * c + e - (lo - s[i]);
+                    int8_t d[3];
+                    if (digits3(t >= 0 && t < n ? k[t] : 0, d) != 0) {
+                        rc = 1;
+                        goto out;
+                    }
+                    for (int ch = 0; ch < 4; ch++)
+                        for (int dd = 0; dd < 3; dd++) D[dd * 64 + i * 16 + ch * 4 + e] = d[dd];
+                }
+            }
+        }
+    }
+    /* in-lane bytes p0 p1 p2 p3 (RGBX each) -> per channel, its four pixels' bytes */
+    const __m512i transpose = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m512i half = _mm512_set1_epi32(HALF), zero = _mm512_setzero_si512();
+    const __m128i rgb = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    for (int y = y0; y < y1; y++) {
+        const uint8_t *row = src + (size_t)y * sw * 4;
+        uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
+        for (int g = 0; g < groups; g++) {
+            __m512i px16 = _mm512_loadu_si512((const void *)(row + (size_t)base[g] * 4));
+            const int32_t *I = ix + (size_t)g * C * 16;
+            const int8_t *K = kw + (size_t)g * C * 192;
+            __m512i a0 = zero, a1 = zero, a2 = zero;
+            for (int c = 0; c < C; c++) {
+                __m512i v = _mm512_permutexvar_epi32(_mm512_loadu_si512((const void *)(I + 16 * c)), px16);
+                v = _mm512_shuffle_epi8(v, transpose);
+                a0 = _mm512_dpbusd_epi32(a0, v, _mm512_loadu_si512((const void *)(K + 192 * c)));
+                a1 = _mm512_dpbusd_epi32(a1, v, _mm512_loadu_si512((const void *)(K + 192 * c + 64)));
+                a2 = _mm512_dpbusd_epi32(a2, v, _mm512_loadu_si512((const void *)(K + 192 * c + 128)));
+            }
+            __m512i acc = _mm512_add_epi32(_mm512_slli_epi32(a2, 16), _mm512_slli_epi32(a1, 8));
+            acc = _mm512_add_epi32(_mm512_add_epi32(acc, a0), half);
+            acc = _mm512_max_epi32(_mm512_srai_epi32(acc, PREC), zero);
+            __m128i bytes = _mm512_cvtusepi32_epi8(acc); /* 0..255 after the max; above 255 saturates */
+            if (oc == 4) {
+                _mm_storeu_si128((__m128i *)(o + 4 * first[g]), bytes);
+            } else {
+                __m128i packed = _mm_shuffle_epi8(bytes, rgb);
+                int64_t lo8 = _mm_cvtsi128_si64(packed);
+                int32_t hi4 = _mm_extract_epi32(packed, 2);
+                memcpy(o + 3 * first[g], &lo8, 8);
+                memcpy(o + 3 * first[g] + 8, &hi4, 4);
+            }
+        }
+    }
+out:
+    free(ix);
+    free(kw);
+    free(base);
+    free(first);
+    return rc;
+}
+
+/* 32 samples of an output row at a time, input rows taken in pairs (interleaved to int16
+ * pairs, two vpmaddwd per pair: kh, kl); the row's end by masked loads and stores. Returns 1
+ * when a weight does not split into int16 halves (the caller uses the AVX2 pass), -2 when out
+ * of memory. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2"))) static int vpass_bw(const uint8_t *in, size_t stride, int len,
+                                                                   int base, const weights *w, int top, int th,
+                                                                   uint8_t *out, size_t out_stride) {
+    for (size_t i = 0; i < (size_t)(top + th) * w->ksize; i++)
+        if (w->k[i] >= (1 << 25) || w->k[i] <= -(1 << 25)) return 1;
+    int Q = (w->ksize + 1) / 2;
+    int32_t *kp = malloc(sizeof(int32_t) * 2 * (size_t)Q); /* per pair: (kh0, kh1), (kl0, kl1) as int16 pairs */
+    if (!kp) return -2;
+    const __m512i half = _mm512_set1_epi32(HALF), zero = _mm512_setzero_si512();
+    for (int i = 0; i < th; i++) {
+        const int32_t *k = w->k + (size_t)(top + i) * w->ksize;
+        const uint8_t *r0 = in + (size_t)(w->lo[top + i] - base) * stride;
+        int n = w->n[top + i], pairs = (n + 1) / 2;
+        for (int q = 0; q < pairs; q++) {
+            int32_t k0 = k[2 * q], k1 = 2 * q + 1 < n ? k[2 * q + 1] : 0;
+            kp[2 * q] = (int32_t)(((uint32_t)(uint16_t)SPLIT_HI(k1) << 16) | (uint16_t)SPLIT_HI(k0));
+            kp[2 * q + 1] = (int32_t)(((uint32_t)(uint16_t)SPLIT_LO(k1) << 16) | (uint16_t)SPLIT_LO(k0));
+        }
+        uint8_t *o = out + (size_t)i * out_stride;
+        for (int x = 0; x < len; x += 32) {
+            __mmask32 m = len - x >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (len - x)) - 1);
+            __m512i hl = zero, hh = zero, ll = zero, lh = zero;
+            for (int q = 0; q < pairs; q++) {
+                const uint8_t *ra = r0 + (size_t)(2 * q) * stride + x;
+                const uint8_t *rb = 2 * q + 1 < n ? ra + stride : ra; /* an odd last tap: weight 0 */
+                __m512i A = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, ra));
+                __m512i B = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, rb));
+                __m512i lo = _mm512_unpacklo_epi16(A, B), hi = _mm512_unpackhi_epi16(A, B);
+                __m512i KH = _mm512_set1_epi32(kp[2 * q]), KL = _mm512_set1_epi32(kp[2 * q + 1]);
+                hl = _mm512_add_epi32(hl, _mm512_madd_epi16(lo, KH));
+                hh = _mm512_add_epi32(hh, _mm512_madd_epi16(hi, KH));
+                ll = _mm512_add_epi32(ll, _mm512_madd_epi16(lo, KL));
+                lh = _mm512_add_epi32(lh, _mm512_madd_epi16(hi, KL));
+            }
+            __m512i vl = _mm512_srai_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl, 11), ll), half), PREC);
+            __m512i vh = _mm512_srai_epi32(_mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh, 11), lh), half), PREC);
+            __m512i v = _mm512_max_epi16(_mm512_packs_epi32(vl, vh), zero); /* in order: unpack and pack both in-lane */
+            _mm256_mask_storeu_epi8(o + x, m, _mm512_cvtusepi16_epi8(v));
+        }
+    }
+    free(kp);
+    return 0;
+}
+
 /* Vertical pass, AVX2: 16 samples of an output row at a time, the sums kept in registers
  * across the taps. */
 __attribute__((target("avx2"))) static void vpass_avx2(const uint8_t *in, size_t stride, int len, int base,
@@ -556,8 +729,9 @@ static uint8_t *scratch_get(size_t len, int *owned) {
     return malloc(len);
 }
 
-/* The widest vector path this CPU has: 3 AVX-512, 2 AVX2, 1 SSE4.1, 0 scalar; lowered by
- * the environment variable SHARDFEED_RESAMPLE_ISA ("avx512", "avx2", "sse4.1" or "scalar"),
+/* The widest vector path this CPU has: 4 AVX-512 with BW, VL and VNNI, 3 AVX-512F, 2 AVX2, 1 SSE4.1, 0 scalar;
+ * lowered by the environment variable SHARDFEED_RESAMPLE_ISA ("avx512vnni", "avx512", "avx2",
+ * "sse4.1" or "scalar"),
  * read once, so tests can run every path on one machine. */
 static int isa_level(void) {
     static int level = -1;
@@ -566,17 +740,21 @@ static int isa_level(void) {
 #ifdef SF_RESAMPLE_X86
     have = __builtin_cpu_supports("avx2") ? 2 : __builtin_cpu_supports("sse4.1") ? 1 : 0;
     if (have == 2 && __builtin_cpu_supports("avx512f")) have = 3;
+    if (have == 3 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni"))
+        have = 4;
 #endif
     const char *want = getenv("SHARDFEED_RESAMPLE_ISA");
     if (want && strcmp(want, "scalar") == 0) have = 0;
     else if (want && strcmp(want, "sse4.1") == 0 && have > 1) have = 1;
     else if (want && strcmp(want, "avx2") == 0 && have > 2) have = 2;
+    else if (want && strcmp(want, "avx512") == 0 && have > 3) have = 3;
     level = have; /* a benign race: every thread computes the same value */
     return level;
 }
 
 const char *sf_resample_backend(void) {
-    static const char *names[] = {"scalar", "sse4.1", "avx2", "avx512"};
+    static const char *names[] = {"scalar", "sse4.1", "avx2", "avx512", "avx512vnni"};
     return names[isa_level()];
 }
 
@@ -617,7 +795,8 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         int wide = 1, isa = isa_level();
         (void)isa; /* only the x86 paths look at it */
 #ifdef SF_RESAMPLE_X86
-        if (sc == 4 && isa >= 3) wide = hpass4_gather512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (sc == 4 && isa >= 4) wide = hpass4_vnni(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_gather512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
         if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_avx512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
         if (wide > 0 && sc == 4 && isa >= 2) wide = hpass4_avx2(src, sw, y0, y1, &wh, left, tw, tmp, mc);
         if (wide < 0) {
@@ -644,12 +823,19 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
             }
             vout = rows;
         }
+        int narrow = 1; /* still to do by the scalar pass */
 #ifdef SF_RESAMPLE_X86
-        if (isa_level() >= 2) {
+        if (isa_level() >= 4 &&
+            (narrow = vpass_bw(mid, mid_stride, tw * mc, mid_base, &wv, top, th, vout, (size_t)tw * mc)) < 0) {
+            rc = narrow;
+            goto done;
+        }
+        if (narrow && isa_level() >= 2) {
             vpass_avx2(mid, mid_stride, tw * mc, mid_base, &wv, top, th, vout, (size_t)tw * mc);
-        } else
+            narrow = 0;
+        }
 #endif
-        {
+        if (narrow) {
             acc = malloc(sizeof(int32_t) * (size_t)tw * mc);
             if (!acc) {
                 rc = -2;

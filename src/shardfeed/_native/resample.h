@@ -22,7 +22,7 @@
 int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th, int tw, int dc,
                 int scaled_h, int scaled_w, int top, int left, int filter);
 
-/* "avx512", "avx2", "sse4.1" or "scalar": which horizontal pass sf_resample uses for 4-channel sources. */
+/* "avx512vnni", "avx512", "avx2", "sse4.1" or "scalar": which horizontal pass sf_resample uses for 4-channel sources. */
 const char *sf_resample_backend(void);
 
 #endif
