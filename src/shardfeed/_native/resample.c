@@ -74,6 +74,31 @@ static void weights_free(weights *w) {
     free(w->k);
 }
 
+/* Weights for one (in, out, filter), kept by a thread between calls (weights_cached). */
+typedef struct {
+    int valid, in, out, filter;
+    weights w;
+} weights_slot;
+
+/* The tables hpass4_vnni runs from, for one horizontal resize (the weights' sizes and
+ * filter, the window left/tw); rc 1 where that pass does not apply. Kept by a thread between
+ * calls: building them costs about a tenth of a 500x375 -> 224x224 resize. */
+typedef struct {
+    int valid, rc, sw, scaled_w, filter, left, tw;
+    int C, groups;
+    int32_t *ix;
+    int8_t *kw;
+    int *base, *first;
+} vnni_plan;
+
+static void vnni_plan_free(vnni_plan *p) {
+    free(p->ix);
+    free(p->kw);
+    free(p->base);
+    free(p->first);
+    memset(p, 0, sizeof(*p));
+}
+
 /* Weights for in_size -> out_size samples; 0, or -1 for a bad filter, -2 out of memory. */
 static int weights_make(int in_size, int out_size, int filter, weights *w) {
     double (*fn)(double);
@@ -434,15 +459,6 @@ out:
     return rc;
 }
 
-/* Vertical pass, AVX-512BW: the same integer sums from 16-bit multiplies. A weight k (22-bit
- * fixed point, |k| <= 2^22 or a little more) is split as k = kh * 2^11 + kl with kl in [0, 2^11),
- * both fitting int16; vpmaddwd multiplies a pair of taps' samples by their kh (or kl) and
- * adds them, exactly, and (sum_h << 11) + sum_l is the same 32-bit sum the 32-bit multiplies
- * give (two's complement wraps alike), so the results are Pillow's bit for bit. A 512-bit
- * vpmaddwd does 32 multiplies in one micro-op where vpmulld does 16 in two. */
-#define SPLIT_HI(k) ((int16_t)((k) >> 11))
-#define SPLIT_LO(k) ((int16_t)((k) & 2047))
-
 /* The weight k in three balanced base-256 digits, k = d2 * 65536 + d1 * 256 + d0, each in
  * [-128, 127] (so |k| < 2^23 fits: 22-bit weights with room), for vpdpbusd, which multiplies
  * four unsigned bytes by four signed bytes and adds the four products to an int32 lane:
@@ -458,15 +474,11 @@ static int digits3(int32_t k, int8_t d[3]) {
     return 0;
 }
 
-/* Horizontal pass for 4-byte pixels with AVX-512 VNNI: four neighbouring output pixels per
- * 512-bit vector, one per 128-bit lane, as hpass4_gather512, but four taps at a time: a vpermd puts
- * each lane's next four source pixels in its lane, one vpshufb transposes them to four taps
- * per channel, and three vpdpbusd (one per weight digit) multiply and accumulate them.
- * Windows are padded to a multiple of four taps. Returns 1 where the windows do not fit in
- * 16 source pixels or a weight does not fit three digits (the caller uses the other
- * passes), -2 when out of memory. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static int hpass4_vnni(
-    const uint8_t *src, int sw, int y0, int y1, const weights *w, int left, int tw, uint8_t *tmp, int oc) {
+/* The tables of hpass4_vnni (below) for weights w, output columns [left, left + tw) of a row
+ * of sw pixels: 0, 1 where the pass does not apply (windows wider than 16 source pixels
+ * for a group of four, a weight that does not fit three digits, a row too narrow), -2 out
+ * of memory. */
+static int vnni_plan_make(const weights *w, int sw, int left, int tw, vnni_plan *pl) {
     if (tw < 4 || sw < 16) return 1;
     int P = 4;
     for (int j = 0; j < tw; j++)
@@ -474,48 +486,54 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static int 
     P = (P + 3) & ~3;
     if (P > 16) return 1;
     int C = P / 4, groups = (tw + 3) / 4;
-    int32_t *ix = malloc(sizeof(int32_t) * 16 * (size_t)groups * C);
-    int8_t *kw = malloc(192 * (size_t)groups * C); /* per chunk: digit 0, 1, 2, 64 bytes each */
-    int *base = malloc(sizeof(int) * (size_t)groups), *first = malloc(sizeof(int) * (size_t)groups);
-    int rc = 0;
-    if (!ix || !kw || !base || !first) {
-        rc = -2;
-        goto out;
-    }
+    pl->C = C;
+    pl->groups = groups;
+    pl->ix = malloc(sizeof(int32_t) * 16 * (size_t)groups * C);
+    pl->kw = malloc(192 * (size_t)groups * C); /* per chunk: digit 0, 1, 2, 64 bytes each */
+    pl->base = malloc(sizeof(int) * (size_t)groups);
+    pl->first = malloc(sizeof(int) * (size_t)groups);
+    if (!pl->ix || !pl->kw || !pl->base || !pl->first) return -2;
     for (int g = 0; g < groups; g++) {
         int j0 = g * 4 < tw - 4 ? g * 4 : tw - 4; /* the last group overlaps the one before */
         int s[4], b = sw;
-        first[g] = j0;
+        pl->first[g] = j0;
         for (int i = 0; i < 4; i++) {
             int lo = w->lo[left + j0 + i];
             s[i] = lo + P > sw ? sw - P : lo;
             if (s[i] < b) b = s[i];
         }
         if (b > sw - 16) b = sw - 16;
-        base[g] = b;
+        pl->base[g] = b;
         for (int i = 0; i < 4; i++) {
-            if (s[i] < b || s[i] - b + P > 16) {
-                rc = 1;
-                goto out;
-            }
+            if (s[i] < b || s[i] - b + P > 16) return 1;
             int j = left + j0 + i, lo = w->lo[j], n = w->n[j];
             const int32_t *k = w->k + (size_t)j * w->ksize;
             for (int c = 0; c < C; c++) {
-                int8_t *D = kw + ((size_t)g * C + c) * 192;
+                int8_t *D = pl->kw + ((size_t)g * C + c) * 192;
                 for (int e = 0; e < 4; e++) {
-                    ix[((size_t)g * C + c) * 16 + i * 4 + e] = s[i] - b + 4 * c + e;
+                    pl->ix[((size_t)g * C + c) * 16 + i * 4 + e] = s[i] - b + 4 * c + e;
                     int t = 4 * c + e - (lo - s[i]);
                     int8_t d[3];
-                    if (digits3(t >= 0 && t < n ? k[t] : 0, d) != 0) {
-                        rc = 1;
-                        goto out;
-                    }
+                    if (digits3(t >= 0 && t < n ? k[t] : 0, d) != 0) return 1;
                     for (int ch = 0; ch < 4; ch++)
                         for (int dd = 0; dd < 3; dd++) D[dd * 64 + i * 16 + ch * 4 + e] = d[dd];
                 }
             }
         }
     }
+    return 0;
+}
+
+/* Horizontal pass for 4-byte pixels with AVX-512 VNNI: four neighbouring output pixels per
+ * 512-bit vector, one per 128-bit lane, as hpass4_gather512, but four taps at a time: a
+ * vpermd puts each lane's next four source pixels in its lane, one vpshufb transposes them to
+ * four taps per channel, and three vpdpbusd (one per weight digit) multiply and accumulate
+ * them. Windows are padded to a multiple of four taps. Runs from the tables of
+ * vnni_plan_make. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static void hpass4_vnni(
+    const uint8_t *src, int sw, int y0, int y1, const vnni_plan *pl, int tw, uint8_t *tmp, int oc) {
+    int C = pl->C, groups = pl->groups;
+    const int *base = pl->base, *first = pl->first;
     /* in-lane bytes p0 p1 p2 p3 (RGBX each) -> per channel, its four pixels' bytes */
     const __m512i transpose = _mm512_broadcast_i32x4(
         _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
@@ -526,8 +544,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static int 
         uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
         for (int g = 0; g < groups; g++) {
             __m512i px16 = _mm512_loadu_si512((const void *)(row + (size_t)base[g] * 4));
-            const int32_t *I = ix + (size_t)g * C * 16;
-            const int8_t *K = kw + (size_t)g * C * 192;
+            const int32_t *I = pl->ix + (size_t)g * C * 16;
+            const int8_t *K = pl->kw + (size_t)g * C * 192;
             __m512i a0 = zero, a1 = zero, a2 = zero;
             for (int c = 0; c < C; c++) {
                 __m512i v = _mm512_permutexvar_epi32(_mm512_loadu_si512((const void *)(I + 16 * c)), px16);
@@ -551,13 +569,16 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static int 
             }
         }
     }
-out:
-    free(ix);
-    free(kw);
-    free(base);
-    free(first);
-    return rc;
 }
+
+/* Vertical pass, AVX-512BW: the same integer sums from 16-bit multiplies. A weight k (22-bit
+ * fixed point, |k| <= 2^22 or a little more) is split as k = kh * 2^11 + kl with kl in [0, 2^11),
+ * both fitting int16; vpmaddwd multiplies a pair of taps' samples by their kh (or kl) and
+ * adds them, exactly, and (sum_h << 11) + sum_l is the same 32-bit sum the 32-bit multiplies
+ * give (two's complement wraps alike), so the results are Pillow's bit for bit. A 512-bit
+ * vpmaddwd does 32 multiplies in one micro-op where vpmulld does 16 in two. */
+#define SPLIT_HI(k) ((int16_t)((k) >> 11))
+#define SPLIT_LO(k) ((int16_t)((k) & 2047))
 
 /* 32 samples of an output row at a time, input rows taken in pairs (interleaved to int16
  * pairs, two vpmaddwd per pair: kh, kl); the row's end by masked loads and stores. Returns 1
@@ -677,11 +698,14 @@ static void pack_rows(const uint8_t *in, size_t stride, int c, int h, int w, uin
 
 /* Per-thread scratch memory for the intermediate rows, kept between calls: a fresh
  * allocation of a few hundred KB per image is a fresh mapping, and its page faults cost as
- * much as the resize itself. Freed when the thread ends. */
+ * much as the resize itself. Beside it, the last weights of each side and the last VNNI
+ * tables (a batch's images mostly share their sizes). Freed when the thread ends. */
 #ifdef SF_RESAMPLE_PTHREAD
 typedef struct {
     uint8_t *p;
     size_t cap;
+    weights_slot wv, wh;
+    vnni_plan plan;
 } scratch_t;
 
 static pthread_key_t scratch_key;
@@ -690,7 +714,12 @@ static int scratch_ok = 0;
 
 static void scratch_free(void *v) {
     scratch_t *s = v;
-    if (s) free(s->p);
+    if (s) {
+        free(s->p);
+        weights_free(&s->wv.w);
+        weights_free(&s->wh.w);
+        vnni_plan_free(&s->plan);
+    }
     free(s);
 }
 
@@ -699,21 +728,51 @@ static void scratch_init(void) { scratch_ok = pthread_key_create(&scratch_key, s
 
 #define SCRATCH_KEEP ((size_t)64 << 20) /* larger needs are allocated and freed per call */
 
+#ifdef SF_RESAMPLE_PTHREAD
+/* This thread's scratch_t, made on first use; NULL when that fails. */
+static scratch_t *thread_scratch(void) {
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_ok) return NULL;
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        s = calloc(1, sizeof(*s));
+        if (!s) return NULL;
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+#endif
+
+/* Weights for in -> out with filter: the slot's when it holds them, else made into the slot
+ * (slot NULL: into *own, which the caller frees). *w points at them. 0, -1 bad filter, -2. */
+static int weights_cached(weights_slot *slot, int in, int out, int filter, weights *own, const weights **w) {
+    if (!slot) {
+        *w = own;
+        return weights_make(in, out, filter, own);
+    }
+    if (!(slot->valid && slot->in == in && slot->out == out && slot->filter == filter)) {
+        if (slot->valid) weights_free(&slot->w);
+        slot->valid = 0;
+        int rc = weights_make(in, out, filter, &slot->w);
+        if (rc != 0) return rc;
+        slot->valid = 1;
+        slot->in = in;
+        slot->out = out;
+        slot->filter = filter;
+    }
+    *w = &slot->w;
+    return 0;
+}
+
 /* `len` bytes of scratch; *owned is set when the caller must free the result. */
 static uint8_t *scratch_get(size_t len, int *owned) {
     *owned = 0;
 #ifdef SF_RESAMPLE_PTHREAD
-    pthread_once(&scratch_once, scratch_init);
-    if (scratch_ok && len <= SCRATCH_KEEP) {
-        scratch_t *s = pthread_getspecific(scratch_key);
-        if (!s) {
-            s = calloc(1, sizeof(*s));
-            if (!s) return NULL;
-            if (pthread_setspecific(scratch_key, s) != 0) {
-                free(s);
-                return NULL;
-            }
-        }
+    scratch_t *s = len <= SCRATCH_KEEP ? thread_scratch() : NULL;
+    if (s) {
         if (s->cap < len) {
             size_t cap = len < ((size_t)1 << 20) ? ((size_t)1 << 20) : len;
             uint8_t *p = malloc(cap);
@@ -766,7 +825,18 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         !(dc == sc || (dc == 3 && sc == 4)) || filter < SF_FILTER_BOX || filter > SF_FILTER_LANCZOS)
         return -1;
     int need_h = scaled_w != sw, need_v = scaled_h != sh;
-    weights wv = {0}, wh = {0};
+    weights wv = {0}, wh = {0}; /* made here when this thread keeps none */
+    const weights *pwv = &wv, *pwh = &wh;
+    weights_slot *slot_v = NULL, *slot_h = NULL;
+    vnni_plan own_plan = {0}, *plan = &own_plan;
+#ifdef SF_RESAMPLE_PTHREAD
+    scratch_t *ts = thread_scratch();
+    if (ts) {
+        slot_v = &ts->wv;
+        slot_h = &ts->wh;
+        plan = &ts->plan;
+    }
+#endif
     uint8_t *tmp = NULL, *rows = NULL;
     int32_t *acc = NULL;
     int rc = 0, tmp_owned = 0;
@@ -778,14 +848,14 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         pack_rows(src + ((size_t)top * sw + left) * sc, mid_stride, sc, th, tw, dst, dc);
         return 0;
     }
-    if (need_v && (rc = weights_make(sh, scaled_h, filter, &wv)) != 0) return rc;
+    if (need_v && (rc = weights_cached(slot_v, sh, scaled_h, filter, &wv, &pwv)) != 0) return rc;
     if (need_h) {
         int y0 = top, y1 = top + th;
         if (need_v) {
-            y0 = wv.lo[top];
-            y1 = wv.lo[top + th - 1] + wv.n[top + th - 1];
+            y0 = pwv->lo[top];
+            y1 = pwv->lo[top + th - 1] + pwv->n[top + th - 1];
         }
-        if ((rc = weights_make(sw, scaled_w, filter, &wh)) != 0) goto done;
+        if ((rc = weights_cached(slot_h, sw, scaled_w, filter, &wh, &pwh)) != 0) goto done;
         mc = dc; /* the horizontal pass already drops the padding byte */
         tmp = scratch_get((size_t)(y1 - y0 > 0 ? y1 - y0 : 1) * tw * mc + 1, &tmp_owned);
         if (!tmp) {
@@ -795,20 +865,41 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         int wide = 1, isa = isa_level();
         (void)isa; /* only the x86 paths look at it */
 #ifdef SF_RESAMPLE_X86
-        if (sc == 4 && isa >= 4) wide = hpass4_vnni(src, sw, y0, y1, &wh, left, tw, tmp, mc);
-        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_gather512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
-        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_avx512(src, sw, y0, y1, &wh, left, tw, tmp, mc);
-        if (wide > 0 && sc == 4 && isa >= 2) wide = hpass4_avx2(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+        if (sc == 4 && isa >= 4) {
+            if (!(plan->valid && plan->sw == sw && plan->scaled_w == scaled_w && plan->filter == filter &&
+                  plan->left == left && plan->tw == tw)) {
+                vnni_plan_free(plan);
+                int prc = vnni_plan_make(pwh, sw, left, tw, plan);
+                if (prc < 0) {
+                    rc = prc;
+                    goto done;
+                }
+                plan->rc = prc;
+                plan->sw = sw;
+                plan->scaled_w = scaled_w;
+                plan->filter = filter;
+                plan->left = left;
+                plan->tw = tw;
+                plan->valid = 1;
+            }
+            if (plan->rc == 0) {
+                hpass4_vnni(src, sw, y0, y1, plan, tw, tmp, mc);
+                wide = 0;
+            }
+        }
+        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_gather512(src, sw, y0, y1, pwh, left, tw, tmp, mc);
+        if (wide > 0 && sc == 4 && isa >= 3) wide = hpass4_avx512(src, sw, y0, y1, pwh, left, tw, tmp, mc);
+        if (wide > 0 && sc == 4 && isa >= 2) wide = hpass4_avx2(src, sw, y0, y1, pwh, left, tw, tmp, mc);
         if (wide < 0) {
             rc = wide;
             goto done;
         }
         if (wide && sc == 4 && isa >= 1) {
-            hpass4_sse41(src, sw, y0, y1, &wh, left, tw, tmp, mc);
+            hpass4_sse41(src, sw, y0, y1, pwh, left, tw, tmp, mc);
             wide = 0;
         }
 #endif
-        if (wide) hpass_scalar(src, sw, sc, y0, y1, &wh, left, tw, tmp, mc);
+        if (wide) hpass_scalar(src, sw, sc, y0, y1, pwh, left, tw, tmp, mc);
         mid = tmp;
         mid_stride = (size_t)tw * mc;
         mid_base = y0;
@@ -826,12 +917,12 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
         int narrow = 1; /* still to do by the scalar pass */
 #ifdef SF_RESAMPLE_X86
         if (isa_level() >= 4 &&
-            (narrow = vpass_bw(mid, mid_stride, tw * mc, mid_base, &wv, top, th, vout, (size_t)tw * mc)) < 0) {
+            (narrow = vpass_bw(mid, mid_stride, tw * mc, mid_base, pwv, top, th, vout, (size_t)tw * mc)) < 0) {
             rc = narrow;
             goto done;
         }
         if (narrow && isa_level() >= 2) {
-            vpass_avx2(mid, mid_stride, tw * mc, mid_base, &wv, top, th, vout, (size_t)tw * mc);
+            vpass_avx2(mid, mid_stride, tw * mc, mid_base, pwv, top, th, vout, (size_t)tw * mc);
             narrow = 0;
         }
 #endif
@@ -841,7 +932,7 @@ int sf_resample(const uint8_t *src, int sh, int sw, int sc, uint8_t *dst, int th
                 rc = -2;
                 goto done;
             }
-            vpass_scalar(mid, mid_stride, tw * mc, mid_base, &wv, top, th, acc, vout, (size_t)tw * mc);
+            vpass_scalar(mid, mid_stride, tw * mc, mid_base, pwv, top, th, acc, vout, (size_t)tw * mc);
         }
         if (rows) pack_rows(rows, (size_t)tw * mc, mc, th, tw, dst, dc);
     } else {
@@ -853,5 +944,6 @@ done:
     if (tmp_owned) free(tmp);
     weights_free(&wv);
     weights_free(&wh);
+    if (plan == &own_plan) vnni_plan_free(&own_plan);
     return rc;
 }
