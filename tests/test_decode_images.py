@@ -288,6 +288,32 @@ def test_every_vector_path_equals_pillow(isa):
     assert proc.stdout.strip() in ("scalar", "sse4.1", "avx2", "avx512", "avx512vnni")
 
 
+def test_widest_vector_path_equals_pillow_on_random_shapes_and_windows():
+    """The widest path this CPU has (the AVX-512 VNNI passes here) on random sizes, shrinking
+    and enlarging, whole images and crop windows, RGBX and RGB sources, one after another in
+    one thread (each thread keeps its last weights and tables: a call must not use another
+    size's), against Pillow's resize and crop."""
+    from PIL import Image
+
+    resample = native_resample()
+    rng = np.random.default_rng(22)
+    names = {1: "BOX", 2: "BILINEAR", 3: "HAMMING", 4: "BICUBIC", 5: "LANCZOS"}
+    for case in range(60):
+        h, w = (int(v) for v in rng.integers(1, 90, 2))
+        sh, sw = (int(v) for v in rng.integers(1, 110, 2))
+        th, tw = int(rng.integers(1, sh + 1)), int(rng.integers(1, sw + 1))
+        top, left = int(rng.integers(0, sh - th + 1)), int(rng.integers(0, sw - tw + 1))
+        f = int(rng.integers(1, 6))
+        arr = photo_like(h, w, 3, case)
+        ref = np.asarray(Image.fromarray(arr).resize((sw, sh), getattr(Image.Resampling, names[f]))
+                         .crop((left, top, left + tw, top + th)))
+        rgbx = np.ascontiguousarray(np.concatenate([arr, arr[..., :1]], -1))
+        for src, sc in ((rgbx, 4), (arr, 3)):
+            out = np.empty((th, tw, 3), np.uint8)
+            resample(src, h, w, sc, out, th, tw, 3, sh, sw, top, left, f)
+            np.testing.assert_array_equal(out, ref, err_msg=str((h, w, sh, sw, th, tw, top, left, f, sc)))
+
+
 def test_one_batch_shared_among_threads_gives_the_same_batch():
     from concurrent.futures import ThreadPoolExecutor
 

@@ -1,8 +1,8 @@
 """``decode_images``: a batch's column of encoded images -> one ``(n, H, W, C)`` uint8 array.
 
 JPEGs are decoded by simplejpeg (libjpeg-turbo, the GIL released) when it is installed,
-downscaled in the DCT domain when the source is at least twice the target (libjpeg-turbo's
-1/2, 1/4 and 1/8 scales, the largest that still covers the target), then resized exactly:
+downscaled in the DCT domain when the source is at least twice the target (the smallest of
+libjpeg-turbo's M/8 scales of at most 1/2 that still covers the target), then resized exactly:
 by the native core's resampler (value for value Pillow's ``Image.resize``, vectorised,
 straight into the batch's slot, the GIL released) when it is built, else by Pillow. A JPEG
 already at the target size is decoded straight into its slot. Other formats, and JPEGs
@@ -167,7 +167,7 @@ class DecodeImages:
             return False
         sh, sw = self._scaled(h, w)
         kw: dict[str, Any] = {"fastdct": self.fast_dct, "fastupsample": self.fast_upsample}
-        if h >= 2 * sh and w >= 2 * sw:  # the fast scales only: 1/2, 1/4, 1/8
+        if h >= 2 * sh and w >= 2 * sw:  # scales of 1/2 and below only (docs/pipeline.md: why)
             kw.update(min_height=sh, min_width=sw, min_factor=2)
             try:
                 h, w = sj.decode_jpeg_header(data, min_height=sh, min_width=sw, min_factor=2)[:2]
