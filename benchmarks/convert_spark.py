@@ -140,7 +140,7 @@ def child(args) -> int:
     # Python workers started and shardfeed, numpy and Pillow imported in them
     t0 = time.perf_counter()
     if not args.rss_only:
-        sc.convert(args.child_input, args.child_out + "-warm", progress=False, **kw)
+        sc.convert(args.child_warm_input or args.child_input, args.child_out + "-warm", progress=False, **kw)
     cold_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     res = sc.convert(args.child_input, args.child_out, progress=False, **kw)
@@ -153,12 +153,12 @@ def child(args) -> int:
     return 0
 
 
-def run_child(runner: str, inp: str, out: str, options: dict, schema: bool, master: str, rss_only: bool = False
-              ) -> dict:
+def run_child(runner: str, inp: str, out: str, options: dict, schema: bool, master: str, rss_only: bool = False,
+              warm_input: str | None = None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, os.path.abspath(__file__), "--child", runner, "--child-input", inp, "--child-out", out,
            "--child-options", json.dumps(options), "--master", master] + (["--child-schema"] if schema else []) + (
-           ["--rss-only"] if rss_only else [])
+           ["--rss-only"] if rss_only else []) + (["--child-warm-input", warm_input] if warm_input else [])
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -212,22 +212,33 @@ def main(argv=None) -> int:
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     ap.add_argument("--child-options", help=argparse.SUPPRESS)
     ap.add_argument("--child-schema", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-warm-input", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", default="images,small,large",
+                    help="which inputs to run, comma-separated: images, small (--rows-small), large (--rows)")
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
     os.makedirs(args.dir, exist_ok=True)
     if args.rss_only:
         return rss_only(args)
-    cases = [
-        ("images", make_images(args.dir, args.images), {"max_image_size": 128, "test_ratio": 0.1,
-                                                         "num_samples_per_tfrecord": 64}, False),
-        (f"table {args.rows_small:,} rows", make_table(args.dir, args.rows_small),
-         {"test_ratio": 0.1, "num_samples_per_tfrecord": 20_000}, True),
-        (f"table {args.rows:,} rows", make_table(args.dir, args.rows),
-         {"test_ratio": 0.1, "num_samples_per_tfrecord": 20_000}, True),
-    ]
+    wanted = set(args.cases.split(","))
+    if wanted - {"images", "small", "large"}:
+        ap.error(f"--cases: unknown {sorted(wanted - {'images', 'small', 'large'})}")
+    table_opts = {"test_ratio": 0.1, "num_samples_per_tfrecord": 20_000}
+    # (name, input, options, schema, warm-up input): the untimed first conversion of the
+    # large table is of the small one (it starts the workers as well; converting a
+    # 2,000,000-row table twice would double the run for no information)
+    cases = []
+    if "images" in wanted:
+        cases.append((f"{args.images:,} images", make_images(args.dir, args.images),
+                      {"max_image_size": 128, "test_ratio": 0.1, "num_samples_per_tfrecord": 64}, False, None))
+    if "small" in wanted:
+        cases.append((f"table {args.rows_small:,} rows", make_table(args.dir, args.rows_small), table_opts, True, None))
+    if "large" in wanted:
+        cases.append((f"table {args.rows:,} rows", make_table(args.dir, args.rows), table_opts, True,
+                      make_table(args.dir, args.rows_small)))
     results = []
-    for name, inp, opts, schema in cases:
+    for name, inp, opts, schema, warm in cases:
         runs: dict[str, list] = {"local": [], "spark": []}
         for r in range(args.rounds):
             for runner in ("local", "spark"):
@@ -236,7 +247,9 @@ def main(argv=None) -> int:
 
                 shutil.rmtree(out, ignore_errors=True)
                 shutil.rmtree(out + "-warm", ignore_errors=True)
-                runs[runner].append(run_child(runner, inp, out, opts, schema, args.master))
+                runs[runner].append(run_child(runner, inp, out, opts, schema, args.master, warm_input=warm))
+                print(f"{name}, round {r + 1}, {runner}: {runs[runner][-1]['seconds']:.1f} s "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
         loc, spk = runs["local"], runs["spark"]
         rows = loc[0]["rows"]
         row = {
@@ -265,7 +278,8 @@ def main(argv=None) -> int:
               f"{r['local_first_convert_s']:.1f} / {r['spark_first_convert_s']:.1f} s" for r in results)
           + "; rows/s are from the second conversion")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    result = {"master": args.master, "rounds": args.rounds, "results": results}
+    result = {"master": args.master, "rounds": args.rounds, "results": results,
+              "load_average_end": os.getloadavg()}
     result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)

@@ -15,8 +15,10 @@ never as pickled ``Row`` objects:
    start where the previous partitions' rows end), the label map, the plan digest.
 2. *write*: from the cached rows, each row's shard and position in it follow from its
    partition's start (a vectorized step per Arrow batch); ``repartitionById`` gives each
-   shard still to write its own Spark partition (a shuffle of rows, not of images), sorted
-   by position; each shard task converts its rows with the local runner's converter
+   write task a contiguous run of the shards still to write (a shuffle of rows, not of
+   images; at most :data:`WRITE_TASKS_PER_CORE` tasks per executor core, since a Python
+   task has a fixed cost of its own), sorted by shard and position; a write task converts
+   each shard's rows in turn with the local runner's converter
    (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`) and
    writes the shard with :class:`~shardfeed.convert.writer.ShardSink`. The input is read
    once (again only where Spark lost cached blocks, with an executor).
@@ -462,7 +464,19 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
 
 # -- job 2: write ---------------------------------------------------------------------------------------------------
 
-PLACED = "task int, pos int, part int, row binary"
+WRITE_TASKS_PER_CORE = 4
+
+
+def write_tasks(shards: int, cores: int) -> int:
+    """Spark tasks job 2 writes ``shards`` shards with: ``WRITE_TASKS_PER_CORE`` per
+    executor core at most (each task writes a contiguous run of shards). A Python task
+    costs tens of milliseconds of its own (the worker handed a task, the function
+    unpickled, the Arrow stream set up): one task per 64-image shard spent more than
+    the images took; a few tasks per core keep the cores busy to the end of the job."""
+    return max(1, min(shards, WRITE_TASKS_PER_CORE * max(1, cores)))
+
+
+PLACED = "task int, pos int, part int, row binary, wtask int"
 _CONVERTERS: dict[str, Any] = {}  # per Python worker: one converter per plan
 
 
@@ -474,10 +488,11 @@ def _converter(plan: Plan, storage_options: Mapping[str, Any] | None) -> Any:
     return conv
 
 
-def _place(starts: Any, per: int, task_of: list[Any], batches: Iterable[Any]) -> Iterator[Any]:
+def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, batches: Iterable[Any]) -> Iterator[Any]:
     """Job 2's map side, vectorized per Arrow batch: each row's shard task (-1: a shard
-    already written, dropped) and its position in that shard, from its partition's start
-    in its split (``starts[part, split]``) and its position there."""
+    already written, dropped), its position in that shard, from its partition's start
+    in its split (``starts[part, split]``) and its position there, and the write task
+    (``group_of[task]``) that writes the shard."""
     import numpy as np
     import pyarrow as pa
 
@@ -495,9 +510,10 @@ def _place(starts: Any, per: int, task_of: list[Any], batches: Iterable[Any]) ->
         if not keep.any():
             continue
         idx = pa.array(np.flatnonzero(keep))
+        kept = task[keep]
         yield pa.RecordBatch.from_arrays(
-            [pa.array(task[keep]), pa.array((g % per)[keep].astype(np.int32)), b.column(0).take(idx),
-             b.column(3).take(idx)], names=["task", "pos", "part", "row"])
+            [pa.array(kept), pa.array((g % per)[keep].astype(np.int32)), b.column(0).take(idx),
+             b.column(3).take(idx), pa.array(group_of[kept])], names=["task", "pos", "part", "row", "wtask"])
 
 
 def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: list[int], renumber: bool,
@@ -621,12 +637,16 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
             offsets, integer_labels = sp.offsets, sp.integer_labels
             spark = src.frame.sparkSession
             spark.sparkContext.setJobDescription(f"shardfeed convert: write {len(todo)} shards")
+            # shard tasks in contiguous runs, one run per write task (a Spark partition)
+            n_write = write_tasks(len(todo), spark.sparkContext.defaultParallelism)
+            group_of = (np.arange(len(todo), dtype=np.int64) * n_write // len(todo)).astype(np.int32)
             placed = sp.prepared.where("summary is null").mapInArrow(
-                lambda it: _place(starts, per, task_of, it), PLACED)
-            # one Spark partition per shard task; without repartitionById (Spark < 4.1) a hash
-            # of the task, and a partition may then write several shards one after another
-            by_task = (placed.repartitionById(len(todo), "task") if hasattr(placed, "repartitionById")
-                       else placed.repartition(len(todo), "task"))
+                lambda it: _place(starts, per, task_of, group_of, it), PLACED)
+            # one Spark partition per write task, which writes its shards one after another;
+            # without repartitionById (Spark < 4.1) a hash of the write task, and a
+            # partition may then write several runs
+            by_task = (placed.repartitionById(n_write, "wtask") if hasattr(placed, "repartitionById")
+                       else placed.repartition(n_write, "wtask"))
             written = by_task.sortWithinPartitions("task", "pos").mapInArrow(
                 lambda it: _write_shards(shipped, specs, offsets, renumber, integer_labels, output_dir,
                                          storage_options, job, resume, it), "state binary").collect()
