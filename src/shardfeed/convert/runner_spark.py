@@ -47,6 +47,7 @@ the shard, when they differ.
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import hashlib
@@ -79,6 +80,7 @@ from .plan import (
     shard_layout,
     size_shards,
 )
+from .runner_local import CHUNK_ROWS
 from .schema import AUTOML_COLUMNS, Schema, header_matches_automl
 from .sources import RowBuilder, _dirname, default_schema, parquet_parts, table_format
 from .tasks import make_converter
@@ -516,19 +518,81 @@ def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, batches: It
              b.column(3).take(idx), pa.array(group_of[kept])], names=["task", "pos", "part", "row", "wtask"])
 
 
+def _converted(items: Iterable[tuple], converter: Any, threads: int, per: int) -> Iterator[tuple]:
+    """``items`` in order, each row item ``("row", p, row)`` with its conversion appended
+    (``None`` for a row not converted: ``row`` is None); rows converted by ``threads``
+    threads in chunks of ``per`` rows (Pillow releases the GIL while decoding, resizing and
+    encoding; a thread reading one image overlaps another's decode), at most a few chunks
+    ahead. One thread: converted here, in order."""
+    if threads <= 1:
+        for it in items:
+            yield it if it[0] != "row" else (*it, convert_row(converter, it[2]) if it[2] is not None else None)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def work(chunk: list[tuple]) -> list[tuple]:
+        return [it if it[0] != "row" else (*it, convert_row(converter, it[2]) if it[2] is not None else None)
+                for it in chunk]
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-spark-convert")
+    inflight: collections.deque[Any] = collections.deque()
+    try:
+        chunk: list[tuple] = []
+        for it in items:
+            chunk.append(it)
+            if len(chunk) >= per:
+                inflight.append(pool.submit(work, chunk))
+                chunk = []
+                while len(inflight) > 4 * threads:
+                    yield from inflight.popleft().result()
+        if chunk:
+            inflight.append(pool.submit(work, chunk))
+        while inflight:
+            yield from inflight.popleft().result()
+    finally:
+        for f in inflight:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: list[int], renumber: bool,
                   integer_labels: bool, output_dir: str, storage_options: Mapping[str, Any] | None, job: str,
                   resume: bool, batches: Iterable[Any]) -> Iterator[Any]:
-    """Job 2's reduce side: the rows of one shard task (or of several, one after another,
-    where Spark lacks ``repartitionById``), in shard order; each shard is converted and
-    committed, or, when an attempt of this job (or with ``resume`` an earlier job of the
-    same plan) committed it already, its state returned as it is."""
+    """Job 2's reduce side: the rows of one write task's shards (a contiguous run; where
+    Spark lacks ``repartitionById``, maybe several runs), in shard order; each shard is
+    converted and committed, or, when an attempt of this job (or with ``resume`` an
+    earlier job of the same plan) committed it already, its state returned as it is.
+    Rows of an image input are converted by ``read_parallel_num`` threads, in order."""
     import pyarrow as pa
 
     def emit(state: dict) -> Any:
         return pa.RecordBatch.from_arrays([pa.array([json.dumps(state).encode()], pa.binary())], names=["state"])
 
-    current = -1
+    def staged() -> Iterator[tuple]:
+        """("shard", task, shard, expected, done) where a shard's rows start, then
+        ("row", position, row): the row unpickled where its shard is to be written."""
+        current = -1
+        done: dict | None = None
+        for b in batches:
+            for task, p, part, blob in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
+                                           b.column(2).to_pylist(), b.column(3).to_pylist()):
+                if task != current:
+                    current = task
+                    split, number, count, expected = shards[task]
+                    shard = Shard(split, number, count, [])
+                    done = finished_state(plan, shard, output_dir, storage_options)
+                    if done is not None and not (resume or done.get("job") == job):
+                        done = None
+                    yield ("shard", task, shard, expected, done)
+                row = None
+                if done is None:
+                    row = pickle.loads(blob)
+                    if renumber:
+                        row.number += offsets[part]
+                    if integer_labels:
+                        row.label = int(row.label)
+                yield ("row", p, row)
+
     sink: ShardSink | None = None
     done: dict | None = None
     seen = expected = 0
@@ -547,40 +611,31 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: 
         return emit(sink.commit())
 
     converter = _converter(plan, storage_options)
+    threads = plan.options.read_parallel_num if plan.has_image else 1
+    per = 1 if plan.options.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
     try:
-        for b in batches:
-            tasks = b.column(0).to_pylist()
-            positions = b.column(1).to_pylist()
-            parts = b.column(2).to_pylist()
-            blobs = b.column(3).to_pylist()
-            for task, p, part, blob in zip(tasks, positions, parts, blobs):
-                if task != current:
-                    if current >= 0:
-                        yield finish()
-                    current, seen, sink = task, 0, None
-                    split, number, count, expected = shards[task]
-                    shard = Shard(split, number, count, [])
-                    done = finished_state(plan, shard, output_dir, storage_options)
-                    if done is not None and not (resume or done.get("job") == job):
-                        done = None
-                    if done is None:
-                        sink = ShardSink(plan, shard, output_dir, storage_options)
-                        sink.extra_state["job"] = job
-                if p != seen:
-                    raise RuntimeError(f"shard {plan.shard_name(shard)}: row {p} of it came where row {seen} was "
-                                       "due: the input did not read the same rows twice")
-                seen += 1
-                if sink is None:
-                    continue
-                row = pickle.loads(blob)
-                if renumber:
-                    row.number += offsets[part]
-                if integer_labels:
-                    row.label = int(row.label)
-                records, reason = convert_row(converter, row)
-                sink.add(row, records, reason)
-                shard.rows.append(None)  # type: ignore[arg-type]  # counted by the state; no row is kept
-        if current >= 0:
+        for item in _converted(staged(), converter, threads, per):
+            if item[0] == "shard":
+                if shard is not None:
+                    yield finish()
+                _, _, shard, expected, done = item
+                seen, sink = 0, None
+                if done is None:
+                    sink = ShardSink(plan, shard, output_dir, storage_options)
+                    sink.extra_state["job"] = job
+                continue
+            _, p, row, result = item
+            assert shard is not None
+            if p != seen:
+                raise RuntimeError(f"shard {plan.shard_name(shard)}: row {p} of it came where row {seen} was "
+                                   "due: the input did not read the same rows twice")
+            seen += 1
+            if sink is None:
+                continue
+            records, reason = result
+            sink.add(row, records, reason)
+            shard.rows.append(None)  # type: ignore[arg-type]  # counted by the state; no row is kept
+        if shard is not None:
             yield finish()
     except BaseException:
         if sink is not None:
