@@ -204,6 +204,38 @@ def test_a_killed_executor_mid_job_still_gives_every_record_exactly_once(spark, 
     assert all(not n.endswith(".tmp") for n in os.listdir(os.path.join(out, ".data-state")))
 
 
+def test_write_tasks_each_write_a_run_of_shards_and_a_killed_one_still_writes_every_record_once(spark, tmp_path):
+    # 30 one-row shards on 2 executor cores: at most 8 write tasks (4 per core), each
+    # writing several shards in turn; one executor killed mid-job
+    n = 30
+    src = dataset(tmp_path, n=n, bad=(2,))
+    marker = str(tmp_path / "killed")
+    opts = {"model_type": "SELF_DEFINED", "converter_class": "tests.spark_helpers:KillingConverter",
+            "converter_options": {"marker": marker, "kill_row": 20}, "num_samples_per_tfrecord": 1,
+            "progress": False}
+    ctx = spark.sparkContext
+    group = f"write-tasks-{os.getpid()}"
+    ctx.setJobGroup(group, "test: write tasks")
+    try:
+        res = sc.convert(src, str(tmp_path / "out"), runner="spark", **opts)
+    finally:
+        ctx.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    tracker = ctx.statusTracker()
+    stages = [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup(group)
+              for s in tracker.getJobInfo(j).stageIds]
+    shards = len(res.splits["train"]["shards"])
+    assert shards == n
+    assert max(st.numTasks for st in stages if st is not None) <= 8 < shards
+    assert os.path.exists(marker)  # the executor was killed
+    assert res.rows_read == n and res.records_written == n - 1 and res.rows_discarded == 1
+    ids = split_records(str(tmp_path / "out"))["train"]
+    assert len(ids) == len(set(ids)) == n - 1
+    want = str(tmp_path / "local")
+    sc.convert(src, want, **opts)
+    assert split_records(str(tmp_path / "out")) == split_records(want)
+    same_output(want, str(tmp_path / "out"))
+
+
 def _convert_in_subprocess(tmp_path, code, env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           env=env, cwd=str(tmp_path))
