@@ -435,12 +435,14 @@ static int fused_alloc(fused_col *f) {
     return 0;
 }
 
+#define FUSE_MIN_BYTES 4096 /* a record's values below this: CRC the record whole, then copy */
+
 /* Copy the fused columns' values of records[0:n] and check each record's CRC against want,
  * one pass over each record (no GIL needed). Returns n, or the first record whose CRC fails
  * (the copy stops there). segs: room for the most values one record can hold. */
 static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fused_col *fc, size_t nfc, sf_seg *segs) {
     for (size_t k = 0; k < n; k++) {
-        size_t nseg = 0;
+        size_t nseg = 0, values = 0;
         for (size_t c = 0; c < nfc; c++) {
             fused_col *f = &fc[c];
             size_t lo = f->splits ? (size_t)f->splits[k] : k * f->size;
@@ -451,12 +453,21 @@ static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fu
                 segs[nseg].src = f->vals[v].p;
                 segs[nseg].n = f->vals[v].n;
                 segs[nseg].dst = d + o[v];
+                values += f->vals[v].n;
                 nseg++;
             }
         }
         uint32_t w;
         memcpy(&w, want + 4 * k, 4);
-        if (sf_copy_verify_record(recs[k].p, recs[k].n, segs, nseg, w)) return k;
+        if (values < FUSE_MIN_BYTES) {
+            /* small values (CTR features): one CRC over the whole record, cache-hot, then the
+             * copies; a CRC split at every short value costs twice the CPU */
+            if (sf_masked_crc32c(recs[k].p, recs[k].n) != w) return k;
+            for (size_t i = 0; i < nseg; i++)
+                if (segs[i].n) memcpy(segs[i].dst, segs[i].src, segs[i].n);
+        } else if (sf_copy_verify_record(recs[k].p, recs[k].n, segs, nseg, w)) {
+            return k;
+        }
     }
     return n;
 }
