@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 
+import _rows
 import numpy as np
 from pipeline_images import TARGET, make_jpegs
 
@@ -73,6 +74,22 @@ def measure(w: int, h: int, images: int, rounds: int) -> dict:
             "decode_resize_us": {k: statistics.median(v) for k, v in total_us.items()}}
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints: per source, the stage's way and the M/8 way, each
+    decode + exact resize against the full decode + exact resize (ratio: the full path's CPU
+    time over the way's, >1: the way is cheaper), with the way's PSNR in its name."""
+    rows: list[_rows.Row] = []
+    for r in res["sources"]:
+        full = r["decode_resize_us"]["full"]
+        for way in ("stage", "M/8"):
+            q = r["quality"][way]
+            us = r["decode_resize_us"][way]
+            rows.append((f"{r['source']} -> {TARGET}: {way} (decoded at {r['decoded_at'][way]}, "
+                         f"PSNR {q['psnr_db']:.1f} dB)", f"{us:,.0f} us/img", f"full decode: {full:,.0f} us/img",
+                         _rows.ratio(full / us if us else None)))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sources", default="500x375,640x480,800x600")
@@ -99,8 +116,10 @@ def main(argv=None) -> int:
             print(f"{r['source']:<10} {way:<6} {r['decoded_at'][way]:<11} {cols} {r['decode_us'][way]:>10.0f} "
                   f"{r['decode_resize_us'][way]:>12.0f}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    res = {"sources": rows, "load_average": os.getloadavg(), "resampler": _native.resample_backend()}
+    res["rows"] = table_rows(res)
     with open(args.json, "w") as f:
-        json.dump({"rows": rows, "load_average": os.getloadavg(), "resampler": _native.resample_backend()}, f, indent=2)
+        json.dump(res, f, indent=2)
     return 0
 
 

@@ -71,6 +71,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("subprocess_handover", "--out", (), ("--mb", "8", "--batches", "8", "--rounds", "1")),
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1")),
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
+    Benchmark("image_scale_quality", "--json", (), ("--images", "8", "--rounds", "1", "--sources", "500x375,800x600")),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
