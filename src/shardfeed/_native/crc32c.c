@@ -120,40 +120,54 @@ static uint32_t crc_copy_plain(uint32_t crc, uint8_t *dst, const uint8_t *buf, s
 #include <nmmintrin.h>
 #define HAVE_HW_X86 1
 
+static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* The CRC of buf's whole runs of 3 * block bytes, in three interleaved streams (one stream alone
+ * runs at a third of the speed), each run's streams joined by shifting through `zeros`; with
+ * dst, every word read is also stored at the same place of dst (inlined with dst NULL, the
+ * stores go away). Advances *pbuf, *pdst and *plen past the runs. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint64_t crc_runs(uint64_t c0, const uint8_t **pbuf,
+                                                                                uint8_t **pdst, size_t *plen,
+                                                                                size_t block, uint32_t zeros[4][256]) {
+    const uint8_t *buf = *pbuf;
+    uint8_t *dst = pdst ? *pdst : NULL;
+    size_t len = *plen;
+    while (len >= 3 * block) {
+        uint64_t c1 = 0, c2 = 0;
+        const uint8_t *end = buf + block;
+        do {
+            uint64_t a = sf_load_le64(buf), b = sf_load_le64(buf + block), c = sf_load_le64(buf + 2 * block);
+            c0 = _mm_crc32_u64(c0, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, c);
+            if (dst) {
+                st64(dst, a);
+                st64(dst + block, b);
+                st64(dst + 2 * block, c);
+                dst += 8;
+            }
+            buf += 8;
+        } while (buf < end);
+        c0 = shift_crc(zeros, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = shift_crc(zeros, (uint32_t)c0) ^ (uint32_t)c2;
+        buf += 2 * block;
+        if (dst) dst += 2 * block;
+        len -= 3 * block;
+    }
+    *pbuf = buf;
+    if (pdst) *pdst = dst;
+    *plen = len;
+    return c0;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const uint8_t *buf, size_t len) {
     uint64_t c0 = crc;
     while (len && ((uintptr_t)buf & 7)) {
         c0 = _mm_crc32_u8((uint32_t)c0, *buf++);
         len--;
     }
-    while (len >= 3 * LONG_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const uint8_t *end = buf + LONG_BLOCK;
-        do {
-            c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
-            c1 = _mm_crc32_u64(c1, sf_load_le64(buf + LONG_BLOCK));
-            c2 = _mm_crc32_u64(c2, sf_load_le64(buf + 2 * LONG_BLOCK));
-            buf += 8;
-        } while (buf < end);
-        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c2;
-        buf += 2 * LONG_BLOCK;
-        len -= 3 * LONG_BLOCK;
-    }
-    while (len >= 3 * SHORT_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const uint8_t *end = buf + SHORT_BLOCK;
-        do {
-            c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
-            c1 = _mm_crc32_u64(c1, sf_load_le64(buf + SHORT_BLOCK));
-            c2 = _mm_crc32_u64(c2, sf_load_le64(buf + 2 * SHORT_BLOCK));
-            buf += 8;
-        } while (buf < end);
-        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c2;
-        buf += 2 * SHORT_BLOCK;
-        len -= 3 * SHORT_BLOCK;
-    }
+    c0 = crc_runs(c0, &buf, NULL, &len, LONG_BLOCK, shift_long);
+    c0 = crc_runs(c0, &buf, NULL, &len, SHORT_BLOCK, shift_short);
     while (len >= 8) {
         c0 = _mm_crc32_u64(c0, sf_load_le64(buf));
         buf += 8;
@@ -162,8 +176,6 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw_x86(uint32_t crc, const
     while (len--) c0 = _mm_crc32_u8((uint32_t)c0, *buf++);
     return (uint32_t)c0;
 }
-
-static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
 /* crc_hw_x86 that also stores every word it reads at dst: the three streams are loaded
  * once, checksummed and stored, so the bytes cross the memory bus once. */
@@ -175,46 +187,8 @@ __attribute__((target("sse4.2"))) static uint32_t crc_copy_hw_x86(uint32_t crc, 
         c0 = _mm_crc32_u8((uint32_t)c0, *buf++);
         len--;
     }
-    while (len >= 3 * LONG_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const uint8_t *end = buf + LONG_BLOCK;
-        do {
-            uint64_t a = sf_load_le64(buf), b = sf_load_le64(buf + LONG_BLOCK), c = sf_load_le64(buf + 2 * LONG_BLOCK);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, c);
-            st64(dst, a);
-            st64(dst + LONG_BLOCK, b);
-            st64(dst + 2 * LONG_BLOCK, c);
-            buf += 8;
-            dst += 8;
-        } while (buf < end);
-        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_crc(shift_long, (uint32_t)c0) ^ (uint32_t)c2;
-        buf += 2 * LONG_BLOCK;
-        dst += 2 * LONG_BLOCK;
-        len -= 3 * LONG_BLOCK;
-    }
-    while (len >= 3 * SHORT_BLOCK) {
-        uint64_t c1 = 0, c2 = 0;
-        const uint8_t *end = buf + SHORT_BLOCK;
-        do {
-            uint64_t a = sf_load_le64(buf), b = sf_load_le64(buf + SHORT_BLOCK), c = sf_load_le64(buf + 2 * SHORT_BLOCK);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, c);
-            st64(dst, a);
-            st64(dst + SHORT_BLOCK, b);
-            st64(dst + 2 * SHORT_BLOCK, c);
-            buf += 8;
-            dst += 8;
-        } while (buf < end);
-        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c1;
-        c0 = shift_crc(shift_short, (uint32_t)c0) ^ (uint32_t)c2;
-        buf += 2 * SHORT_BLOCK;
-        dst += 2 * SHORT_BLOCK;
-        len -= 3 * SHORT_BLOCK;
-    }
+    c0 = crc_runs(c0, &buf, &dst, &len, LONG_BLOCK, shift_long);
+    c0 = crc_runs(c0, &buf, &dst, &len, SHORT_BLOCK, shift_short);
     while (len >= 8) {
         uint64_t a = sf_load_le64(buf);
         c0 = _mm_crc32_u64(c0, a);
