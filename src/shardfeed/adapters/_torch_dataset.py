@@ -102,15 +102,16 @@ def _numeric(x: Any) -> bool:
     return type(x) is np.ndarray and x.ndim > 0 and x.dtype in _TORCH_DTYPES and x.dtype.isnative
 
 
-def _visit(x: Any, fn: Any) -> Any:
-    """``x`` with ``fn`` applied to each numeric array among the values of its dicts and the
-    items of its tuples and named tuples (where ``default_convert`` looks)."""
+def _visit(x: Any, fn: Any, hit: Any = _numeric) -> Any:
+    """``x`` with ``fn`` applied to each leaf ``hit`` accepts (a numeric array) among the
+    values of its dicts and the items of its tuples and named tuples (where
+    ``default_convert`` looks)."""
     if type(x) is dict:
-        return {k: _visit(v, fn) for k, v in x.items()}
+        return {k: _visit(v, fn, hit) for k, v in x.items()}
     if isinstance(x, tuple) and (type(x) is tuple or hasattr(x, "_fields")):
-        items = [_visit(v, fn) for v in x]
+        items = [_visit(v, fn, hit) for v in x]
         return tuple(items) if type(x) is tuple else type(x)(*items)
-    return fn(x) if _numeric(x) else x
+    return fn(x) if hit(x) else x
 
 
 class _Slot:
@@ -142,18 +143,7 @@ def _from_band(skeleton: Any, base: np.ndarray, layout: list) -> Any:
         base = base.copy()
     arrays = [torch.from_numpy(base[o:o + dt.itemsize * int(np.prod(shape))].view(dt).reshape(shape))
               for o, dt, shape in layout]
-
-    def fill(x: Any) -> Any:
-        if type(x) is _Slot:
-            return arrays[x.index]
-        if type(x) is dict:
-            return {k: fill(v) for k, v in x.items()}
-        if isinstance(x, tuple) and (type(x) is tuple or hasattr(x, "_fields")):
-            items = [fill(v) for v in x]
-            return tuple(items) if type(x) is tuple else type(x)(*items)
-        return x
-
-    return default_convert(fill(skeleton))
+    return default_convert(_visit(skeleton, lambda slot: arrays[slot.index], lambda x: type(x) is _Slot))
 
 
 def for_default_convert(element: Any) -> Any:
