@@ -17,6 +17,7 @@ delivered twice changes them.
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import resource
@@ -69,6 +70,17 @@ class Ctx:
     def peer_dir(self, peer: str, data: str) -> str:
         n = self.ctr_records if data == "ctr" else self.images
         return os.path.join(self.root, f"{peer}-{data}-{n}")
+
+
+def not_installed(modules: tuple[str, ...]) -> str | None:
+    """A peer's ``available()`` when importing its modules is the whole test: ``None``, or
+    ``"not installed (...)"`` naming the import that failed."""
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except ImportError as exc:
+        return f"not installed ({exc})"
+    return None
 
 
 def ctr_record(i: int) -> dict[str, Any]:

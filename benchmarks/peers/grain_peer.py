@@ -14,7 +14,17 @@ import pickle
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, Ctx, collate_ctr, ctr_records, epoch_over, image_files, pil_decode_resize
+from common import (
+    CTR_BATCH,
+    IMG_BATCH,
+    Ctx,
+    collate_ctr,
+    ctr_records,
+    epoch_over,
+    image_files,
+    not_installed,
+    pil_decode_resize,
+)
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("grain", "array_record.python.array_record_module")
@@ -23,12 +33,7 @@ SHARDS = 8
 
 
 def available() -> str | None:
-    try:
-        import array_record.python.array_record_module  # noqa: F401
-        import grain  # noqa: F401
-    except ImportError as exc:
-        return f"not installed ({exc})"
-    return None
+    return not_installed(IMPORTS)
 
 
 def version() -> str:

@@ -13,7 +13,17 @@ import os
 from typing import Any
 
 import numpy as np
-from common import CTR_BATCH, IMG_BATCH, Ctx, collate_ctr, ctr_record, epoch_over, image_files, pil_decode_resize
+from common import (
+    CTR_BATCH,
+    IMG_BATCH,
+    Ctx,
+    collate_ctr,
+    ctr_record,
+    epoch_over,
+    image_files,
+    not_installed,
+    pil_decode_resize,
+)
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("litdata",)
@@ -21,11 +31,7 @@ NAME = "litdata"
 
 
 def available() -> str | None:
-    try:
-        import litdata  # noqa: F401
-    except ImportError as exc:
-        return f"not installed ({exc})"
-    return None
+    return not_installed(IMPORTS)
 
 
 def version() -> str:

@@ -10,7 +10,7 @@ import glob
 import os
 from typing import Any
 
-from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, ctr_records, image_files
+from common import CTR_BATCH, IMG_BATCH, IMG_SIZE, Ctx, Tally, ctr_records, image_files, not_installed
 
 # imported before a conversion is timed (workload f times the writing, not the imports)
 IMPORTS = ("tensorflow",)
@@ -19,11 +19,7 @@ SHARDS = 8
 
 
 def available() -> str | None:
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError as exc:
-        return f"not installed ({exc})"
-    return None
+    return not_installed(IMPORTS)
 
 
 def version() -> str:

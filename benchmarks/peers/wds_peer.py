@@ -22,6 +22,7 @@ from common import (
     ctr_records,
     epoch_over,
     image_files,
+    not_installed,
     worker_init_reads,
 )
 
@@ -32,11 +33,7 @@ SHARDS = 8
 
 
 def available() -> str | None:
-    try:
-        import webdataset  # noqa: F401
-    except ImportError as exc:
-        return f"not installed ({exc})"
-    return None
+    return not_installed(IMPORTS)
 
 
 def version() -> str:
