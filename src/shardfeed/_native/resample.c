@@ -378,6 +378,22 @@ __attribute__((target("avx512f,avx2"))) static int hpass4_avx512(const uint8_t *
  * (4 pixels x 4 samples) and multiplied by their four weights. No horizontal sums are
  * needed, and a multiply serves four outputs. Returns 1 where the windows do not fit (the
  * caller uses the per-pixel passes), -2 when out of memory. */
+/* Four output pixels (RGBX bytes in `bytes`) stored from pixel j of the row o: 16 bytes as they
+ * are, or 12 with each fourth byte dropped for 3-channel output. */
+__attribute__((target("sse4.1"), always_inline)) static inline void store4px(uint8_t *o, size_t j, __m128i bytes,
+                                                                            int oc) {
+    if (oc == 4) {
+        _mm_storeu_si128((__m128i *)(o + 4 * j), bytes);
+        return;
+    }
+    o += 3 * j;
+    __m128i packed = _mm_shuffle_epi8(bytes, _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1));
+    int64_t lo8 = _mm_cvtsi128_si64(packed);
+    int32_t hi4 = _mm_extract_epi32(packed, 2);
+    memcpy(o, &lo8, 8);
+    memcpy(o + 8, &hi4, 4);
+}
+
 __attribute__((target("avx512f,avx2"))) static int hpass4_gather512(const uint8_t *src, int sw, int y0, int y1,
                                                                    const weights *w, int left, int tw,
                                                                    uint8_t *tmp, int oc) {
@@ -415,7 +431,6 @@ __attribute__((target("avx512f,avx2"))) static int hpass4_gather512(const uint8_
         }
     }
     const __m512i half = _mm512_set1_epi32(HALF), zero = _mm512_setzero_si512();
-    const __m128i rgb = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
     for (int y = y0; y < y1; y++) {
         const uint8_t *row = src + (size_t)y * sw * 4;
         uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
@@ -440,15 +455,7 @@ __attribute__((target("avx512f,avx2"))) static int hpass4_gather512(const uint8_
             }
             acc = _mm512_max_epi32(_mm512_srai_epi32(_mm512_add_epi32(acc, acc2), PREC), zero);
             __m128i bytes = _mm512_cvtusepi32_epi8(acc); /* 0..255 after the max; above 255 saturates */
-            if (oc == 4) {
-                _mm_storeu_si128((__m128i *)(o + 4 * first[g]), bytes);
-            } else {
-                __m128i packed = _mm_shuffle_epi8(bytes, rgb);
-                int64_t lo8 = _mm_cvtsi128_si64(packed);
-                int32_t hi4 = _mm_extract_epi32(packed, 2);
-                memcpy(o + 3 * first[g], &lo8, 8);
-                memcpy(o + 3 * first[g] + 8, &hi4, 4);
-            }
+            store4px(o, (size_t)first[g], bytes, oc);
         }
     }
 out:
@@ -538,7 +545,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static void
     const __m512i transpose = _mm512_broadcast_i32x4(
         _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     const __m512i half = _mm512_set1_epi32(HALF), zero = _mm512_setzero_si512();
-    const __m128i rgb = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
     for (int y = y0; y < y1; y++) {
         const uint8_t *row = src + (size_t)y * sw * 4;
         uint8_t *o = tmp + (size_t)(y - y0) * tw * oc;
@@ -558,15 +564,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2"))) static void
             acc = _mm512_add_epi32(_mm512_add_epi32(acc, a0), half);
             acc = _mm512_max_epi32(_mm512_srai_epi32(acc, PREC), zero);
             __m128i bytes = _mm512_cvtusepi32_epi8(acc); /* 0..255 after the max; above 255 saturates */
-            if (oc == 4) {
-                _mm_storeu_si128((__m128i *)(o + 4 * first[g]), bytes);
-            } else {
-                __m128i packed = _mm_shuffle_epi8(bytes, rgb);
-                int64_t lo8 = _mm_cvtsi128_si64(packed);
-                int32_t hi4 = _mm_extract_epi32(packed, 2);
-                memcpy(o + 3 * first[g], &lo8, 8);
-                memcpy(o + 3 * first[g] + 8, &hi4, 4);
-            }
+            store4px(o, (size_t)first[g], bytes, oc);
         }
     }
 }
