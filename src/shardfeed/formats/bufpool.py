@@ -36,10 +36,15 @@ import os
 import threading
 from typing import NamedTuple
 
-from .native import _ext
+from .native import _ext, release_pooled_memory
+
+__all__ = ["DEFAULT_IDLE_SECONDS", "ENV_IDLE", "PoolInfo", "pool_idle_seconds", "pool_info",
+           "release_pooled_memory", "set_pool_idle_seconds"]
 
 ENV_IDLE = "SHARDFEED_POOL_IDLE_SECONDS"
+"""The environment variable that sets :func:`pool_idle_seconds`."""
 DEFAULT_IDLE_SECONDS = 10.0
+"""How long an unused pooled block is kept when nothing says otherwise."""
 
 _idle_override: float | None = None
 _lock = threading.Lock()
@@ -100,13 +105,6 @@ def set_pool_idle_seconds(seconds: float | None) -> None:
         _ext.pool_clear()
     with _lock:
         _wake.notify_all()  # a sleeping keeper re-reads the setting
-
-
-def release_pooled_memory() -> None:
-    """Give every unused pooled block back to the system now. Arrays in use stay valid (their
-    blocks are freed when they die, unless a later batch takes them first)."""
-    if _ext is not None:
-        _ext.pool_clear()
 
 
 def pass_closed() -> None:
