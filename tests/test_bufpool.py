@@ -163,6 +163,28 @@ def test_the_idle_setting_refuses_what_is_not_seconds(monkeypatch):
     assert bufpool.pool_idle_seconds() == 3.0  # the call wins over the variable
 
 
+def test_a_bad_idle_variable_never_fails_a_pass_and_the_pool_is_still_looked_after(big_file, monkeypatch, caplog):
+    url, values = big_file
+    monkeypatch.setattr(bufpool, "_warned", False)
+    monkeypatch.setenv(bufpool.ENV_IDLE, "soon")
+    with caplog.at_level("WARNING", logger="shardfeed.formats.bufpool"):
+        assert _one_pass(url) == [v[:8] for v in values]
+    assert "SHARDFEED_POOL_IDLE_SECONDS (set to 'soon')" in caplog.text  # named, with the default used
+    assert bufpool.pool_info().blocks >= 1 and len(_keepers()) == 1  # kept for the default idle time
+
+
+def test_setting_the_idle_time_to_zero_frees_the_pool_and_ends_the_idle_thread(big_file):
+    url, values = big_file
+    bufpool.set_pool_idle_seconds(600)
+    ds = sf.read_tfrecord(url, spec=SPEC, num_parallel_reads=None).batch(4, bytes_as="buffer")
+    kept = [b["img"] for b in ds][0]  # a block in use: 0 must not leave a thread polling for it
+    assert len(_keepers()) == 1
+    bufpool.set_pool_idle_seconds(0)
+    assert bufpool.pool_info()[:2] == (0, 0)
+    assert _wait_for(lambda: not _keepers())
+    assert kept.to_list() == values[:4]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
 def test_a_forked_child_gives_back_the_blocks_it_inherited_and_reads_the_parents_arrays(big_file):
     """A forked child (a DataLoader worker) holds none of the parent's idle blocks, can still

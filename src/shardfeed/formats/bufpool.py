@@ -31,6 +31,7 @@ Arrays in use are never touched by any of this: only blocks no array refers to a
 from __future__ import annotations
 
 import atexit
+import logging
 import math
 import os
 import threading
@@ -51,6 +52,8 @@ _lock = threading.Lock()
 _wake = threading.Condition(_lock)
 _keeper: threading.Thread | None = None
 _stopping = False
+_warned = False
+logger = logging.getLogger(__name__)
 
 
 class PoolInfo(NamedTuple):
@@ -107,13 +110,26 @@ def set_pool_idle_seconds(seconds: float | None) -> None:
         _wake.notify_all()  # a sleeping keeper re-reads the setting
 
 
+def _idle_or_default() -> float:
+    """:func:`pool_idle_seconds`, or the default with a warning when the variable is not a
+    number of seconds (closing a pass never fails for it, and the pool is still looked after)."""
+    try:
+        return pool_idle_seconds()
+    except ValueError as exc:
+        global _warned
+        if not _warned:
+            _warned = True
+            logger.warning("%s; using %s", exc, DEFAULT_IDLE_SECONDS)
+        return DEFAULT_IDLE_SECONDS
+
+
 def pass_closed() -> None:
     """Called when a pass that may have filled the pool closes: frees what has been idle too
     long (everything when the idle time is 0) and makes sure the rest is freed once it has
     been idle that long, if no later batch takes it first."""
     if _ext is None:
         return
-    idle = pool_idle_seconds()
+    idle = _idle_or_default()
     trim = getattr(_ext, "pool_trim", None)
     if idle == 0 or trim is None:  # (an older build of the core: the old rule, nothing kept)
         _ext.pool_clear()
@@ -137,16 +153,14 @@ def _keep() -> None:
     with _lock:
         try:
             while not _stopping:
-                try:
-                    idle = pool_idle_seconds()
-                except ValueError:  # the variable changed under us: the default, rather than a dead thread
-                    idle = DEFAULT_IDLE_SECONDS
+                idle = _idle_or_default()
                 if math.isinf(idle):
                     break
                 wait, in_use = _ext.pool_trim(idle)
-                if wait < 0 and in_use == 0:
-                    break
-                _wake.wait((idle if wait < 0 else wait) + 0.01)
+                if (wait < 0 and in_use == 0) or idle == 0:
+                    break  # (0: each pass's close gives everything back)
+                # only blocks in use: look again after an idle period (a second at least, never a busy loop)
+                _wake.wait((max(idle, 1.0) if wait < 0 else wait) + 0.01)
         finally:
             _keeper = None
 
