@@ -8,6 +8,9 @@ cache. Rows, interleaved in rounds, medians:
   objects, one thread (``num_parallel_reads=None``) and the default (one per core);
 - the default with bytes as buffers over the files 4 times in one pass (a pass's start-up
   spread over more records, as in a real epoch);
+- the default with bytes as buffers, its pass starting and ending with an empty batch-buffer
+  pool (``SHARDFEED_POOL_IDLE_SECONDS=0``: the pool as it was before it was kept warm
+  between passes; every other buffer row finds the blocks the pass before it left);
 - tf.data: ``TFRecordDataset(files).batch(400).map(parse_example)`` (skipped without
   TensorFlow).
 
@@ -35,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _rows
 
 import shardfeed as sf  # noqa: E402
+from shardfeed.formats import bufpool  # noqa: E402
 from shardfeed.formats.chunks import iter_frame_chunks  # noqa: E402
 
 RECORD_BYTES = 114_660
@@ -50,6 +54,9 @@ def make_files(directory: str, records: int) -> list[str]:
     if os.path.exists(marker):
         return files
     os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):  # the files are rewritten: another count's marker no longer holds
+        if name.startswith("READY-"):
+            os.remove(os.path.join(directory, name))
     rng = np.random.default_rng(0)
     per = -(-records // SHARDS)
     for f in files:
@@ -68,6 +75,18 @@ def run_frames(files: list[str]) -> int:
 def run_shardfeed(files: list[str], bytes_as: str, reads: int | None) -> int:
     ds = sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads).batch(BATCH, bytes_as=bytes_as)
     return sum(len(b["image/class/label"]) for b in ds)
+
+
+def run_cold_pool(files: list[str]) -> int:
+    """The default with bytes as buffers, its pass starting with no pooled batch buffers and
+    freeing them when it closes (``SHARDFEED_POOL_IDLE_SECONDS=0``: how every pass ran
+    before the pool was kept between passes)."""
+    bufpool.release_pooled_memory()
+    bufpool.set_pool_idle_seconds(0)
+    try:
+        return run_shardfeed(files, "buffer", sf.AUTOTUNE)
+    finally:
+        bufpool.set_pool_idle_seconds(None)
 
 
 def run_tf(files: list[str]) -> int:
@@ -112,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         "shardfeed object, 1 thread": lambda: run_shardfeed(files, "object", None),
         "shardfeed buffer, default": lambda: run_shardfeed(files, "buffer", sf.AUTOTUNE),
         "shardfeed object, default": lambda: run_shardfeed(files, "object", sf.AUTOTUNE),
+        # the pool emptied before and after the pass (as before it was kept across passes);
+        # the row after it (a long pass) starts cold too, the next round's first warm again
+        "shardfeed buffer, default, pool cold": lambda: run_cold_pool(files),
         # the files 4 times in one pass: a pass's start-up (threads, the batch-buffer pool
         # starting empty) spread over 4x the records, as in an epoch of a real data set
         f"shardfeed buffer, default, one pass x{LONG_PASS}": lambda: run_shardfeed(files * LONG_PASS, "buffer",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -384,6 +385,33 @@ def test_decoded_batches_reuse_pooled_memory():
         np.testing.assert_array_equal(again, ref)
         del again
     assert native.pool_info()[2] >= reused + 3
+
+
+def test_a_closed_decode_images_pass_leaves_its_batch_memory_warm_until_idle():
+    """The pooled arrays of a decode_images pass stay for the next pass when it closes, and go
+    back to the system once idle (shardfeed.formats.bufpool; tests/test_bufpool.py)."""
+    from shardfeed.formats import bufpool  # noqa: PLC0415
+
+    if not hasattr(pytest.importorskip("shardfeed._native"), "pool_trim"):
+        pytest.skip("the native core is an older build without pool_trim")
+    # batches from a list, not a TFRecord source: the decode stage's own close keeps the pool
+    ds = sf.Dataset.from_list([batch_of([IMAGES["small jpeg"]] * 8)] * 2).decode_images("image", 224)
+    bufpool.release_pooled_memory()
+    bufpool.set_pool_idle_seconds(600)
+    try:
+        for _ in range(2):
+            for b in ds:
+                assert b["image"].shape == (8, 224, 224, 3)
+            del b
+        assert bufpool.pool_info().blocks >= 1  # kept: the second pass reused the first one's
+        bufpool.set_pool_idle_seconds(0.05)
+        end = time.monotonic() + 30
+        while bufpool.pool_info().blocks and time.monotonic() < end:
+            time.sleep(0.01)
+        assert bufpool.pool_info()[:2] == (0, 0)
+    finally:
+        bufpool.set_pool_idle_seconds(None)
+        bufpool.release_pooled_memory()
 
 
 def test_decoder_pickles_without_its_thread_buffers():

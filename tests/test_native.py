@@ -865,11 +865,14 @@ def test_pack_bytes_refuses_other_values_and_unpack_refuses_offsets_outside_the_
 
 
 @needs_native
-def test_a_closed_pass_keeps_no_pooled_memory(tmp_path):
-    """Large buffer-form batches reuse the pool during a pass; closing the pass frees what
-    it kept, while a batch the caller holds stays valid."""
+def test_a_closed_pass_keeps_no_pooled_memory_when_the_idle_time_is_zero(tmp_path, monkeypatch):
+    """Large buffer-form batches reuse the pool during a pass; with
+    ``SHARDFEED_POOL_IDLE_SECONDS=0`` closing the pass frees what it kept (by default the
+    next pass gets it: tests/test_bufpool.py), while a batch the caller holds stays valid."""
     import shardfeed as sf  # noqa: PLC0415
     from shardfeed import _native  # noqa: PLC0415
+
+    monkeypatch.setenv("SHARDFEED_POOL_IDLE_SECONDS", "0")
 
     url = str(tmp_path / "big.tfrecord")
     values = _large_records(12, 300_000, 5)

@@ -2,6 +2,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <time.h>
 
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
 #define NO_IMPORT_ARRAY
@@ -26,8 +27,9 @@ typedef struct {
 static struct {
     void *p;
     size_t cap;
+    double since; /* monotonic seconds when it came back to the pool */
 } pool[POOL_MAX_BLOCKS];
-static size_t pool_n, pool_bytes, pool_reused, pool_allocated;
+static size_t pool_n, pool_bytes, pool_reused, pool_allocated, pool_out; /* out: blocks behind live arrays */
 
 /* Blocks are mapped in transparent huge pages where the kernel offers them (madvise mode):
  * a fresh 46 MB block then costs 23 page faults instead of 11,000 (the zeroing stays), and
@@ -54,10 +56,19 @@ static void block_free(void *p, size_t cap) {
 #endif
 }
 
+/* CLOCK_MONOTONIC, as Python's time.monotonic() on Linux: the idle clock of pooled blocks. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void block_dealloc(BlockObject *self) {
+    if (self->p) pool_out--;
     if (self->p && pool_n < POOL_MAX_BLOCKS && pool_bytes + self->cap <= POOL_MAX_BYTES) {
         pool[pool_n].p = self->p;
         pool[pool_n].cap = self->cap;
+        pool[pool_n].since = now_s();
         pool_n++;
         pool_bytes += self->cap;
     } else if (self->p) {
@@ -110,6 +121,7 @@ PyObject *sf_pool_array(size_t nbytes) {
     }
     block->p = p;
     block->cap = cap;
+    pool_out++;
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(NPY_UINT8), 1, dims, NULL, p,
                                          NPY_ARRAY_CARRAY, NULL);
     if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, (PyObject *)block) < 0) {
@@ -132,6 +144,28 @@ PyObject *sf_pool_clear(PyObject *self, PyObject *unused) {
     }
     pool_bytes = 0;
     Py_RETURN_NONE;
+}
+
+PyObject *sf_pool_trim(PyObject *self, PyObject *arg) {
+    double max_idle = PyFloat_AsDouble(arg);
+    if (max_idle == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(max_idle >= 0.0)) { /* NaN too */
+        PyErr_SetString(PyExc_ValueError, "pool_trim: max_idle must be a number of seconds >= 0");
+        return NULL;
+    }
+    double t = now_s(), next = -1.0;
+    for (size_t i = 0; i < pool_n;) {
+        double left = pool[i].since + max_idle - t;
+        if (left <= 0.0) {
+            block_free(pool[i].p, pool[i].cap);
+            pool_bytes -= pool[i].cap;
+            pool[i] = pool[--pool_n];
+            continue;
+        }
+        if (next < 0.0 || left < next) next = left;
+        i++;
+    }
+    return Py_BuildValue("dn", next, (Py_ssize_t)pool_out);
 }
 
 int sf_pool_init(void) { return PyType_Ready(&BlockType); }

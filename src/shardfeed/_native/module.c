@@ -996,6 +996,9 @@ static PyMethodDef methods[] = {
     {"pool_info", sf_pool_info, METH_NOARGS,
      "pool_info() -> (blocks, bytes, reused, allocated): the recycled batch-buffer pool"},
     {"pool_clear", sf_pool_clear, METH_NOARGS, "pool_clear() -> None: free the pooled batch buffers"},
+    {"pool_trim", sf_pool_trim, METH_O,
+     "pool_trim(max_idle) -> (seconds, in_use): free pooled blocks idle max_idle seconds or more; seconds until "
+     "the next would be (-1.0: none held), blocks behind live arrays"},
     {"pool_array", py_pool_array, METH_O,
      "pool_array(nbytes) -> uint8 array, uninitialised; large ones backed by a recycled block"},
     {"image_check", py_image_check, METH_O,

@@ -246,8 +246,9 @@ class BytesBuffer(NamedTuple):
 
 def release_pooled_memory() -> None:
     """Free the recycled blocks kept for the next large buffer-form batches (none are in
-    use by an array: those stay valid). A pass calls it when it closes, so a pipeline
-    keeps no idle batch memory between passes."""
+    use by an array: those stay valid). Unused blocks also go back by themselves once idle
+    for a while (:mod:`.bufpool`: ``$SHARDFEED_POOL_IDLE_SECONDS``), so a later pass starts
+    warm; call this to give them back now."""
     if _ext is not None:
         _ext.pool_clear()
 

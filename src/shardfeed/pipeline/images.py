@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ImageDecodeError
+from ..formats.bufpool import pass_closed
 from ..formats.native import BytesBuffer
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..registry import require
@@ -412,6 +413,7 @@ class _DecodeImagesNode(_ParallelMapNode):
         self.decoder = ds.decoder
         self.helpers: WorkerPool | None = None
         self.fn = self._decode
+        self.ctx.on_close(pass_closed)  # the pooled batch arrays stay warm until idle (bufpool.py)
 
     def _start(self) -> None:
         super()._start()

@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, ParseError
+from ..formats.bufpool import pass_closed
 from ..formats.chunks import FrameChunk, rebatch_tagged
-from ..formats.native import Buffers, release_pooled_memory
+from ..formats.native import Buffers
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
@@ -226,4 +227,4 @@ class SourceBatchNode(Node):
                 self.pool.close()
         finally:
             self.producer.close()
-            release_pooled_memory()  # buffer-form columns, decode_images batches: none kept idle after a pass
+            pass_closed()  # the pooled batch buffers stay warm for the next pass, until idle (bufpool.py)
