@@ -126,6 +126,31 @@ def test_spark_writes_what_the_local_runner_writes_for_csv_parquet_dataframe_fol
     same_output(str(tmp_path / "local_ann"), str(tmp_path / "spark_ann"))
 
 
+def test_an_image_folder_is_listed_by_the_executors_and_gives_the_local_runners_output(spark, tmp_path):
+    from shardfeed.convert.runner_spark import open_source
+
+    root = tmp_path / "folder"
+    files = [f"train/{label}/{i}.jpg" for label in ("cat", "dog", "emu") for i in range(5)]
+    files += ["TEST/cat/t0.jpg", "TEST/dog/t1.jpg", "validation/cat/v0.jpg", "train/loose.jpg", "train/cat/deep/d.jpg",
+              "train/.cache/h.jpg", "readme.jpg"]
+    for i, f in enumerate(files):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((20, 30, 3), 7 * i, np.uint8)).save(root / f)
+    (root / "train" / "dog" / "9.jpg").write_bytes(b"not a jpeg")
+    (root / "empty").mkdir()
+    src = open_source(spark, str(root), None, None, True)
+    # the driver listed the top level and the split folders: one entry per label folder or file there
+    assert src.kind == "folder" and src.with_split
+    assert sorted(tuple(r["parts"]) for r in src.frame.collect()) == [
+        ("TEST", "cat"), ("TEST", "dog"), ("empty",), ("readme.jpg",), ("train", "cat"), ("train", "dog"),
+        ("train", "emu"), ("train", "loose.jpg"), ("validation", "cat")]
+    want = sc.convert(str(root), str(tmp_path / "local"), **OPTS)
+    got = sc.convert(str(root), str(tmp_path / "spark"), runner="spark", **OPTS)
+    assert got.rows_discarded == want.rows_discarded == 4  # loose.jpg, deep/d.jpg, readme.jpg, the bad image
+    same_output(str(tmp_path / "local"), str(tmp_path / "spark"))
+    assert discards(str(tmp_path / "spark")) == discards(str(tmp_path / "local"))
+
+
 def test_many_small_partitions_give_few_shards_sized_by_rows_or_bytes_as_the_local_runner(spark, tmp_path):
     from .test_convert_shard_bytes import SCHEMA, table
 

@@ -34,9 +34,11 @@ staging file, which the driver removes at the end. The driver collects the task 
 :func:`~shardfeed.convert.writer.finalize`.
 
 Inputs executors read themselves: a ``pyspark.sql.DataFrame``, Parquet, JSON lines and
-CSV files or folders (through ``spark.read``). An image folder, a PAI annotation CSV and
-an iTAG manifest are listed / parsed on the driver (small rows: a path and a label) and
-their rows handed to the executors, as Spark's own file listing is done on the driver.
+CSV files or folders (through ``spark.read``), and an image folder, of which the driver
+lists only the top level (and the split folders' entries): each job 1 task lists its label
+folders (:func:`~shardfeed.convert.sources.folder_layout`). A PAI annotation CSV and an
+iTAG manifest are parsed on the driver (small rows: a path and a label) and their rows
+handed to the executors.
 
 Where Spark recomputes lost cached blocks the input must read the same rows in the same
 order again (files do; a DataFrame built with a non-deterministic step, such as
@@ -81,15 +83,25 @@ from .plan import (
     size_shards,
 )
 from .runner_local import CHUNK_ROWS
-from .schema import AUTOML_COLUMNS, Schema, header_matches_automl
-from .sources import RowBuilder, _dirname, default_schema, parquet_parts, table_format
+from .schema import AUTOML_COLUMNS, Schema, automl_schema, header_matches_automl
+from .sources import (
+    RowBuilder,
+    _dirname,
+    default_schema,
+    folder_files,
+    folder_item,
+    folder_layout,
+    parquet_parts,
+    table_format,
+)
 from .tasks import make_converter
 from .writer import ShardSink, convert_row, finished_state, join
 
 logger = logging.getLogger(__name__)
 
 CORRUPT = "_shardfeed_corrupt_record"
-ROWS_PER_SLICE = 10_000  # rows the driver read itself (folder, annotation file) per Spark partition
+ROWS_PER_SLICE = 10_000  # rows the driver read itself (annotation file, pandas DataFrame) per Spark partition
+FOLDERS_PER_SLICE = 8  # an image folder's label folders per Spark partition of job 1
 
 
 def _pyspark():
@@ -183,8 +195,10 @@ def spark_session(master: str | None = None, app_name: str = "shardfeed-convert"
 @dataclass
 class SparkSource:
     """An input as the executors see it: a DataFrame whose columns are the input's cells
-    (``kind="table"``) or one binary column of pickled :class:`Row` objects the driver
-    built (``kind="rows"``), and how to make rows of it."""
+    (``kind="table"``), one binary column of pickled :class:`Row` objects the driver
+    built (``kind="rows"``), or an image folder's parts, each listed by the task that reads
+    it (``kind="folder"``, :func:`~shardfeed.convert.sources.folder_layout`), and how to make
+    rows of it."""
 
     frame: Any
     kind: str
@@ -197,6 +211,8 @@ class SparkSource:
     has_image: bool = True
     detect_integer_labels: bool = False
     bom_column: str | None = None  # the first column, whose first cell may start with a BOM Spark's CSV reader kept
+    with_split: bool = False  # kind="folder": in the split/label/file layout
+    storage_options: Mapping[str, Any] | None = None  # kind="folder": to list its folders
 
     def rows(self, batches: Iterable[Any]) -> Iterator[Row | DiscardRecord]:
         """Rows (or discard records) of one partition's Arrow batches, numbered from 1
@@ -205,6 +221,9 @@ class SparkSource:
             for batch in batches:
                 for blob in batch.column(0).to_pylist():
                     yield pickle.loads(blob)
+            return
+        if self.kind == "folder":
+            yield from self._folder_rows(batches)
             return
         builder = RowBuilder(self.schema, self.origin, self.base)
         first = self.bom_column
@@ -221,6 +240,46 @@ class SparkSource:
                 if isinstance(v, str) and v.startswith("\ufeff"):
                     cells[first] = v[1:]
                 yield builder.build(i, cells, None)
+
+
+    def _folder_rows(self, batches: Iterable[Any]) -> Iterator[Row | DiscardRecord]:
+        root = self.base or ""
+        parsed = parse_url(root)
+        i = 0
+        for batch in batches:
+            for entry in batch.to_pylist():
+                parts = tuple(entry["parts"])
+                if entry["folder"]:
+                    files = folder_files(root, self.storage_options, parts)
+                else:
+                    uri = os.path.join(parsed.path, *parts) if parsed.is_local else root + "/" + "/".join(parts)
+                    files = [(parts, uri)]
+                for rel, uri in files:
+                    i += 1
+                    yield folder_item(i, rel, uri, self.with_split, self.origin)
+
+    @property
+    def numbered_in_partition(self) -> bool:
+        """Whether the rows are numbered within their partition (the driver adds the rows of
+        the partitions before), not by the driver."""
+        return self.kind != "rows"
+
+
+def _folder_source(spark: Any, url: str, storage_options: Mapping[str, Any] | None) -> SparkSource:
+    """An image folder, listed by the executors: the driver lists its top level (and a split
+    folder's entries), never its files."""
+    from pyspark.sql.types import ArrayType, BooleanType, StringType, StructField, StructType
+
+    root = storage_url(url).rstrip("/")
+    with_split, parts = folder_layout(root, storage_options)
+    sc = spark.sparkContext
+    slices = max(1, min(len(parts), max(2 * sc.defaultParallelism, -(-len(parts) // FOLDERS_PER_SLICE))))
+    entries = sc.parallelize([(list(p), d) for p, d in parts], slices)
+    struct = StructType([StructField("parts", ArrayType(StringType())), StructField("folder", BooleanType())])
+    schema = automl_schema()
+    return SparkSource(spark.createDataFrame(entries, struct), "folder", schema, mask(root), root, mask(url),
+                       with_split=with_split, storage_options=storage_options,
+                       detect_integer_labels=schema.label_type == "string label")
 
 
 def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None, description: str) -> SparkSource:
@@ -271,10 +330,7 @@ def open_source(spark: Any, source: Any, schema: Schema | None, storage_options:
             return _table_source(spark.read.parquet(url), schema, desc, storage_url(url).rstrip("/"), desc)
         if schema is not None:
             raise ValueError("a schema applies to tables; an image folder has no columns")
-        from .sources import read_image_folder
-
-        rows, discards, used = read_image_folder(storage_url(url), storage_options)
-        return rows_source(spark, rows, discards, used, desc, detect_integer_labels=True)
+        return _folder_source(spark, url, storage_options)
     fmt = table_format(storage_url(url), storage_options)
     if fmt == "parquet":
         frame = spark.read.parquet(url)
@@ -421,7 +477,7 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
     for s in summaries:
         offsets.append(total)
         split_offsets.append(dict(per_split))
-        origin_numbered = src.kind == "table"
+        origin_numbered = src.numbered_in_partition
         for number, source, reason in s["discards"]:
             row = number + total if origin_numbered else number
             discards.append(DiscardRecord(row, source or f"{src.origin}#{row}", reason))
@@ -454,7 +510,7 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
         sample = []
         for part, blob in got:
             row = pickle.loads(blob)
-            if src.kind == "table":
+            if src.numbered_in_partition:
                 row.number += offsets[part]
             if integer_labels:
                 row.label = int(row.label)
@@ -688,7 +744,7 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
             starts = np.array([[so[split] for split in SPLITS] for so in sp.split_offsets], np.int64).reshape(-1, 3)
             shipped = dataclasses.replace(plan, shards=[], discards=[])
             job = uuid.uuid4().hex  # attempts of this job's tasks trust each other's commits
-            renumber = src.kind == "table"
+            renumber = src.numbered_in_partition
             offsets, integer_labels = sp.offsets, sp.integer_labels
             spark = src.frame.sparkSession
             spark.sparkContext.setJobDescription(f"shardfeed convert: write {len(todo)} shards")

@@ -296,6 +296,107 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
     return rows, discards, schema
 
 
+def folder_files(root: str, storage_options: Mapping[str, Any] | None = None, under: tuple[str, ...] = ()
+                 ) -> list[tuple[tuple[str, ...], str]]:
+    """``(path parts under root, URI)`` of every file in ``root`` (or in its subfolder
+    ``under``) and below, sorted; hidden files and folders left out, folder links not followed."""
+    root = root.rstrip("/")
+    parsed = parse_url(root)
+    rels: list[tuple[tuple[str, ...], str]] = []
+    if parsed.is_local:
+        base = parsed.path
+        if not os.path.isdir(base):
+            raise FileNotFoundError(f"{mask(root)}: no such folder")
+        for dirpath, dirnames, filenames in os.walk(os.path.join(base, *under)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel = os.path.relpath(dirpath, base)  # once per folder, not per file (it costs tens of us)
+            parts = () if rel == os.curdir else tuple(rel.split(os.sep))
+            pre = os.path.join(dirpath, "")  # os.walk joined dirpath from base: pre + f == join(base, *parts, f)
+            rels.extend(((*parts, f), pre + f) for f in filenames if not f.startswith("."))
+    else:
+        prefix = root + "/"
+        for u in storage.glob(prefix + "".join(p + "/" for p in under) + "**", storage_options):
+            if u.startswith(prefix):
+                parts = tuple(u[len(prefix):].split("/"))
+                if not any(p.startswith(".") for p in parts):
+                    rels.append((parts, u))
+    rels.sort()
+    return rels
+
+
+def folder_entries(root: str, storage_options: Mapping[str, Any] | None = None, under: tuple[str, ...] = ()
+                   ) -> list[tuple[str, bool]]:
+    """``(name, is a folder)`` of what is directly in ``root`` (or its subfolder ``under``),
+    sorted, as :func:`folder_files` walks it: hidden names and links to folders left out."""
+    root = root.rstrip("/")
+    parsed = parse_url(root)
+    found: list[tuple[str, bool]] = []
+    if parsed.is_local:
+        if not os.path.isdir(parsed.path):
+            raise FileNotFoundError(f"{mask(root)}: no such folder")
+        with os.scandir(os.path.join(parsed.path, *under)) as it:
+            for e in it:
+                is_dir = e.is_dir()
+                if not e.name.startswith(".") and not (is_dir and e.is_symlink()):
+                    found.append((e.name, is_dir))
+    else:
+        fs, path = storage.get_filesystem(parsed, storage_options)
+        path = path.rstrip("/") + "".join("/" + p for p in under)
+        for info in fs.ls(path, detail=True):
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if not name.startswith(".") and info["name"].rstrip("/") != path.rstrip("/"):
+                found.append((name, info.get("type") == "directory"))
+    return sorted(set(found))  # an object store may give a prefix twice (a folder and a listing of it)
+
+
+def _has_file(root: str, under: tuple[str, ...], storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether :func:`folder_files` finds anything under ``root/under`` (stops at the first file)."""
+    parsed = parse_url(root.rstrip("/"))
+    if parsed.is_local:
+        walk: Any = os.walk(os.path.join(parsed.path, *under))
+    else:
+        fs, path = storage.get_filesystem(parsed, storage_options)
+        walk = fs.walk(path.rstrip("/") + "".join("/" + p for p in under))
+    for _, dirnames, filenames in walk:
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        if any(not f.startswith(".") for f in filenames):
+            return True
+    return False
+
+
+def folder_layout(root: str, storage_options: Mapping[str, Any] | None = None
+                  ) -> tuple[bool, list[tuple[tuple[str, ...], bool]]]:
+    """What a cluster needs to list ``root`` in parallel, found by listing little more than its
+    top level: whether it is in the ``split/label/file`` layout (as :func:`read_image_folder`
+    decides: its non-empty top-level folders are all split names), and its parts in the order
+    :func:`folder_files` gives their files: ``(path parts, is a folder)``, one per top-level
+    entry, or per entry of a split folder in the split layout. Each folder's files are
+    ``folder_files(root, under=parts)``."""
+    tops = folder_entries(root, storage_options)
+    dirs = [n for n, is_dir in tops if is_dir]
+    others = [n for n in dirs if n.lower() not in _SPLIT_NAMES]
+    if any(_has_file(root, (n,), storage_options) for n in others):
+        with_split = False  # a non-empty folder that is no split name: the label/file layout
+    else:
+        with_split = any(_has_file(root, (n,), storage_options) for n in dirs)
+    parts: list[tuple[tuple[str, ...], bool]] = []
+    for name, is_dir in tops:
+        if with_split and is_dir and name.lower() in _SPLIT_NAMES:
+            parts.extend(((name, n), d) for n, d in folder_entries(root, storage_options, (name,)))
+        else:
+            parts.append(((name,), is_dir))
+    return with_split, parts
+
+
+def folder_item(number: int, parts: tuple[str, ...], uri: str, with_split: bool, origin: str) -> Row | DiscardRecord:
+    """The row of a file at ``parts`` under an image folder, or its discard when it is not
+    in the folder's layout."""
+    if len(parts) != (3 if with_split else 2):
+        layout = "split/label/file" if with_split else "label/file"
+        return DiscardRecord(number, uri, f"not in the {layout} layout")
+    return Row(number, origin, uri, _SPLIT_NAMES[parts[0].lower()] if with_split else None, parts[-2])
+
+
 def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
                       ) -> tuple[list[Row], list[DiscardRecord], Schema]:
     """Rows of a folder laid out ``split/label/file`` or ``label/file`` (sorted paths).
@@ -305,42 +406,13 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
     Hidden files and folders are left out.
     """
     root = url.rstrip("/")
-    parsed = parse_url(root)
-    rels: list[tuple[str, ...]] = []
-    if parsed.is_local:
-        base = parsed.path
-        if not os.path.isdir(base):
-            raise FileNotFoundError(f"{mask(url)}: no such folder")
-        for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel = os.path.relpath(dirpath, base)  # once per folder, not per file (it costs tens of us)
-            parts = () if rel == os.curdir else tuple(rel.split(os.sep))
-            rels.extend((*parts, f) for f in filenames if not f.startswith("."))
-        def join(parts: tuple) -> str:
-            return os.path.join(base, *parts)
-    else:
-        found = storage.glob(root + "/**", storage_options)
-        prefix = root + "/"
-        for u in found:
-            if u.startswith(prefix):
-                parts = tuple(u[len(prefix):].split("/"))
-                if not any(p.startswith(".") for p in parts):
-                    rels.append(parts)
-        def join(parts: tuple) -> str:
-            return prefix + "/".join(parts)
-    rels.sort()
-    tops = {p[0].lower() for p in rels if len(p) > 1}
+    rels = folder_files(root, storage_options)
+    tops = {p[0].lower() for p, _ in rels if len(p) > 1}
     with_split = bool(tops) and tops <= set(_SPLIT_NAMES)
-    depth = 3 if with_split else 2
     origin = mask(root)
     rows: list[Row] = []
     discards: list[DiscardRecord] = []
-    for number, parts in enumerate(rels, start=1):
-        uri = join(parts)
-        if len(parts) != depth:
-            layout = "split/label/file" if with_split else "label/file"
-            discards.append(DiscardRecord(number, uri, f"not in the {layout} layout"))
-            continue
-        split = _SPLIT_NAMES[parts[0].lower()] if with_split else None
-        rows.append(Row(number, origin, uri, split, parts[-2]))
+    for number, (parts, uri) in enumerate(rels, start=1):
+        item = folder_item(number, parts, uri, with_split, origin)
+        (discards if isinstance(item, DiscardRecord) else rows).append(item)  # type: ignore[arg-type]
     return rows, discards, automl_schema()
