@@ -74,9 +74,9 @@ def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path,
     assert not os.path.exists(os.path.join(out, "data-manifest.json"))
 
     converted = []
-    real_convert_row = writer_mod.convert_row
-    monkeypatch.setattr(runner_local, "convert_row",
-                        lambda c, r: converted.append(r.number) or real_convert_row(c, r))
+    real_convert_rows = writer_mod.convert_rows
+    monkeypatch.setattr(runner_local, "convert_rows",
+                        lambda c, rows: converted.extend(r.number for r in rows) or real_convert_rows(c, rows))
     res = sc.convert(src, out, resume=True, **OPTS)
     assert len(converted) == 12 - 6  # two shards of three rows were kept
     assert output_bytes(out) == output_bytes(full)

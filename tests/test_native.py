@@ -890,3 +890,39 @@ def test_a_closed_pass_keeps_no_pooled_memory(tmp_path):
     it.close()
     assert _native.pool_info()[:2] == (0, 0)
     assert held.to_list() == values[4:8]
+
+
+# ----------------------------------------------------------------------------- frame_records
+
+
+FRAME_CASES = [
+    [],
+    [b""],
+    [os.urandom(n) for n in (0, 1, 7, 100, 5000, 70_000)],  # 70 KB: the GIL is released
+    [[b"ab", bytearray(b"cd"), memoryview(b"xyz")], [], (), (b"",), [os.urandom(20_000), b"tail"]],
+    [np.arange(10, dtype=np.uint8), b"plain", [b"a", np.frombuffer(b"bc", np.uint8)]],
+]
+
+
+@pytest.mark.parametrize("records", FRAME_CASES, ids=range(len(FRAME_CASES)))
+def test_frame_records_gives_the_frames_the_writer_writes(records):
+    def joined(r):
+        return b"".join(bytes(p) for p in r) if isinstance(r, (list, tuple)) else bytes(r)
+
+    want = b"".join(frame(joined(r)) for r in records)
+    assert nv._frame_records_py(records) == want
+    assert nv.frame_records(records) == want
+    assert nv.frame_records(tuple(records)) == want
+
+
+@needs_native
+def test_native_frame_records_names_the_piece_that_is_not_bytes():
+    with pytest.raises(TypeError, match=r"record 1, piece 2 is not bytes-like \(str\)"):
+        nv.frame_records([b"ok", [b"a", b"b", "text"]])
+    with pytest.raises(TypeError, match=r"record 0, piece 0 is not bytes-like \(int\)"):
+        nv.frame_records([7])
+
+
+def test_frame_records_takes_a_list_or_tuple_only():
+    with pytest.raises(TypeError, match="list or tuple of records, got generator"):
+        nv.frame_records(b for b in [b"x"])

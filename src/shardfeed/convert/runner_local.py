@@ -3,7 +3,9 @@ Pillow releases the GIL while decoding, resizing and encoding) or processes, sha
 written in row order, each committed by one of ``write_parallel_num`` threads.
 
 Rows travel to workers in chunks (never one by one: a hand-off between cores costs more
-than a small image), at most a few chunks per worker ahead, so memory stays bounded.
+than a small image), at most a few chunks per worker ahead, so memory stays bounded. A
+worker returns its chunk's records already framed in one buffer (``convert_rows``), so the
+thread that writes the shards appends one buffer per chunk.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from ..progress import progress_bar
 from .plan import Plan, Shard
 from .tasks import make_converter
-from .writer import ShardSink, convert_row, finished_state
+from .writer import FramedRows, ShardSink, convert_rows, finished_state
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +34,8 @@ def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None
     _worker_converter = make_converter(plan.context(storage_options), plan.has_image)
 
 
-def _convert_chunk_in_process(rows) -> list:
-    return [convert_row(_worker_converter, r) for r in rows]
+def _convert_chunk_in_process(rows) -> FramedRows:
+    return convert_rows(_worker_converter, rows)
 
 
 def pending_shards(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None,
@@ -70,7 +72,7 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         converter = make_converter(plan.context(storage_options), plan.has_image)
         pool = ThreadPoolExecutor(o.read_parallel_num, thread_name_prefix="shardfeed-convert")
         def submit(rows: list) -> Any:
-            return pool.submit(lambda: [convert_row(converter, r) for r in rows])
+            return pool.submit(convert_rows, converter, rows)
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
     # a video gives many records: hand videos over one by one so few are held at once
     per = 1 if o.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
@@ -91,12 +93,11 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
                 inflight.append((si, rows, submit(rows)))
                 next_chunk += 1
             si, rows, fut = inflight.popleft()
-            results = fut.result()
+            framed = fut.result()
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
-            for row, (records, reason) in zip(rows, results):
-                sink.add(row, records, reason)
+            sink.add_framed(rows, framed)
             remaining[si] -= len(rows)
             bar.update(len(rows))
             if remaining[si] == 0:

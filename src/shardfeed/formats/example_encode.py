@@ -195,8 +195,17 @@ def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> b
     Raises TypeError for an unsupported value type or mixed kinds, ValueError for an int
     outside int64, both naming the feature.
     """
+    return b"".join(example_pieces(features, sort_keys=sort_keys)[0])
+
+
+def example_pieces(features: Mapping[str, Any], *, sort_keys: bool = False) -> tuple[list[bytes], int]:
+    """:func:`encode_example`'s bytes as pieces that join into them, and their total length:
+    for a writer that copies the pieces once, straight into its output
+    (``formats.native.frame_records``), rather than joining a record first. Raises as
+    :func:`encode_example` does."""
     parts, size = _features_parts(features, sort_keys, _encode_feature)
-    return b"".join((b"\x0a", encode_varint(size), *parts))
+    head = encode_varint(size)
+    return [b"\x0a", head, *parts], 1 + len(head) + size
 
 
 def _encode_feature_list(name: str, values: Any) -> bytes:
