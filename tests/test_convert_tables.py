@@ -352,3 +352,25 @@ def test_stale_shards_from_an_older_conversion_are_reported_not_read(tmp_path, c
         sc.convert(path, out, num_samples_per_tfrecord=2, progress=False)
     assert "did not write" in caplog.text
     assert len(list(sc.read_dataset(out, "train"))) == 4
+
+
+def test_source_digest_is_sha256_of_each_rows_canonical_json_line():
+    import hashlib
+
+    from shardfeed.convert.options import DiscardRecord, Row
+    from shardfeed.convert.plan import _canon, source_digest
+
+    rows = [Row(1, "in.csv", "/a/1.jpg", None, "cat"),  # plain: the fast path
+            Row(2, "in.csv", None, "test", 7, {"x": 1.5, "é": np.float32(2.0), "ids": [1, np.int64(2)]}),
+            Row(3, "in.csv", "/a/3.jpg", "train", np.int64(4), {}, {"classes": ["a", "b"]}),
+            Row(4, "in.csv", "/a/ü.jpg", None, 0.25),
+            Row(5, "in.csv", "/a/5.jpg", None, b"\x00\xff", {"b": None, "a": True})]
+    discards = [DiscardRecord(6, "in.csv#6", "expected 3 cells, found 2")]
+    h = hashlib.sha256()
+    for r in rows:  # the rule, as the docstring states it
+        v = _canon([r.number, r.origin, r.image_uri, r.split, r.label, r.values, r.annotation])
+        h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode() + b"\n")
+    for d in discards:
+        h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
+    assert source_digest(rows, discards) == "sha256:" + h.hexdigest()
+    assert source_digest(rows[:1], []) != source_digest([Row(1, "in.csv", "/a/1.jpg", None, "dog")], [])

@@ -306,7 +306,7 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
     """
     root = url.rstrip("/")
     parsed = parse_url(root)
-    rels: list[tuple[str, ...]] = []
+    rels: list[tuple[tuple[str, ...], str]] = []  # (path parts under the root, URI)
     if parsed.is_local:
         base = parsed.path
         if not os.path.isdir(base):
@@ -315,9 +315,8 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             rel = os.path.relpath(dirpath, base)  # once per folder, not per file (it costs tens of us)
             parts = () if rel == os.curdir else tuple(rel.split(os.sep))
-            rels.extend((*parts, f) for f in filenames if not f.startswith("."))
-        def join(parts: tuple) -> str:
-            return os.path.join(base, *parts)
+            pre = os.path.join(dirpath, "")  # os.walk joined dirpath from base: pre + f == join(base, *parts, f)
+            rels.extend(((*parts, f), pre + f) for f in filenames if not f.startswith("."))
     else:
         found = storage.glob(root + "/**", storage_options)
         prefix = root + "/"
@@ -325,18 +324,15 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
             if u.startswith(prefix):
                 parts = tuple(u[len(prefix):].split("/"))
                 if not any(p.startswith(".") for p in parts):
-                    rels.append(parts)
-        def join(parts: tuple) -> str:
-            return prefix + "/".join(parts)
+                    rels.append((parts, prefix + "/".join(parts)))
     rels.sort()
-    tops = {p[0].lower() for p in rels if len(p) > 1}
+    tops = {p[0].lower() for p, _ in rels if len(p) > 1}
     with_split = bool(tops) and tops <= set(_SPLIT_NAMES)
     depth = 3 if with_split else 2
     origin = mask(root)
     rows: list[Row] = []
     discards: list[DiscardRecord] = []
-    for number, parts in enumerate(rels, start=1):
-        uri = join(parts)
+    for number, (parts, uri) in enumerate(rels, start=1):
         if len(parts) != depth:
             layout = "split/label/file" if with_split else "label/file"
             discards.append(DiscardRecord(number, uri, f"not in the {layout} layout"))
