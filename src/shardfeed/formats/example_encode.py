@@ -157,6 +157,18 @@ def _features_parts(features: Mapping[str, Any], sort_keys: bool, encode_value) 
         if not isinstance(name, str):
             raise TypeError(f"feature names must be str, got {name!r}")
         key = name.encode("utf-8")
+        if ck is None and cacheable and (t is bytes or t is str):
+            # one bytes value (an image): the value stays a piece of its own, never copied here
+            data = value if t is bytes else _to_bytes(name, value)
+            n = len(data)
+            inner = b"\x0a" + encode_varint(n)  # BytesList.value
+            feat_head = b"\x0a" + encode_varint(len(inner) + n) + inner  # Feature.bytes_list
+            flen = len(feat_head) + n
+            head = _len_prefixed(b"\x0a", key) + b"\x12" + encode_varint(flen)
+            head = b"\x0a" + encode_varint(len(head) + flen) + head + feat_head
+            items.append((key, head, data))
+            size += len(head) + n
+            continue
         feat = encode_value(name, value)
         head = _len_prefixed(b"\x0a", key) + b"\x12" + encode_varint(len(feat))
         head = b"\x0a" + encode_varint(len(head) + len(feat)) + head
