@@ -165,6 +165,20 @@ def test_error_class_rows_are_dropped(tmp_path):
     assert "error class" in discards(out)[0]["reason"]
 
 
+def test_rows_of_the_same_label_get_the_same_labels_and_the_same_discards(tmp_path):
+    # labels are resolved once per label value: every row of a value must still get them
+    for i in range(6):
+        make_jpeg(tmp_path / f"{i}.jpg")
+    rows = [("TRAIN", f"{i}.jpg", name) for i, name in enumerate(["cat", "blurry", "dog", "cat", "blurry", "dog"])]
+    out = str(tmp_path / "out")
+    res = sc.convert(write_csv(tmp_path / "a.csv", rows), out, error_class="blurry", progress=False)
+    assert (res.records_written, res.rows_discarded) == (4, 2)
+    got = records(out, "train")
+    assert [list(r["image/class/text"]) for r in got] == [[b"cat"], [b"dog"], [b"cat"], [b"dog"]]
+    assert [list(r["image/class/label"]) for r in got] == [[0], [1], [0], [1]]
+    assert [d["reason"] for d in discards(out)] == ["label 'blurry' is the error class"] * 2
+
+
 def test_user_schema_types_defaults_and_missing_values(tmp_path):
     make_jpeg(tmp_path / "x.jpg")
     header = ("path", "kind", "weight", "count", "tags", "scores", "fold")

@@ -53,7 +53,7 @@ def state_url(output_dir: str, plan: Plan, shard: Shard) -> str:
 def _convert(converter: Any, row: Row, encode: Any) -> tuple[list | None, str | None]:
     try:
         feats = converter.convert(row, row.split)
-        if isinstance(feats, Mapping):
+        if type(feats) is dict or isinstance(feats, Mapping):
             return [encode(feats)], None
         records = [encode(f) for f in feats]
         if not records:
