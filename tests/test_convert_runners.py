@@ -95,6 +95,25 @@ def test_process_workers_write_the_same_bytes_as_threads(tmp_path):
     assert output_bytes(a) == output_bytes(b)
 
 
+def test_chunk_sizes_follow_the_record_size_within_bounds():
+    assert runner_local.chunk_rows(0, 0) == runner_local.CHUNK_ROWS  # nothing known yet
+    assert runner_local.chunk_rows(64, 64 * 50_000) == runner_local.CHUNK_BYTES // 50_000
+    assert runner_local.chunk_rows(64, 64 * 100) == runner_local.MAX_CHUNK_ROWS  # tiny records
+    assert runner_local.chunk_rows(64, 64 * (8 << 20)) == runner_local.CHUNK_ROWS  # huge ones
+    assert runner_local.chunk_rows(64, 0) == runner_local.MAX_CHUNK_ROWS  # every row discarded
+
+
+def test_how_rows_are_chunked_never_changes_the_output(tmp_path, monkeypatch):
+    src = dataset(tmp_path, n=12, bad=(3, 4))
+    a, b = str(tmp_path / "default"), str(tmp_path / "tiny_chunks")
+    sc.convert(src, a, **{**OPTS, "num_samples_per_tfrecord": 5})
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "CHUNK_BYTES", 1 << 30)  # a first chunk of 1 row, then of 2 (1 at shard ends)
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 2)
+    sc.convert(src, b, **{**OPTS, "num_samples_per_tfrecord": 5})
+    assert output_bytes(a) == output_bytes(b)
+
+
 @pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_beam_runner_gives_the_same_records_as_the_local_runner(tmp_path):
     pytest.importorskip("apache_beam")

@@ -3,9 +3,10 @@ Pillow releases the GIL while decoding, resizing and encoding) or processes, sha
 written in row order, each committed by one of ``write_parallel_num`` threads.
 
 Rows travel to workers in chunks (never one by one: a hand-off between cores costs more
-than a small image), at most a few chunks per worker ahead, so memory stays bounded. A
-worker returns its chunk's records already framed in one buffer (``convert_rows``), so the
-thread that writes the shards appends one buffer per chunk.
+than a small image) of about ``CHUNK_BYTES`` of records (``chunk_rows``), at most a few
+chunks per worker ahead, so memory stays bounded. A worker returns its chunk's records
+already framed in one buffer (``convert_rows``), so the thread that writes the shards
+appends one buffer per chunk.
 """
 
 from __future__ import annotations
@@ -25,8 +26,20 @@ from .writer import FramedRows, ShardSink, convert_rows, finished_state
 
 logger = logging.getLogger(__name__)
 
-CHUNK_ROWS = 16
+CHUNK_ROWS = 16  # rows of the first chunks
+CHUNK_BYTES = 4 << 20  # then as many rows as give about this many bytes of records
+MAX_CHUNK_ROWS = 256
 _worker_converter: Any = None  # per process, built once by the pool initializer
+
+
+def chunk_rows(done_rows: int, done_bytes: int) -> int:
+    """Rows in the next chunk: ``CHUNK_ROWS`` until some rows are done, then about
+    ``CHUNK_BYTES`` of records at their mean size so far (``CHUNK_ROWS`` to ``MAX_CHUNK_ROWS``
+    rows): fewer hand-overs for small records, bounded memory for large ones."""
+    if done_rows < CHUNK_ROWS:
+        return CHUNK_ROWS
+    mean = max(1, done_bytes // done_rows)
+    return max(CHUNK_ROWS, min(MAX_CHUNK_ROWS, CHUNK_BYTES // mean))
 
 
 def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None:
@@ -75,29 +88,33 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
             return pool.submit(convert_rows, converter, rows)
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
     # a video gives many records: hand videos over one by one so few are held at once
-    per = 1 if o.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
-    chunks = [(si, shard.rows[i:i + per]) for si, shard in enumerate(todo)
-              for i in range(0, len(shard.rows), per)]
+    video = o.model_type == "VIDEO_CLASSIFICATION"
     window = max(4, 4 * o.read_parallel_num)
     inflight: collections.deque[tuple[int, list, Future]] = collections.deque()
     commits: list[Future] = []
     sinks: dict[int, ShardSink] = {}
     remaining = {si: len(shard.rows) for si, shard in enumerate(todo)}
-    next_chunk = 0
+    si_next, row_next = 0, 0  # where the next chunk starts
+    done_rows = done_bytes = 0  # rows converted so far and their framed bytes: the chunk size
     start = time.perf_counter()
     bar = progress_bar(total=total_rows, desc="convert", unit="row", disable=not progress)
     try:
-        while next_chunk < len(chunks) or inflight:
-            while next_chunk < len(chunks) and len(inflight) < window:
-                si, rows = chunks[next_chunk]
-                inflight.append((si, rows, submit(rows)))
-                next_chunk += 1
+        while si_next < len(todo) or inflight:
+            while si_next < len(todo) and len(inflight) < window:
+                per = 1 if video else chunk_rows(done_rows, done_bytes)
+                rows = todo[si_next].rows[row_next:row_next + per]
+                inflight.append((si_next, rows, submit(rows)))
+                row_next += len(rows)
+                if row_next >= len(todo[si_next].rows):
+                    si_next, row_next = si_next + 1, 0
             si, rows, fut = inflight.popleft()
             framed = fut.result()
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
             sink.add_framed(rows, framed)
+            done_rows += len(rows)
+            done_bytes += len(framed.frames)
             remaining[si] -= len(rows)
             bar.update(len(rows))
             if remaining[si] == 0:
