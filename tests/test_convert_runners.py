@@ -114,6 +114,30 @@ def test_how_rows_are_chunked_never_changes_the_output(tmp_path, monkeypatch):
     assert output_bytes(a) == output_bytes(b)
 
 
+@pytest.mark.parametrize("threshold, inline", [(0.0, False), (10.0, True)], ids=["workers", "writing_thread"])
+def test_cheap_rows_are_converted_by_the_writing_thread_with_the_same_output(tmp_path, monkeypatch, threshold,
+                                                                             inline):
+    import threading
+
+    src = dataset(tmp_path, n=12, bad=(3,))
+    a, b = str(tmp_path / "default"), str(tmp_path / "b")
+    sc.convert(src, a, **{**OPTS, "num_samples_per_tfrecord": 5})
+    threads = []
+    real = writer_mod.convert_rows
+    monkeypatch.setattr(runner_local, "convert_rows",
+                        lambda c, rows: threads.append(threading.current_thread()) or real(c, rows))
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)  # more chunks than the workers' window
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "INLINE_ROW_SECONDS", threshold)
+    sc.convert(src, b, **{**OPTS, "num_samples_per_tfrecord": 5})
+    assert output_bytes(a) == output_bytes(b)
+    here = sum(t is threading.main_thread() for t in threads)
+    # the first window of chunks goes to the workers, the later ones (rows that cost less
+    # than the threshold) are converted where the shards are written
+    assert threads[0] is not threading.main_thread()
+    assert (here > 0) == inline and len(threads) == 12
+
+
 @pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_beam_runner_gives_the_same_records_as_the_local_runner(tmp_path):
     pytest.importorskip("apache_beam")

@@ -6,7 +6,9 @@ Rows travel to workers in chunks (never one by one: a hand-off between cores cos
 than a small image) of about ``CHUNK_BYTES`` of records (``chunk_rows``), at most a few
 chunks per worker ahead, so memory stays bounded. A worker returns its chunk's records
 already framed in one buffer (``convert_rows``), so the thread that writes the shards
-appends one buffer per chunk.
+appends one buffer per chunk. While rows cost less than ``INLINE_ROW_SECONDS`` of CPU each
+(images stored as they are), that thread converts the chunks itself instead: the same
+chunks, in the same order, so the output is the same either way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ logger = logging.getLogger(__name__)
 CHUNK_ROWS = 16  # rows of the first chunks
 CHUNK_BYTES = 4 << 20  # then as many rows as give about this many bytes of records
 MAX_CHUNK_ROWS = 256
+# Rows that cost less CPU than this (moving average) are converted by the thread that
+# writes the shards: for images stored as they are (tens of microseconds of Python and
+# a copy each) the hand-over to worker threads and the GIL traffic between three threads
+# on two cores cost about as much as the work. Rows that decode and resize (milliseconds,
+# GIL released in Pillow) go to the workers.
+INLINE_ROW_SECONDS = 200e-6
 _worker_converter: Any = None  # per process, built once by the pool initializer
 
 
@@ -47,8 +55,15 @@ def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None
     _worker_converter = make_converter(plan.context(storage_options), plan.has_image)
 
 
-def _convert_chunk_in_process(rows) -> FramedRows:
-    return convert_rows(_worker_converter, rows)
+def _timed_convert_rows(converter: Any, rows: list) -> tuple[FramedRows, float]:
+    """``convert_rows`` and the CPU seconds the calling thread spent on it."""
+    t = time.thread_time()
+    framed = convert_rows(converter, rows)
+    return framed, time.thread_time() - t
+
+
+def _convert_chunk_in_process(rows) -> tuple[FramedRows, float]:
+    return _timed_convert_rows(_worker_converter, rows)
 
 
 def pending_shards(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None,
@@ -85,7 +100,7 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         converter = make_converter(plan.context(storage_options), plan.has_image)
         pool = ThreadPoolExecutor(o.read_parallel_num, thread_name_prefix="shardfeed-convert")
         def submit(rows: list) -> Any:
-            return pool.submit(convert_rows, converter, rows)
+            return pool.submit(_timed_convert_rows, converter, rows)
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
     # a video gives many records: hand videos over one by one so few are held at once
     video = o.model_type == "VIDEO_CLASSIFICATION"
@@ -96,19 +111,38 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
     remaining = {si: len(shard.rows) for si, shard in enumerate(todo)}
     si_next, row_next = 0, 0  # where the next chunk starts
     done_rows = done_bytes = 0  # rows converted so far and their framed bytes: the chunk size
+    row_cpu: float | None = None  # recent CPU seconds per row (moving average)
+    may_inline = o.executor != "process" and not video
+    inline_chunks = 0
     start = time.perf_counter()
     bar = progress_bar(total=total_rows, desc="convert", unit="row", disable=not progress)
+
+    def next_rows() -> tuple[int, list]:
+        nonlocal si_next, row_next
+        si = si_next
+        per = 1 if video else chunk_rows(done_rows, done_bytes)
+        rows = todo[si].rows[row_next:row_next + per]
+        row_next += len(rows)
+        if row_next >= len(todo[si].rows):
+            si_next, row_next = si_next + 1, 0
+        return si, rows
+
     try:
         while si_next < len(todo) or inflight:
-            while si_next < len(todo) and len(inflight) < window:
-                per = 1 if video else chunk_rows(done_rows, done_bytes)
-                rows = todo[si_next].rows[row_next:row_next + per]
-                inflight.append((si_next, rows, submit(rows)))
-                row_next += len(rows)
-                if row_next >= len(todo[si_next].rows):
-                    si_next, row_next = si_next + 1, 0
-            si, rows, fut = inflight.popleft()
-            framed = fut.result()
+            cheap = may_inline and row_cpu is not None and row_cpu < INLINE_ROW_SECONDS
+            while not cheap and si_next < len(todo) and len(inflight) < window:
+                si, rows = next_rows()
+                inflight.append((si, rows, submit(rows)))
+            if inflight:
+                si, rows, fut = inflight.popleft()
+                framed, cpu = fut.result()
+            else:  # cheap rows: converted here, in order, without hand-overs
+                si, rows = next_rows()
+                framed, cpu = _timed_convert_rows(converter, rows)
+                inline_chunks += 1
+            if rows:
+                per_row = cpu / len(rows)
+                row_cpu = per_row if row_cpu is None else 0.7 * row_cpu + 0.3 * per_row
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
@@ -133,5 +167,6 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         pool.shutdown(wait=True, cancel_futures=True)
         committer.shutdown(wait=True)
     elapsed = time.perf_counter() - start
-    logger.info("converted %d rows in %.1f s (%.0f rows/s)", total_rows, elapsed, total_rows / max(elapsed, 1e-9))
+    logger.info("converted %d rows in %.1f s (%.0f rows/s; %d chunks converted by the writing thread)",
+                total_rows, elapsed, total_rows / max(elapsed, 1e-9), inline_chunks)
     return states
