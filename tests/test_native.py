@@ -913,6 +913,22 @@ def test_frame_records_gives_the_frames_the_writer_writes(records):
     assert nv._frame_records_py(records) == want
     assert nv.frame_records(records) == want
     assert nv.frame_records(tuple(records)) == want
+    pooled = nv.frame_records(records, pooled=True)
+    assert isinstance(pooled, np.ndarray) and pooled.dtype == np.uint8 and pooled.tobytes() == want
+
+
+@needs_native
+def test_pooled_frames_of_a_megabyte_reuse_the_pools_memory():
+    from shardfeed import _native
+
+    records = [os.urandom(300_000) for _ in range(4)]
+    want = b"".join(frame(r) for r in records)
+    first = nv.frame_records(records, pooled=True)
+    assert first.tobytes() == want
+    del first  # its block goes back to the pool
+    reused = _native.pool_info()[2]
+    again = nv.frame_records(records, pooled=True)
+    assert again.tobytes() == want and _native.pool_info()[2] == reused + 1
 
 
 @needs_native

@@ -57,16 +57,21 @@ static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(crc);
 }
 
-/* frame_records(records) -> bytes: every record framed as TFRecord writes it (8-byte
- * little-endian length, its masked CRC, the data, the data's masked CRC), one after the
- * other. A record is a bytes-like object or a list/tuple of them (its pieces, joined here:
- * each byte is copied once, into the output, and checksummed in the same pass). */
+/* frame_records(records, pooled=False) -> bytes: every record framed as TFRecord writes it
+ * (8-byte little-endian length, its masked CRC, the data, the data's masked CRC), one after
+ * the other. A record is a bytes-like object or a list/tuple of them (its pieces, joined here:
+ * each byte is copied once, into the output, and checksummed in the same pass). pooled: the
+ * output is a uint8 array from the recycled buffer pool (bufpool.h) instead of bytes, so a
+ * writer handed chunk after chunk of megabytes copies into pages already mapped. */
 static void frame_release(Py_buffer *views, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(views);
 }
 
-static PyObject *py_frame_records(PyObject *self, PyObject *arg) {
+static PyObject *py_frame_records(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int pooled = 0;
+    if (!PyArg_ParseTuple(args, "O|p:frame_records", &arg, &pooled)) return NULL;
     PyObject *seq = PySequence_Fast(arg, "frame_records: records must be a list or tuple");
     if (seq == NULL) return NULL;
     Py_ssize_t nrec = PySequence_Fast_GET_SIZE(seq);
@@ -107,7 +112,9 @@ static PyObject *py_frame_records(PyObject *self, PyObject *arg) {
         }
         total += len + 16;
     }
-    PyObject *out = total <= (size_t)PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total) : NULL;
+    PyObject *out = NULL;
+    if (total <= (size_t)PY_SSIZE_T_MAX)
+        out = pooled ? sf_pool_array(total) : PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (out == NULL) {
         if (!PyErr_Occurred()) PyErr_NoMemory();
         frame_release(views, nv);
@@ -115,7 +122,7 @@ static PyObject *py_frame_records(PyObject *self, PyObject *arg) {
         Py_DECREF(seq);
         return NULL;
     }
-    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    uint8_t *dst = pooled ? (uint8_t *)PyArray_DATA((PyArrayObject *)out) : (uint8_t *)PyBytes_AS_STRING(out);
     PyThreadState *ts = total >= GIL_FREE_BYTES ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t r = 0; r < nrec; r++) {
         Py_buffer *v = views + first[2 * r];
@@ -1061,8 +1068,9 @@ static PyObject *py_image_check(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
-    {"frame_records", py_frame_records, METH_O,
-     "frame_records(records) -> bytes: each record (bytes-like, or a list/tuple of its pieces) in a TFRecord frame"},
+    {"frame_records", py_frame_records, METH_VARARGS,
+     "frame_records(records, pooled=False) -> bytes (or a pooled uint8 array): each record (bytes-like, or a "
+     "list/tuple of its pieces) in a TFRecord frame"},
     {"crc_backend", py_crc_backend, METH_NOARGS, "crc_backend() -> str: 'sse4.2', 'armv8-crc' or 'table'."},
     {"scan_frames", py_scan_frames, METH_VARARGS,
      "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1, defer_data_crc=False) -> (offsets, lengths, "

@@ -83,7 +83,7 @@ class FramedRows:
     TFRecord frames of all their records in row order; ``rows`` one entry per row, the
     data lengths of its records or ``None`` and the discard reason."""
 
-    frames: bytes
+    frames: Any  # bytes-like: a pooled uint8 array (formats.native.frame_records)
     rows: list[tuple[list[int] | None, str | None]]
 
 
@@ -100,7 +100,7 @@ def convert_rows(converter: Any, rows: list[Row]) -> FramedRows:
             continue
         out.append(([n for _, n in records], None))
         pieces.extend(p for p, _ in records)
-    return FramedRows(frame_records(pieces), out)
+    return FramedRows(frame_records(pieces, pooled=True), out)
 
 
 class ShardSink:

@@ -146,19 +146,23 @@ def _frame_records_py(records: Sequence[Any]) -> bytes:
     return b"".join(out)
 
 
-def frame_records(records: Sequence[Any]) -> bytes:
+def frame_records(records: Sequence[Any], *, pooled: bool = False) -> Any:
     """Each record in a TFRecord frame (length, masked CRC of the length, data, masked
     CRC of the data), joined: the bytes ``TFRecordWriter.write`` puts in a file for them.
 
     A record is a bytes-like object or a list/tuple of bytes-like pieces (joined into the
     record: the native core copies each byte once, into the output, checksumming it in the
-    same pass, with the GIL released). Raises TypeError for a piece that is not bytes-like.
+    same pass, with the GIL released). Returns bytes, or with ``pooled=True`` a 1-D uint8
+    array whose memory (for a megabyte or more) comes back to a pool when the array dies,
+    so chunk after chunk is framed into pages already mapped (a fresh buffer's page faults
+    cost about as much as the copy). Raises TypeError for a piece that is not bytes-like.
     """
     if not isinstance(records, (list, tuple)):
         raise TypeError(f"frame_records takes a list or tuple of records, got {type(records).__name__}")
     if _ext is None:
-        return _frame_records_py(records)
-    return _ext.frame_records(records)
+        out = _frame_records_py(records)
+        return np.frombuffer(out, np.uint8) if pooled else out
+    return _ext.frame_records(records, pooled)
 
 
 def gather(dst: Any, dst_offsets: np.ndarray, src: Any, src_offsets: np.ndarray, lengths: np.ndarray) -> None:
