@@ -87,6 +87,27 @@ def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path,
     assert len(converted) == 12
 
 
+def test_a_failed_write_on_the_writing_thread_stops_the_job_and_leaves_no_shard(tmp_path, monkeypatch):
+    src = dataset(tmp_path)
+    out = str(tmp_path / "out")
+    real = writer_mod.ShardSink.add_framed
+    calls = []
+
+    def failing(self, rows, framed):
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, rows, framed)
+
+    monkeypatch.setattr(writer_mod.ShardSink, "add_framed", failing)
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 1)
+    with pytest.raises(OSError, match="No space left on device"):
+        sc.convert(src, out, **OPTS)
+    left = [n for n in os.listdir(out) if not n.startswith(".")] if os.path.isdir(out) else []
+    assert not any(n.endswith(".tfrecord") or n.endswith(".json") for n in left), left
+
+
 def test_process_workers_write_the_same_bytes_as_threads(tmp_path):
     src = dataset(tmp_path, n=6)
     a, b = str(tmp_path / "threads"), str(tmp_path / "procs")
@@ -114,8 +135,8 @@ def test_how_rows_are_chunked_never_changes_the_output(tmp_path, monkeypatch):
     assert output_bytes(a) == output_bytes(b)
 
 
-@pytest.mark.parametrize("threshold, inline", [(0.0, False), (10.0, True)], ids=["workers", "writing_thread"])
-def test_cheap_rows_are_converted_by_the_writing_thread_with_the_same_output(tmp_path, monkeypatch, threshold,
+@pytest.mark.parametrize("threshold, inline", [(0.0, False), (10.0, True)], ids=["workers", "calling_thread"])
+def test_cheap_rows_are_converted_by_the_calling_thread_with_the_same_output(tmp_path, monkeypatch, threshold,
                                                                              inline):
     import threading
 
@@ -133,7 +154,7 @@ def test_cheap_rows_are_converted_by_the_writing_thread_with_the_same_output(tmp
     assert output_bytes(a) == output_bytes(b)
     here = sum(t is threading.main_thread() for t in threads)
     # the first window of chunks goes to the workers, the later ones (rows that cost less
-    # than the threshold) are converted where the shards are written
+    # than the threshold) are converted by the thread that called convert()
     assert threads[0] is not threading.main_thread()
     assert (here > 0) == inline and len(threads) == 12
 

@@ -5,9 +5,10 @@ written in row order, each committed by one of ``write_parallel_num`` threads.
 Rows travel to workers in chunks (never one by one: a hand-off between cores costs more
 than a small image) of about ``CHUNK_BYTES`` of records (``chunk_rows``), at most a few
 chunks per worker ahead, so memory stays bounded. A worker returns its chunk's records
-already framed in one buffer (``convert_rows``), so the thread that writes the shards
-appends one buffer per chunk. While rows cost less than ``INLINE_ROW_SECONDS`` of CPU each
-(images stored as they are), that thread converts the chunks itself instead: the same
+already framed in one buffer (``convert_rows``); the caller's thread hands it to one
+writing thread, which appends it to its shard (one write per chunk) while the next chunk
+converts. While rows cost less than ``INLINE_ROW_SECONDS`` of CPU each (images stored as
+they are), the caller's thread converts the chunks itself instead of the workers: the same
 chunks, in the same order, so the output is the same either way.
 """
 
@@ -31,10 +32,11 @@ logger = logging.getLogger(__name__)
 CHUNK_ROWS = 16  # rows of the first chunks
 CHUNK_BYTES = 4 << 20  # then as many rows as give about this many bytes of records
 MAX_CHUNK_ROWS = 256
-# Rows that cost less CPU than this (moving average) are converted by the thread that
-# writes the shards: for images stored as they are (tens of microseconds of Python and
-# a copy each) the hand-over to worker threads and the GIL traffic between three threads
-# on two cores cost about as much as the work. Rows that decode and resize (milliseconds,
+WRITES_AHEAD = 2  # chunks waiting for the writing thread at most
+# Rows that cost less CPU than this (moving average) are converted by the caller's thread
+# (the one that hands chunks to the writing thread): for images stored as they are (tens of microseconds of Python and
+# a copy each) the hand-over to worker threads and the GIL traffic between them cost about
+# as much as the work. Rows that decode and resize (milliseconds,
 # GIL released in Pillow) go to the workers.
 INLINE_ROW_SECONDS = 200e-6
 _worker_converter: Any = None  # per process, built once by the pool initializer
@@ -102,6 +104,9 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         def submit(rows: list) -> Any:
             return pool.submit(_timed_convert_rows, converter, rows)
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
+    # one thread appends the chunks to their shards, in order, while the next chunk converts
+    writer = ThreadPoolExecutor(1, thread_name_prefix="shardfeed-write")
+    writes: collections.deque[Future] = collections.deque()
     # a video gives many records: hand videos over one by one so few are held at once
     video = o.model_type == "VIDEO_CLASSIFICATION"
     window = max(4, 4 * o.read_parallel_num)
@@ -146,27 +151,33 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
-            sink.add_framed(rows, framed)
+            writes.append(writer.submit(sink.add_framed, rows, framed))
+            while len(writes) > WRITES_AHEAD or (writes and writes[0].done()):
+                writes.popleft().result()  # a failed write raises here
             done_rows += len(rows)
             done_bytes += len(framed.frames)
             remaining[si] -= len(rows)
             bar.update(len(rows))
-            if remaining[si] == 0:
-                commits.append(committer.submit(sinks.pop(si).commit))
+            if remaining[si] == 0:  # committed once its writes are done
+                commits.append(writer.submit(committer.submit, sinks.pop(si).commit))
+        for w in writes:
+            w.result()
         for f in commits:
-            st = f.result()
+            st = f.result().result()
             states[st["file"]] = st
     except BaseException:
         for _, _, f in inflight:
             f.cancel()
+        writer.shutdown(wait=True, cancel_futures=True)  # no write is running when the shards are dropped
         for sink in sinks.values():
             sink.abort()
         raise
     finally:
         bar.close()
         pool.shutdown(wait=True, cancel_futures=True)
+        writer.shutdown(wait=True)
         committer.shutdown(wait=True)
     elapsed = time.perf_counter() - start
-    logger.info("converted %d rows in %.1f s (%.0f rows/s; %d chunks converted by the writing thread)",
+    logger.info("converted %d rows in %.1f s (%.0f rows/s; %d chunks converted by the calling thread)",
                 total_rows, elapsed, total_rows / max(elapsed, 1e-9), inline_chunks)
     return states
