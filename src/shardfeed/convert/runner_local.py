@@ -7,9 +7,9 @@ than a small image) of about ``CHUNK_BYTES`` of records (``chunk_rows``), at mos
 chunks per worker ahead, so memory stays bounded. A worker returns its chunk's records
 already framed in one buffer (``convert_rows``); the caller's thread hands it to one
 writing thread, which appends it to its shard (one write per chunk) while the next chunk
-converts. While rows cost less than ``INLINE_ROW_SECONDS`` of CPU each (images stored as
-they are), the caller's thread converts the chunks itself instead of the workers: the same
-chunks, in the same order, so the output is the same either way.
+converts. The caller's thread converts the first chunk itself, and every chunk while rows
+cost less than ``INLINE_ROW_SECONDS`` of CPU each (images stored as they are), instead of
+the workers: the same chunks, in the same order, so the output is the same either way.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
     inflight: collections.deque[tuple[int, list, Future]] = collections.deque()
     commits: list[Future] = []
     sinks: dict[int, ShardSink] = {}
+    closing: list[ShardSink] = []  # shards whose last chunk is handed to the writing thread
     remaining = {si: len(shard.rows) for si, shard in enumerate(todo)}
     si_next, row_next = 0, 0  # where the next chunk starts
     done_rows = done_bytes = 0  # rows converted so far and their framed bytes: the chunk size
@@ -121,6 +122,22 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
     inline_chunks = 0
     start = time.perf_counter()
     bar = progress_bar(total=total_rows, desc="convert", unit="row", disable=not progress)
+
+    failed: list[BaseException] = []  # the writing thread's first failure: it does nothing after
+
+    def write_chunk(sink: ShardSink, rows: list, framed: FramedRows) -> None:
+        if failed:
+            raise RuntimeError("not written: an earlier write failed") from failed[0]
+        try:
+            sink.add_framed(rows, framed)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+
+    def commit_shard(sink: ShardSink) -> Future:
+        if failed:  # a shard that missed a chunk is never committed
+            raise RuntimeError("not committed: an earlier write failed") from failed[0]
+        return committer.submit(sink.commit)
 
     def next_rows() -> tuple[int, list]:
         nonlocal si_next, row_next
@@ -134,7 +151,9 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
 
     try:
         while si_next < len(todo) or inflight:
-            cheap = may_inline and row_cpu is not None and row_cpu < INLINE_ROW_SECONDS
+            # the first chunk is converted here, to learn what a row costs (no worker thread
+            # starts for a job of cheap rows)
+            cheap = may_inline and (row_cpu is None or row_cpu < INLINE_ROW_SECONDS)
             while not cheap and si_next < len(todo) and len(inflight) < window:
                 si, rows = next_rows()
                 inflight.append((si, rows, submit(rows)))
@@ -151,7 +170,7 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
-            writes.append(writer.submit(sink.add_framed, rows, framed))
+            writes.append(writer.submit(write_chunk, sink, rows, framed))
             while len(writes) > WRITES_AHEAD or (writes and writes[0].done()):
                 writes.popleft().result()  # a failed write raises here
             done_rows += len(rows)
@@ -159,7 +178,8 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
             remaining[si] -= len(rows)
             bar.update(len(rows))
             if remaining[si] == 0:  # committed once its writes are done
-                commits.append(writer.submit(committer.submit, sinks.pop(si).commit))
+                closing.append(sinks.pop(si))
+                commits.append(writer.submit(commit_shard, closing[-1]))
         for w in writes:
             w.result()
         for f in commits:
@@ -168,8 +188,11 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
     except BaseException:
         for _, _, f in inflight:
             f.cancel()
-        writer.shutdown(wait=True, cancel_futures=True)  # no write is running when the shards are dropped
-        for sink in sinks.values():
+        # nothing writes or commits when the unfinished shards are dropped (abort leaves a
+        # committed shard alone: a resumed job keeps it)
+        writer.shutdown(wait=True, cancel_futures=True)
+        committer.shutdown(wait=True)
+        for sink in [*sinks.values(), *closing]:
             sink.abort()
         raise
     finally:
