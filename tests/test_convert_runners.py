@@ -74,9 +74,9 @@ def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path,
     assert not os.path.exists(os.path.join(out, "data-manifest.json"))
 
     converted = []
-    real_convert_row = writer_mod.convert_row
-    monkeypatch.setattr(runner_local, "convert_row",
-                        lambda c, r: converted.append(r.number) or real_convert_row(c, r))
+    real_convert_rows = writer_mod.convert_rows
+    monkeypatch.setattr(runner_local, "convert_rows",
+                        lambda c, rows: converted.extend(r.number for r in rows) or real_convert_rows(c, rows))
     res = sc.convert(src, out, resume=True, **OPTS)
     assert len(converted) == 12 - 6  # two shards of three rows were kept
     assert output_bytes(out) == output_bytes(full)
@@ -87,12 +87,76 @@ def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path,
     assert len(converted) == 12
 
 
+def test_a_failed_write_on_the_writing_thread_stops_the_job_and_leaves_no_shard(tmp_path, monkeypatch):
+    src = dataset(tmp_path)
+    out = str(tmp_path / "out")
+    real = writer_mod.ShardSink.add_framed
+    calls = []
+
+    def failing(self, rows, framed):
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, rows, framed)
+
+    monkeypatch.setattr(writer_mod.ShardSink, "add_framed", failing)
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 1)
+    with pytest.raises(OSError, match="No space left on device"):
+        sc.convert(src, out, **OPTS)
+    left = [n for n in os.listdir(out) if not n.startswith(".")] if os.path.isdir(out) else []
+    assert not any(n.endswith(".tfrecord") or n.endswith(".json") for n in left), left
+
+
 def test_process_workers_write_the_same_bytes_as_threads(tmp_path):
     src = dataset(tmp_path, n=6)
     a, b = str(tmp_path / "threads"), str(tmp_path / "procs")
     sc.convert(src, a, **OPTS)
     sc.convert(src, b, executor="process", read_parallel_num=2, **OPTS)
     assert output_bytes(a) == output_bytes(b)
+
+
+def test_chunk_sizes_follow_the_record_size_within_bounds():
+    assert runner_local.chunk_rows(0, 0) == runner_local.CHUNK_ROWS  # nothing known yet
+    assert runner_local.chunk_rows(64, 64 * 50_000) == runner_local.CHUNK_BYTES // 50_000
+    assert runner_local.chunk_rows(64, 64 * 100) == runner_local.MAX_CHUNK_ROWS  # tiny records
+    assert runner_local.chunk_rows(64, 64 * (8 << 20)) == runner_local.CHUNK_ROWS  # huge ones
+    assert runner_local.chunk_rows(64, 0) == runner_local.MAX_CHUNK_ROWS  # every row discarded
+
+
+def test_how_rows_are_chunked_never_changes_the_output(tmp_path, monkeypatch):
+    src = dataset(tmp_path, n=12, bad=(3, 4))
+    a, b = str(tmp_path / "default"), str(tmp_path / "tiny_chunks")
+    sc.convert(src, a, **{**OPTS, "num_samples_per_tfrecord": 5})
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "CHUNK_BYTES", 1 << 30)  # a first chunk of 1 row, then of 2 (1 at shard ends)
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 2)
+    sc.convert(src, b, **{**OPTS, "num_samples_per_tfrecord": 5})
+    assert output_bytes(a) == output_bytes(b)
+
+
+@pytest.mark.parametrize("threshold, inline", [(0.0, False), (10.0, True)], ids=["workers", "calling_thread"])
+def test_cheap_rows_are_converted_by_the_calling_thread_with_the_same_output(tmp_path, monkeypatch, threshold,
+                                                                             inline):
+    import threading
+
+    src = dataset(tmp_path, n=12, bad=(3,))
+    a, b = str(tmp_path / "default"), str(tmp_path / "b")
+    sc.convert(src, a, **{**OPTS, "num_samples_per_tfrecord": 5})
+    threads = []
+    real = writer_mod.convert_rows
+    monkeypatch.setattr(runner_local, "convert_rows",
+                        lambda c, rows: threads.append(threading.current_thread()) or real(c, rows))
+    monkeypatch.setattr(runner_local, "CHUNK_ROWS", 1)  # more chunks than the workers' window
+    monkeypatch.setattr(runner_local, "MAX_CHUNK_ROWS", 1)
+    monkeypatch.setattr(runner_local, "INLINE_ROW_SECONDS", threshold)
+    sc.convert(src, b, **{**OPTS, "num_samples_per_tfrecord": 5})
+    assert output_bytes(a) == output_bytes(b)
+    here = [t is threading.main_thread() for t in threads]
+    # the first chunk is converted by the thread that called convert() (to measure what a
+    # row costs), and so is every later one while rows cost less than the threshold
+    assert len(threads) == 12 and here[0]
+    assert all(here) if inline else not any(here[1:])
 
 
 @pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)

@@ -165,6 +165,20 @@ def test_error_class_rows_are_dropped(tmp_path):
     assert "error class" in discards(out)[0]["reason"]
 
 
+def test_rows_of_the_same_label_get_the_same_labels_and_the_same_discards(tmp_path):
+    # labels are resolved once per label value: every row of a value must still get them
+    for i in range(6):
+        make_jpeg(tmp_path / f"{i}.jpg")
+    rows = [("TRAIN", f"{i}.jpg", name) for i, name in enumerate(["cat", "blurry", "dog", "cat", "blurry", "dog"])]
+    out = str(tmp_path / "out")
+    res = sc.convert(write_csv(tmp_path / "a.csv", rows), out, error_class="blurry", progress=False)
+    assert (res.records_written, res.rows_discarded) == (4, 2)
+    got = records(out, "train")
+    assert [list(r["image/class/text"]) for r in got] == [[b"cat"], [b"dog"], [b"cat"], [b"dog"]]
+    assert [list(r["image/class/label"]) for r in got] == [[0], [1], [0], [1]]
+    assert [d["reason"] for d in discards(out)] == ["label 'blurry' is the error class"] * 2
+
+
 def test_user_schema_types_defaults_and_missing_values(tmp_path):
     make_jpeg(tmp_path / "x.jpg")
     header = ("path", "kind", "weight", "count", "tags", "scores", "fold")
@@ -352,3 +366,25 @@ def test_stale_shards_from_an_older_conversion_are_reported_not_read(tmp_path, c
         sc.convert(path, out, num_samples_per_tfrecord=2, progress=False)
     assert "did not write" in caplog.text
     assert len(list(sc.read_dataset(out, "train"))) == 4
+
+
+def test_source_digest_is_sha256_of_each_rows_canonical_json_line():
+    import hashlib
+
+    from shardfeed.convert.options import DiscardRecord, Row
+    from shardfeed.convert.plan import _canon, source_digest
+
+    rows = [Row(1, "in.csv", "/a/1.jpg", None, "cat"),  # plain: the fast path
+            Row(2, "in.csv", None, "test", 7, {"x": 1.5, "é": np.float32(2.0), "ids": [1, np.int64(2)]}),
+            Row(3, "in.csv", "/a/3.jpg", "train", np.int64(4), {}, {"classes": ["a", "b"]}),
+            Row(4, "in.csv", "/a/ü.jpg", None, 0.25),
+            Row(5, "in.csv", "/a/5.jpg", None, b"\x00\xff", {"b": None, "a": True})]
+    discards = [DiscardRecord(6, "in.csv#6", "expected 3 cells, found 2")]
+    h = hashlib.sha256()
+    for r in rows:  # the rule, as the docstring states it
+        v = _canon([r.number, r.origin, r.image_uri, r.split, r.label, r.values, r.annotation])
+        h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode() + b"\n")
+    for d in discards:
+        h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
+    assert source_digest(rows, discards) == "sha256:" + h.hexdigest()
+    assert source_digest(rows[:1], []) != source_digest([Row(1, "in.csv", "/a/1.jpg", None, "dog")], [])

@@ -27,6 +27,7 @@ from shardfeed.formats.example import (
     decode_sequence_example,
     encode_example,
     encode_sequence_example,
+    example_pieces,
 )
 from shardfeed.formats.wire import encode_tag, encode_varint
 
@@ -702,3 +703,23 @@ def test_repeated_small_scalars_encode_the_same_bytes_each_time():
     assert decode_example(encode_example({"text": "dog"}))["text"] == [b"dog"]
     _ENTRY_CACHE.clear()
     assert encode_example(recs[0]) == first[0]
+
+
+@pytest.mark.parametrize("value", [b"", b"x", os.urandom(200), os.urandom(70_000), "p" * 65, "é/ü" * 40],
+                         ids=["empty", "one", "200B", "70KB", "str65", "str-utf8"])
+def test_a_lone_bytes_value_encodes_as_the_same_value_in_a_list(value):
+    # a single bytes/str value is framed without copying it; a list takes the general path
+    feats = {"label": 3, "image": value, "fmt": "jpeg"}
+    one = encode_example(feats)
+    assert one == encode_example({**feats, "image": [value]})
+    pieces, n = example_pieces(feats)
+    assert b"".join(pieces) == one and n == len(one)
+    raw = value.encode() if isinstance(value, str) else value
+    if isinstance(value, bytes) and value:
+        assert any(p is value for p in pieces)  # the value itself, not a copy
+    assert decode_example(one)["image"] == [raw]
+
+
+def test_a_lone_str_that_is_not_utf8_names_the_feature():
+    with pytest.raises(ValueError, match=r"feature 'text': string value cannot be encoded as UTF-8"):
+        encode_example({"text": "x" * 70 + "\ud800"})

@@ -893,3 +893,55 @@ def test_a_closed_pass_keeps_no_pooled_memory_when_the_idle_time_is_zero(tmp_pat
     it.close()
     assert _native.pool_info()[:2] == (0, 0)
     assert held.to_list() == values[4:8]
+
+
+# ----------------------------------------------------------------------------- frame_records
+
+
+FRAME_CASES = [
+    [],
+    [b""],
+    [os.urandom(n) for n in (0, 1, 7, 100, 5000, 70_000)],  # 70 KB: the GIL is released
+    [[b"ab", bytearray(b"cd"), memoryview(b"xyz")], [], (), (b"",), [os.urandom(20_000), b"tail"]],
+    [np.arange(10, dtype=np.uint8), b"plain", [b"a", np.frombuffer(b"bc", np.uint8)]],
+]
+
+
+@pytest.mark.parametrize("records", FRAME_CASES, ids=range(len(FRAME_CASES)))
+def test_frame_records_gives_the_frames_the_writer_writes(records):
+    def joined(r):
+        return b"".join(bytes(p) for p in r) if isinstance(r, (list, tuple)) else bytes(r)
+
+    want = b"".join(frame(joined(r)) for r in records)
+    assert nv._frame_records_py(records) == want
+    assert nv.frame_records(records) == want
+    assert nv.frame_records(tuple(records)) == want
+    pooled = nv.frame_records(records, pooled=True)
+    assert isinstance(pooled, np.ndarray) and pooled.dtype == np.uint8 and pooled.tobytes() == want
+
+
+@needs_native
+def test_pooled_frames_of_a_megabyte_reuse_the_pools_memory():
+    from shardfeed import _native
+
+    records = [os.urandom(300_000) for _ in range(4)]
+    want = b"".join(frame(r) for r in records)
+    first = nv.frame_records(records, pooled=True)
+    assert first.tobytes() == want
+    del first  # its block goes back to the pool
+    reused = _native.pool_info()[2]
+    again = nv.frame_records(records, pooled=True)
+    assert again.tobytes() == want and _native.pool_info()[2] == reused + 1
+
+
+@needs_native
+def test_native_frame_records_names_the_piece_that_is_not_bytes():
+    with pytest.raises(TypeError, match=r"record 1, piece 2 is not bytes-like \(str\)"):
+        nv.frame_records([b"ok", [b"a", b"b", "text"]])
+    with pytest.raises(TypeError, match=r"record 0, piece 0 is not bytes-like \(int\)"):
+        nv.frame_records([7])
+
+
+def test_frame_records_takes_a_list_or_tuple_only():
+    with pytest.raises(TypeError, match="list or tuple of records, got generator"):
+        nv.frame_records(b for b in [b"x"])

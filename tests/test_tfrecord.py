@@ -510,3 +510,31 @@ def test_a_gzip_member_followed_by_garbage_is_an_error_after_its_records(tmp_pat
     for path, (got, err) in _read_every_path(p, "raise").items():
         assert got == a and err is not None and err.check == "compressed stream", path
         assert "GZIP" in str(err), path
+
+
+@pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
+def test_write_frames_gives_the_same_file_and_index_as_write(tmp_path, compression):
+    from shardfeed.formats.native import frame_records
+
+    index = compression is None
+    a = _write(tmp_path / "a.tfrecord", compression=compression, index=index)
+    b = str(tmp_path / "b.tfrecord")
+    with tfr.TFRecordWriter(b, compression=compression, index=index) as w:
+        w.write(RECORDS[0])  # frames after a plain write, and in two calls
+        w.write_frames(frame_records(RECORDS[1:4]), [len(r) for r in RECORDS[1:4]])
+        w.write_frames(b"", [])
+        w.write_frames(bytearray(frame_records(RECORDS[4:])), [len(r) for r in RECORDS[4:]])
+        assert w.records == len(RECORDS)
+    assert open(a, "rb").read() == open(b, "rb").read()
+    if index:
+        assert open(a + ".idx", "rb").read() == open(b + ".idx", "rb").read()
+
+
+def test_write_frames_rejects_lengths_that_do_not_add_up(tmp_path):
+    from shardfeed.formats.native import frame_records
+
+    with tfr.TFRecordWriter(str(tmp_path / "a.tfrecord")) as w:
+        with pytest.raises(ValueError, match=r"22 bytes of frames, but the 1 record lengths frame 21"):
+            w.write_frames(frame_records([b"abcdef"]), [5])
+        w.write(b"x")
+    assert [bytes(r) for r in tfr.read_records(str(tmp_path / "a.tfrecord"))] == [b"x"]

@@ -39,6 +39,13 @@ def test_varint_known_encodings():
     assert wire.decode_varint(b"\x96\x01", 0, 2) == (150, 2)
 
 
+@pytest.mark.parametrize("value", [0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 0xFFFFFFF, 0x10000000])
+def test_varint_lengths_change_at_the_seven_bit_boundaries(value):
+    data = wire.encode_varint(value)
+    assert data == _varint_by_hand(value)
+    assert wire.decode_varint(data, 0, len(data)) == (value, len(data))
+
+
 @settings(max_examples=200)
 @given(U64)
 def test_varint_roundtrip_unsigned(value):

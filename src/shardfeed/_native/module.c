@@ -57,6 +57,98 @@ static PyObject *py_masked_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* frame_records(records, pooled=False) -> bytes: every record framed as TFRecord writes it
+ * (8-byte little-endian length, its masked CRC, the data, the data's masked CRC), one after
+ * the other. A record is a bytes-like object or a list/tuple of them (its pieces, joined here:
+ * each byte is copied once, into the output, and checksummed in the same pass). pooled: the
+ * output is a uint8 array from the recycled buffer pool (bufpool.h) instead of bytes, so a
+ * writer handed chunk after chunk of megabytes copies into pages already mapped. */
+static void frame_release(Py_buffer *views, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+}
+
+static PyObject *py_frame_records(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int pooled = 0;
+    if (!PyArg_ParseTuple(args, "O|p:frame_records", &arg, &pooled)) return NULL;
+    PyObject *seq = PySequence_Fast(arg, "frame_records: records must be a list or tuple");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nrec = PySequence_Fast_GET_SIZE(seq);
+    PyObject **recs = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t nparts = 0;
+    for (Py_ssize_t r = 0; r < nrec; r++)
+        nparts += (PyList_Check(recs[r]) || PyTuple_Check(recs[r])) ? PySequence_Fast_GET_SIZE(recs[r]) : 1;
+    /* per record: its first view and its view count, then the views */
+    Py_ssize_t *first = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(2 * nrec + 1));
+    Py_buffer *views = PyMem_Malloc(sizeof(Py_buffer) * (size_t)(nparts ? nparts : 1));
+    if (first == NULL || views == NULL) {
+        PyMem_Free(first);
+        PyMem_Free(views);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t nv = 0;
+    size_t total = 0;
+    for (Py_ssize_t r = 0; r < nrec; r++) {
+        PyObject *rec = recs[r];
+        int multi = PyList_Check(rec) || PyTuple_Check(rec);
+        Py_ssize_t k = multi ? PySequence_Fast_GET_SIZE(rec) : 1;
+        first[2 * r] = nv;
+        first[2 * r + 1] = k;
+        size_t len = 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyObject *part = multi ? PySequence_Fast_GET_ITEM(rec, j) : rec;
+            if (PyObject_GetBuffer(part, &views[nv], PyBUF_SIMPLE) < 0) {
+                PyErr_Format(PyExc_TypeError, "frame_records: record %zd, piece %zd is not bytes-like (%.80s)", r, j,
+                             Py_TYPE(part)->tp_name);
+                frame_release(views, nv);
+                PyMem_Free(first);
+                Py_DECREF(seq);
+                return NULL;
+            }
+            len += (size_t)views[nv].len;
+            nv++;
+        }
+        total += len + 16;
+    }
+    PyObject *out = NULL;
+    if (total <= (size_t)PY_SSIZE_T_MAX)
+        out = pooled ? sf_pool_array(total) : PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        frame_release(views, nv);
+        PyMem_Free(first);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint8_t *dst = pooled ? (uint8_t *)PyArray_DATA((PyArrayObject *)out) : (uint8_t *)PyBytes_AS_STRING(out);
+    PyThreadState *ts = total >= GIL_FREE_BYTES ? PyEval_SaveThread() : NULL;
+    for (Py_ssize_t r = 0; r < nrec; r++) {
+        Py_buffer *v = views + first[2 * r];
+        Py_ssize_t k = first[2 * r + 1];
+        uint64_t len = 0;
+        for (Py_ssize_t j = 0; j < k; j++) len += (uint64_t)v[j].len;
+        for (int b = 0; b < 8; b++) dst[b] = (uint8_t)(len >> (8 * b));
+        uint32_t lc = sf_crc_mask(sf_crc32c_extend(0, dst, 8));
+        for (int b = 0; b < 4; b++) dst[8 + b] = (uint8_t)(lc >> (8 * b));
+        dst += 12;
+        uint32_t crc = 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            crc = sf_crc32c_copy(crc, dst, (const uint8_t *)v[j].buf, (size_t)v[j].len);
+            dst += v[j].len;
+        }
+        crc = sf_crc_mask(crc);
+        for (int b = 0; b < 4; b++) dst[b] = (uint8_t)(crc >> (8 * b));
+        dst += 4;
+    }
+    if (ts != NULL) PyEval_RestoreThread(ts);
+    frame_release(views, nv);
+    PyMem_Free(first);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyObject *py_crc_backend(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(sf_crc32c_backend());
 }
@@ -976,6 +1068,9 @@ static PyObject *py_image_check(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
+    {"frame_records", py_frame_records, METH_VARARGS,
+     "frame_records(records, pooled=False) -> bytes (or a pooled uint8 array): each record (bytes-like, or a "
+     "list/tuple of its pieces) in a TFRecord frame"},
     {"crc_backend", py_crc_backend, METH_NOARGS, "crc_backend() -> str: 'sse4.2', 'armv8-crc' or 'table'."},
     {"scan_frames", py_scan_frames, METH_VARARGS,
      "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1, defer_data_crc=False) -> (offsets, lengths, "

@@ -3,7 +3,13 @@ Pillow releases the GIL while decoding, resizing and encoding) or processes, sha
 written in row order, each committed by one of ``write_parallel_num`` threads.
 
 Rows travel to workers in chunks (never one by one: a hand-off between cores costs more
-than a small image), at most a few chunks per worker ahead, so memory stays bounded.
+than a small image) of about ``CHUNK_BYTES`` of records (``chunk_rows``), at most a few
+chunks per worker ahead, so memory stays bounded. A worker returns its chunk's records
+already framed in one buffer (``convert_rows``); the caller's thread hands it to one
+writing thread, which appends it to its shard (one write per chunk) while the next chunk
+converts. The caller's thread converts the first chunk itself, and every chunk while rows
+cost less than ``INLINE_ROW_SECONDS`` of CPU each (images stored as they are), instead of
+the workers: the same chunks, in the same order, so the output is the same either way.
 """
 
 from __future__ import annotations
@@ -17,14 +23,34 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 from ..progress import progress_bar
+from ..storage.urls import parse_url
 from .plan import Plan, Shard
 from .tasks import make_converter
-from .writer import ShardSink, convert_row, finished_state
+from .writer import FramedRows, ShardSink, convert_rows, finished_state
 
 logger = logging.getLogger(__name__)
 
-CHUNK_ROWS = 16
+CHUNK_ROWS = 16  # rows of the first chunks
+CHUNK_BYTES = 4 << 20  # then as many rows as give about this many bytes of records
+MAX_CHUNK_ROWS = 256
+WRITES_AHEAD = 2  # chunks waiting for the writing thread at most
+# Rows that cost less CPU than this (moving average) are converted by the caller's thread
+# (the one that hands chunks to the writing thread): for images stored as they are (tens of microseconds of Python and
+# a copy each) the hand-over to worker threads and the GIL traffic between them cost about
+# as much as the work. Rows that decode and resize (milliseconds,
+# GIL released in Pillow) go to the workers.
+INLINE_ROW_SECONDS = 200e-6
 _worker_converter: Any = None  # per process, built once by the pool initializer
+
+
+def chunk_rows(done_rows: int, done_bytes: int) -> int:
+    """Rows in the next chunk: ``CHUNK_ROWS`` until some rows are done, then about
+    ``CHUNK_BYTES`` of records at their mean size so far (``CHUNK_ROWS`` to ``MAX_CHUNK_ROWS``
+    rows): fewer hand-overs for small records, bounded memory for large ones."""
+    if done_rows < CHUNK_ROWS:
+        return CHUNK_ROWS
+    mean = max(1, done_bytes // done_rows)
+    return max(CHUNK_ROWS, min(MAX_CHUNK_ROWS, CHUNK_BYTES // mean))
 
 
 def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None:
@@ -32,8 +58,15 @@ def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None
     _worker_converter = make_converter(plan.context(storage_options), plan.has_image)
 
 
-def _convert_chunk_in_process(rows) -> list:
-    return [convert_row(_worker_converter, r) for r in rows]
+def _timed_convert_rows(converter: Any, rows: list) -> tuple[FramedRows, float]:
+    """``convert_rows`` and the CPU seconds the calling thread spent on it."""
+    t = time.thread_time()
+    framed = convert_rows(converter, rows)
+    return framed, time.thread_time() - t
+
+
+def _convert_chunk_in_process(rows) -> tuple[FramedRows, float]:
+    return _timed_convert_rows(_worker_converter, rows)
 
 
 def pending_shards(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None,
@@ -70,50 +103,110 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
         converter = make_converter(plan.context(storage_options), plan.has_image)
         pool = ThreadPoolExecutor(o.read_parallel_num, thread_name_prefix="shardfeed-convert")
         def submit(rows: list) -> Any:
-            return pool.submit(lambda: [convert_row(converter, r) for r in rows])
+            return pool.submit(_timed_convert_rows, converter, rows)
     committer = ThreadPoolExecutor(o.write_parallel_num, thread_name_prefix="shardfeed-commit")
+    # one thread appends the chunks to their shards, in order, while the next chunk converts
+    writer = ThreadPoolExecutor(1, thread_name_prefix="shardfeed-write")
+    writes: collections.deque[Future] = collections.deque()
     # a video gives many records: hand videos over one by one so few are held at once
-    per = 1 if o.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
-    chunks = [(si, shard.rows[i:i + per]) for si, shard in enumerate(todo)
-              for i in range(0, len(shard.rows), per)]
+    video = o.model_type == "VIDEO_CLASSIFICATION"
     window = max(4, 4 * o.read_parallel_num)
     inflight: collections.deque[tuple[int, list, Future]] = collections.deque()
     commits: list[Future] = []
     sinks: dict[int, ShardSink] = {}
+    closing: list[ShardSink] = []  # shards whose last chunk is handed to the writing thread
     remaining = {si: len(shard.rows) for si, shard in enumerate(todo)}
-    next_chunk = 0
+    si_next, row_next = 0, 0  # where the next chunk starts
+    done_rows = done_bytes = 0  # rows converted so far and their framed bytes: the chunk size
+    row_cpu: float | None = None  # recent CPU seconds per row (moving average)
+    may_inline = o.executor != "process" and not video
+    inline_chunks = 0
     start = time.perf_counter()
     bar = progress_bar(total=total_rows, desc="convert", unit="row", disable=not progress)
+
+    failed: list[BaseException] = []  # the writing thread's first failure: it does nothing after
+    local = parse_url(output_dir).is_local
+
+    def write_chunk(sink: ShardSink, rows: list, framed: FramedRows) -> None:
+        if failed:
+            raise RuntimeError("not written: an earlier write failed") from failed[0]
+        try:
+            sink.add_framed(rows, framed)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+
+    def commit_shard(sink: ShardSink) -> Future:
+        if failed:  # a shard that missed a chunk is never committed
+            raise RuntimeError("not committed: an earlier write failed") from failed[0]
+        if local:  # a rename and two small files: not worth a hop to another thread
+            done: Future = Future()
+            done.set_result(sink.commit())
+            return done
+        return committer.submit(sink.commit)  # uploads: in parallel, while the next shard is written
+
+    def next_rows() -> tuple[int, list]:
+        nonlocal si_next, row_next
+        si = si_next
+        per = 1 if video else chunk_rows(done_rows, done_bytes)
+        rows = todo[si].rows[row_next:row_next + per]
+        row_next += len(rows)
+        if row_next >= len(todo[si].rows):
+            si_next, row_next = si_next + 1, 0
+        return si, rows
+
     try:
-        while next_chunk < len(chunks) or inflight:
-            while next_chunk < len(chunks) and len(inflight) < window:
-                si, rows = chunks[next_chunk]
+        while si_next < len(todo) or inflight:
+            # the first chunk is converted here, to learn what a row costs (no worker thread
+            # starts for a job of cheap rows)
+            cheap = may_inline and (row_cpu is None or row_cpu < INLINE_ROW_SECONDS)
+            while not cheap and si_next < len(todo) and len(inflight) < window:
+                si, rows = next_rows()
                 inflight.append((si, rows, submit(rows)))
-                next_chunk += 1
-            si, rows, fut = inflight.popleft()
-            results = fut.result()
+            if inflight:
+                si, rows, fut = inflight.popleft()
+                framed, cpu = fut.result()
+            else:  # cheap rows: converted here, in order, without hand-overs
+                si, rows = next_rows()
+                framed, cpu = _timed_convert_rows(converter, rows)
+                inline_chunks += 1
+            if rows:
+                per_row = cpu / len(rows)
+                row_cpu = per_row if row_cpu is None else 0.7 * row_cpu + 0.3 * per_row
             sink = sinks.get(si)
             if sink is None:
                 sink = sinks[si] = ShardSink(plan, todo[si], output_dir, storage_options)
-            for row, (records, reason) in zip(rows, results):
-                sink.add(row, records, reason)
+            writes.append(writer.submit(write_chunk, sink, rows, framed))
+            while len(writes) > WRITES_AHEAD or (writes and writes[0].done()):
+                writes.popleft().result()  # a failed write raises here
+            done_rows += len(rows)
+            done_bytes += len(framed.frames)
             remaining[si] -= len(rows)
             bar.update(len(rows))
-            if remaining[si] == 0:
-                commits.append(committer.submit(sinks.pop(si).commit))
+            if remaining[si] == 0:  # committed once its writes are done
+                closing.append(sinks.pop(si))
+                commits.append(writer.submit(commit_shard, closing[-1]))
+        for w in writes:
+            w.result()
         for f in commits:
-            st = f.result()
+            st = f.result().result()
             states[st["file"]] = st
     except BaseException:
         for _, _, f in inflight:
             f.cancel()
-        for sink in sinks.values():
+        # nothing writes or commits when the unfinished shards are dropped (abort leaves a
+        # committed shard alone: a resumed job keeps it)
+        writer.shutdown(wait=True, cancel_futures=True)
+        committer.shutdown(wait=True)
+        for sink in [*sinks.values(), *closing]:
             sink.abort()
         raise
     finally:
         bar.close()
         pool.shutdown(wait=True, cancel_futures=True)
+        writer.shutdown(wait=True)
         committer.shutdown(wait=True)
     elapsed = time.perf_counter() - start
-    logger.info("converted %d rows in %.1f s (%.0f rows/s)", total_rows, elapsed, total_rows / max(elapsed, 1e-9))
+    logger.info("converted %d rows in %.1f s (%.0f rows/s; %d chunks converted by the calling thread)",
+                total_rows, elapsed, total_rows / max(elapsed, 1e-9), inline_chunks)
     return states

@@ -92,6 +92,7 @@ class TableConverter:
         self.label_type = schema.label_type if schema is not None else "string label"
         if ctx.options.model_type == "CLASSIFICATION" and schema is None:
             self.label_type = "string label"
+        self._by_label: dict[tuple, Any] = {}  # label value -> labels() result or its Discard
 
     def feature_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = dict(IMAGE_SPEC) if self.has_image else {}
@@ -105,9 +106,29 @@ class TableConverter:
         return spec
 
     def labels(self, row: Row) -> tuple[list[int], list[str]]:
+        """(label ids, class texts) of ``row``; the callers never change the lists returned."""
         if self.label_type == "integer label":
             return [int(row.label)], []
-        names = row.annotation["classes"] if isinstance(row.annotation, dict) else [row.label]
+        if isinstance(row.annotation, dict):
+            return self._labels(row.annotation["classes"])
+        key = (type(row.label), row.label)  # a folder or a table has a few labels over many rows
+        try:
+            hit = self._by_label.get(key)
+        except TypeError:  # an unhashable label value
+            return self._labels([row.label])
+        if hit is None:
+            try:
+                hit = self._labels([row.label])
+            except Discard as d:
+                hit = d
+            if len(self._by_label) >= 4096:
+                self._by_label.clear()
+            self._by_label[key] = hit
+        if isinstance(hit, Discard):
+            raise Discard(str(hit))
+        return hit
+
+    def _labels(self, names: list) -> tuple[list[int], list[str]]:
         lm = self.ctx.label_map
         texts = []
         for n in names:

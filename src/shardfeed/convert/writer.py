@@ -17,11 +17,13 @@ import io
 import json
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
 from .._version import __version__
-from ..formats.example import encode_example
+from ..formats.example import encode_example, example_pieces
+from ..formats.native import frame_records
 from ..formats.spec import FixedLen, VarLen
 from ..formats.tfrecord import TFRecordWriter
 from .options import Discard, DiscardRecord, Row
@@ -48,17 +50,12 @@ def state_url(output_dir: str, plan: Plan, shard: Shard) -> str:
     return join(output_dir, f".{plan.options.prefix}-state/{plan.shard_name(shard)}.json")
 
 
-def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | None]:
-    """``([record, ...], None)`` for a converted row, ``(None, reason)`` for a discarded one.
-
-    A converter returns one feature dict (one record) or a non-empty list of them (several
-    records from one row: the clips of a video).
-    """
+def _convert(converter: Any, row: Row, encode: Any) -> tuple[list | None, str | None]:
     try:
         feats = converter.convert(row, row.split)
-        if isinstance(feats, Mapping):
-            return [encode_example(feats)], None
-        records = [encode_example(f) for f in feats]
+        if type(feats) is dict or isinstance(feats, Mapping):
+            return [encode(feats)], None
+        records = [encode(f) for f in feats]
         if not records:
             raise Discard("the converter made no record from this row")
         return records, None
@@ -69,6 +66,41 @@ def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | Non
     except Exception as exc:
         logger.warning("row %s (%s): converter failed", row.number, row.source, exc_info=True)
         return None, f"converter error: {type(exc).__name__}: {str(exc)[:160]}"
+
+
+def convert_row(converter: Any, row: Row) -> tuple[list[bytes] | None, str | None]:
+    """``([record, ...], None)`` for a converted row, ``(None, reason)`` for a discarded one.
+
+    A converter returns one feature dict (one record) or a non-empty list of them (several
+    records from one row: the clips of a video).
+    """
+    return _convert(converter, row, encode_example)
+
+
+@dataclass
+class FramedRows:
+    """Rows converted and framed in one piece (:func:`convert_rows`): ``frames`` holds the
+    TFRecord frames of all their records in row order; ``rows`` one entry per row, the
+    data lengths of its records or ``None`` and the discard reason."""
+
+    frames: Any  # bytes-like: a pooled uint8 array (formats.native.frame_records)
+    rows: list[tuple[list[int] | None, str | None]]
+
+
+def convert_rows(converter: Any, rows: list[Row]) -> FramedRows:
+    """:func:`convert_row` of each row, the records framed as the shard file holds them
+    (each byte of a record copied once, checksummed in the same pass, GIL released), so
+    that the thread writing the shard only appends one buffer."""
+    pieces: list[list[bytes]] = []
+    out: list[tuple[list[int] | None, str | None]] = []
+    for row in rows:
+        records, reason = _convert(converter, row, example_pieces)
+        if records is None:
+            out.append((None, reason))
+            continue
+        out.append(([n for _, n in records], None))
+        pieces.extend(p for p, _ in records)
+    return FramedRows(frame_records(pieces, pooled=True), out)
 
 
 class ShardSink:
@@ -90,6 +122,15 @@ class ShardSink:
                 self.writer.write(record)
         else:
             self.discards.append(DiscardRecord(row.number, row.source, reason or "discarded"))
+
+    def add_framed(self, rows: list[Row], framed: FramedRows) -> None:
+        """Add ``rows`` as :func:`convert_rows` converted them (in row order)."""
+        lengths = [n for ns, _ in framed.rows if ns is not None for n in ns]
+        if lengths:
+            self.writer.write_frames(framed.frames, lengths)
+        for row, (ns, reason) in zip(rows, framed.rows):
+            if ns is None:
+                self.discards.append(DiscardRecord(row.number, row.source, reason or "discarded"))
 
     def commit(self) -> dict[str, Any]:
         self.writer.close()

@@ -138,39 +138,74 @@ _ENTRY_CACHE: dict[tuple, tuple[bytes, bytes]] = {}
 _ENTRY_CACHE_MAX = 4096
 
 
+_KEY_HEADS: dict[str, tuple[bytes, bytes]] = {}  # name -> (key, map entry's key field and value tag)
+_KEY_HEADS_MAX = 4096
+_V1 = [bytes((i,)) for i in range(128)]  # one-byte varints
+
+
+def _key_head(name: Any) -> tuple[bytes, bytes]:
+    kh = _KEY_HEADS.get(name) if type(name) is str else None
+    if kh is None:
+        if not isinstance(name, str):
+            raise TypeError(f"feature names must be str, got {name!r}")
+        key = name.encode("utf-8")
+        kh = (key, b"\x0a" + encode_varint(len(key)) + key + b"\x12")
+        if type(name) is str and len(_KEY_HEADS) < _KEY_HEADS_MAX:
+            _KEY_HEADS[name] = kh
+    return kh
+
+
 def _features_parts(features: Mapping[str, Any], sort_keys: bool, encode_value) -> tuple[list[bytes], int]:
     """The map entries of a Features message as pieces to join (values are not copied
     here), and their total size."""
     if not isinstance(features, Mapping):
         raise TypeError(f"features must be a mapping of name to values, got {type(features).__name__}")
-    items = []
+    keys: list[bytes] = []
+    parts: list[bytes] = []  # entry head, value piece, entry head, value piece, ...
     size = 0
     cacheable = encode_value is _encode_feature
+    cache = _ENTRY_CACHE
     for name, value in features.items():
         t = type(value)
         ck = (name, t, value) if cacheable and (t is int or t is bool or (t is str and len(value) <= 64)) else None
-        hit = _ENTRY_CACHE.get(ck) if ck is not None else None
-        if hit is not None:
-            items.append((hit[0], hit[1], b""))
-            size += len(hit[1])
-            continue
-        if not isinstance(name, str):
-            raise TypeError(f"feature names must be str, got {name!r}")
-        key = name.encode("utf-8")
-        feat = encode_value(name, value)
-        head = _len_prefixed(b"\x0a", key) + b"\x12" + encode_varint(len(feat))
-        head = b"\x0a" + encode_varint(len(head) + len(feat)) + head
         if ck is not None:
-            if len(_ENTRY_CACHE) >= _ENTRY_CACHE_MAX:
-                _ENTRY_CACHE.clear()
-            _ENTRY_CACHE[ck] = (key, head + feat)
-        items.append((key, head, feat))
+            hit = cache.get(ck)
+            if hit is not None:
+                keys.append(hit[0])
+                parts += (hit[1], b"")
+                size += len(hit[1])
+                continue
+        key, khead = _key_head(name)
+        if cacheable and (t is bytes or t is str):
+            # one bytes value (an image): the value stays a piece of its own, never copied here
+            data = value if t is bytes else _to_bytes(name, value)
+            n = len(data)
+            vl = _V1[n] if n < 128 else encode_varint(n)  # BytesList.value
+            m = 1 + len(vl) + n
+            il = _V1[m] if m < 128 else encode_varint(m)  # Feature.bytes_list
+            flen = 1 + len(il) + m
+            fl = _V1[flen] if flen < 128 else encode_varint(flen)
+            head = b"".join((b"\x0a", encode_varint(len(khead) + len(fl) + flen), khead, fl, b"\x0a", il,
+                             b"\x0a", vl))
+            feat: bytes = data
+        else:
+            feat = encode_value(name, value)
+            fl = encode_varint(len(feat))
+            head = b"\x0a" + encode_varint(len(khead) + len(fl) + len(feat)) + khead + fl
+        if ck is not None:
+            head, feat = head + feat, b""
+            if len(cache) >= _ENTRY_CACHE_MAX:
+                cache.clear()
+            cache[ck] = (key, head)
+        keys.append(key)
+        parts += (head, feat)
         size += len(head) + len(feat)
-    if sort_keys:
+    if sort_keys and len(keys) > 1:
         # protobuf-python (upb) deterministic order: byte-wise, except that a key sorts
         # after the keys it is a prefix of ("label_id" before "label"; C++ puts it first).
-        items.sort(key=lambda kv: (*kv[0], 256))
-    return [p for _, head, feat in items for p in (head, feat)], size
+        order = sorted(range(len(keys)), key=lambda i: (*keys[i], 256))
+        parts = [p for i in order for p in (parts[2 * i], parts[2 * i + 1])]
+    return parts, size
 
 
 def _encode_features(features: Mapping[str, Any], sort_keys: bool, encode_value) -> bytes:
@@ -195,8 +230,17 @@ def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> b
     Raises TypeError for an unsupported value type or mixed kinds, ValueError for an int
     outside int64, both naming the feature.
     """
+    return b"".join(example_pieces(features, sort_keys=sort_keys)[0])
+
+
+def example_pieces(features: Mapping[str, Any], *, sort_keys: bool = False) -> tuple[list[bytes], int]:
+    """:func:`encode_example`'s bytes as pieces that join into them, and their total length:
+    for a writer that copies the pieces once, straight into its output
+    (``formats.native.frame_records``), rather than joining a record first. Raises as
+    :func:`encode_example` does."""
     parts, size = _features_parts(features, sort_keys, _encode_feature)
-    return b"".join((b"\x0a", encode_varint(size), *parts))
+    head = encode_varint(size)
+    return [b"\x0a", head, *parts], 1 + len(head) + size
 
 
 def _encode_feature_list(name: str, values: Any) -> bytes:

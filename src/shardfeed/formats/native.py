@@ -136,6 +136,35 @@ def _scan_frames_py(buf: Any, verify_crc: bool, max_record_bytes: int):
     return np.array(offsets, np.int64), np.array(lengths, np.int64), pos, error
 
 
+def _frame_records_py(records: Sequence[Any]) -> bytes:
+    out: list[Any] = []
+    for rec in records:
+        parts = rec if isinstance(rec, (list, tuple)) else (rec,)
+        data = b"".join(parts)
+        n = len(data)
+        out += (_HEADER.pack(n, _crc.masked_length_crc(n)), data, struct.pack("<I", _crc.masked_crc32c(data)))
+    return b"".join(out)
+
+
+def frame_records(records: Sequence[Any], *, pooled: bool = False) -> Any:
+    """Each record in a TFRecord frame (length, masked CRC of the length, data, masked
+    CRC of the data), joined: the bytes ``TFRecordWriter.write`` puts in a file for them.
+
+    A record is a bytes-like object or a list/tuple of bytes-like pieces (joined into the
+    record: the native core copies each byte once, into the output, checksumming it in the
+    same pass, with the GIL released). Returns bytes, or with ``pooled=True`` a 1-D uint8
+    array whose memory (for a megabyte or more) comes back to a pool when the array dies,
+    so chunk after chunk is framed into pages already mapped (a fresh buffer's page faults
+    cost about as much as the copy). Raises TypeError for a piece that is not bytes-like.
+    """
+    if not isinstance(records, (list, tuple)):
+        raise TypeError(f"frame_records takes a list or tuple of records, got {type(records).__name__}")
+    if _ext is None:
+        out = _frame_records_py(records)
+        return np.frombuffer(out, np.uint8) if pooled else out
+    return _ext.frame_records(records, pooled)
+
+
 def gather(dst: Any, dst_offsets: np.ndarray, src: Any, src_offsets: np.ndarray, lengths: np.ndarray) -> None:
     """Copy ``src[src_offsets[k]:][:lengths[k]]`` to ``dst[dst_offsets[k]:]`` for every
     ``k`` (``dst`` a writable buffer, ``src`` any buffer: an ``mmap`` of a shard, say);

@@ -380,6 +380,38 @@ class TFRecordWriter:
         for r in records:
             self.write(r)
 
+    def write_frames(self, frames: Any, lengths: Iterable[int]) -> None:
+        """Append records already framed (``formats.native.frame_records``): ``frames``
+        holds one frame per entry of ``lengths`` (each record's data length), in order.
+        The file gets the same bytes as :meth:`write` of each record; an uncompressed file
+        takes them in one write. Raises ValueError when the lengths do not add up to
+        ``frames``."""
+        if self._closed:
+            raise ValueError(f"write to a closed TFRecordWriter ({mask(self.url)})")
+        mv = memoryview(frames).cast("B")
+        lengths = list(lengths)
+        if sum(lengths) + 16 * len(lengths) != len(mv):
+            raise ValueError(f"write_frames: {len(mv)} bytes of frames, but the {len(lengths)} record lengths "
+                             f"frame {sum(lengths) + 16 * len(lengths)} ({mask(self.url)})")
+        if self._gz is not None or self._zobj is not None:
+            pos = 0  # frame by frame, as write() feeds the compressor
+            for n in lengths:
+                piece = mv[pos:pos + n + 16]
+                if self._gz is not None:
+                    self._gz.write(piece)
+                elif self._zobj is not None:
+                    self._raw.write(self._zobj.compress(piece))
+                pos += n + 16
+        elif len(mv):
+            self._raw.write(mv)
+        if self.index_url:
+            off = self._offset
+            for n in lengths:
+                self._index.append((off, n + 16))
+                off += n + 16
+        self._offset += len(mv)
+        self.records += len(lengths)
+
     @property
     def bytes_written(self) -> int:
         """Uncompressed bytes of frames written so far."""

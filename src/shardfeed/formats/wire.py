@@ -251,6 +251,10 @@ def encode_varint(value: int) -> bytes:
         raise ValueError(f"{value} does not fit in 64 bits")
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:  # lengths of fields up to 16 KiB, and of records up to 2 MiB, below: no loop
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

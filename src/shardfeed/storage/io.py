@@ -115,6 +115,25 @@ def exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     return bool(_run("exists", url, lambda: fs.exists(path)))
 
 
+def _read_whole_file(path: str) -> bytes:
+    """The whole local file at ``path``: one read of its size (and one more to see the end),
+    without the buffered file object ``open`` builds (a fifth of the cost of a 50 KB file)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        first = os.read(fd, os.fstat(fd).st_size + 1)
+        if not first:
+            return first
+        parts = [first]
+        while True:  # a file that grew, or one whose size stat does not tell (/proc)
+            more = os.read(fd, 1 << 16)
+            if not more:
+                break
+            parts.append(more)
+        return first if len(parts) == 1 else b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def read_bytes(
     url: str,
     start: int | None = None,
@@ -122,10 +141,16 @@ def read_bytes(
     storage_options: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Bytes ``[start, end)`` of ``url`` (all of it by default); fewer at the end of the file."""
-    parsed = parse_url(url)
-    if parsed.is_local:
+    if type(url) is str and url and "://" not in url:
+        local: str | None = url  # a plain path, as parse_url has it (a converter reads one per row)
+    else:
+        parsed = parse_url(url)
+        local = parsed.path if parsed.is_local else None
+    if local is not None:
         try:
-            with open(parsed.path, "rb") as f:
+            if not start and end is None:
+                return _read_whole_file(local)
+            with open(local, "rb") as f:
                 if start:
                     f.seek(start)
                 return f.read() if end is None else f.read(max(0, end - (start or 0)))
