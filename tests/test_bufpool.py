@@ -246,3 +246,22 @@ def test_the_pool_is_given_back_at_exit(big_file):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["after the pass True", "at exit (0, 0)"]
+
+
+def test_a_local_conversion_leaves_its_framed_chunks_blocks_to_the_idle_rule(tmp_path):
+    """The local runner frames chunks of records into pooled blocks; when it ends, they are
+    looked after as a closed pass's are (given back at once here, with the idle time 0)."""
+    import shardfeed as sf
+
+    src = tmp_path / "in.csv"
+    src.write_text("label,text\n" + "".join(f"{i % 3},{'x' * 10000}{i}\n" for i in range(2000)))
+    bufpool.set_pool_idle_seconds(600)
+    start = bufpool.pool_info()
+    sf.convert(str(src), str(tmp_path / "out"), schema={"label": "integer label", "text": "string"},
+               num_samples_per_tfrecord=1000, progress=False)
+    held = bufpool.pool_info()
+    assert held.allocated > start.allocated and held.blocks >= 1  # the chunks (> 1 MiB each) were pooled, and kept
+    bufpool.set_pool_idle_seconds(0)
+    sf.convert(str(src), str(tmp_path / "out2"), schema={"label": "integer label", "text": "string"},
+               num_samples_per_tfrecord=1000, progress=False)
+    assert bufpool.pool_info().blocks == 0

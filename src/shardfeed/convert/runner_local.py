@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+from ..formats.bufpool import pass_closed
 from ..progress import progress_bar
 from ..storage.urls import parse_url
 from .plan import Plan, Shard
@@ -88,6 +89,14 @@ def pending_shards(plan: Plan, output_dir: str, storage_options: Mapping[str, An
 def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None = None,
               resume: bool = False, progress: bool = True) -> dict[str, dict]:
     """Write every pending shard of ``plan``; returns the states of all shards by name."""
+    try:
+        return _run_local(plan, output_dir, storage_options, resume, progress)
+    finally:
+        pass_closed()  # the framed chunks' pooled blocks (none is held any more): given back once idle
+
+
+def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None, resume: bool,
+               progress: bool) -> dict[str, dict]:
     todo, states = pending_shards(plan, output_dir, storage_options, resume)
     o = plan.options
     total_rows = sum(len(s.rows) for s in todo)
