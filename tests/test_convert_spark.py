@@ -179,6 +179,56 @@ def test_many_small_partitions_give_few_shards_sized_by_rows_or_bytes_as_the_loc
             assert all(0.9 * 32768 < x < 1.1 * 32768 for x in sizes), sizes
 
 
+def _job_stages(ctx, group):
+    """Per job of ``group``, in order: the task count of each of its stages."""
+    tracker = ctx.statusTracker()
+    return [[tracker.getStageInfo(s).numTasks for s in sorted(tracker.getJobInfo(j).stageIds)]
+            for j in sorted(tracker.getJobIdsForGroup(group))]
+
+
+def test_a_small_one_file_csv_is_read_in_a_partition_per_core_and_gives_the_local_runners_shards(spark, tmp_path):
+    # about 225 KB: one Spark split under the default openCostInBytes (4 MiB), so job 1 ran
+    # in one task on one of the two executor cores; now one per core
+    rng = np.random.default_rng(3)
+    src = tmp_path / "t.csv"
+    with open(src, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["label", "f0", "f1", "name"])
+        for i in range(6_000):
+            w.writerow([("a", "b", "c", "bad")[i % 4 if i % 97 == 0 else i % 3], *np.round(rng.normal(size=2), 5),
+                        f"row {i} " + "x" * (i % 17)])
+            if i == 3_000:
+                f.write("a,1.0\n")  # a row with too few cells: discarded in job 1
+    assert 200_000 < os.path.getsize(src) < 4 << 20
+    # one shard per split, so each is written by one task: its rows, from both job-1
+    # partitions, are converted on job 2's map side; "bad" rows are discarded there
+    opts = {"schema": {"label": "string label", "f0": "float", "f1": "float", "name": "string"},
+            "test_ratio": 0.2, "num_samples_per_tfrecord": 10_000, "error_class": "bad", "progress": False}
+    conf = spark.conf.get("spark.sql.files.openCostInBytes")
+    ctx = spark.sparkContext
+    group = f"small-csv-{os.getpid()}"
+    ctx.setJobGroup(group, "test: a small CSV")
+    try:
+        got = sc.convert(str(src), str(tmp_path / "spark"), runner="spark", **opts)
+    finally:
+        ctx.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert spark.conf.get("spark.sql.files.openCostInBytes") == conf  # the session's setting, restored
+    stages = _job_stages(ctx, group)
+    assert stages[0] == [ctx.defaultParallelism] and ctx.defaultParallelism == 2  # job 1: a task per core
+    want = sc.convert(str(src), str(tmp_path / "local"), **opts)
+    assert got.rows_read == want.rows_read == 6_001
+    assert got.rows_discarded == want.rows_discarded == 1 + sum(1 for i in range(0, 6_000, 97) if i % 4 == 3)
+    assert [len(v["shards"]) for v in got.splits.values()] == [1, 1]
+    same_output(str(tmp_path / "local"), str(tmp_path / "spark"))
+
+
+def test_spark_byte_sizes_are_read_as_spark_writes_them():
+    from shardfeed.convert.runner_spark import byte_size
+
+    assert [byte_size(t) for t in ("4194304", "4MB", "4m", "128k", "128KB", "1g", "0")] == [
+        4 << 20, 4 << 20, 4 << 20, 128 << 10, 128 << 10, 1 << 30, 0]
+
+
 def test_resume_on_spark_rewrites_only_the_shards_not_committed(spark, tmp_path):
     src = dataset(tmp_path, n=12, bad=())
     out = str(tmp_path / "out")

@@ -4,7 +4,8 @@ plans and collects per-task states.
 Two Spark jobs; rows reach the executors' Python workers as Arrow batches (``mapInArrow``),
 never as pickled ``Row`` objects:
 
-1. *read and count*: each input partition builds its rows once
+1. *read and count*: input files split into about a partition per core
+   (:func:`small_input_splits`); each input partition builds its rows once
    (:class:`~shardfeed.convert.sources.RowBuilder`), puts each in its split by the key rule
    (:func:`~shardfeed.convert.plan.key_split`) and leaves them, pickled, with their split
    and their position among the partition's rows of that split, in a DataFrame the
@@ -20,8 +21,10 @@ never as pickled ``Row`` objects:
    task has a fixed cost of its own), sorted by shard and position; a write task converts
    each shard's rows in turn with the local runner's converter
    (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`) and
-   writes the shard with :class:`~shardfeed.convert.writer.ShardSink`. The input is read
-   once (again only where Spark lost cached blocks, with an executor).
+   writes the shard with :class:`~shardfeed.convert.writer.ShardSink`; for an input without
+   images the map side converts the rows instead (:func:`converts_early`: a one-shard
+   split is then still converted on every core). The input is read once (again only where
+   Spark lost cached blocks, with an executor).
 
 Exactly once: a task attempt writes its shard to its own hidden staging file
 (:class:`~shardfeed.storage.io.AtomicWriter`) and commits it by an atomic rename, then
@@ -50,6 +53,7 @@ the shard, when they differ.
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -439,6 +443,25 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
 
 
 @dataclass
+class RowFix:
+    """What a cached row needs before it is converted: its number made global (a table's
+    rows are numbered within their partition) and an integer label where the plan found
+    every label an integer."""
+
+    offsets: list[int]
+    renumber: bool
+    integer_labels: bool
+
+    def __call__(self, blob: bytes, part: int) -> Row:
+        row = pickle.loads(blob)
+        if self.renumber:
+            row.number += self.offsets[part]
+        if self.integer_labels:
+            row.label = int(row.label)
+        return row
+
+
+@dataclass
 class SparkPlan:
     """The plan, and where each input partition's rows start (in all, and per split)."""
 
@@ -450,21 +473,65 @@ class SparkPlan:
     prepared: Any = None  # job 1's output, cached on the executors for job 2
 
 
+OPEN_COST = "spark.sql.files.openCostInBytes"
+MIN_SPLIT_BYTES = 128 << 10  # job 1 splits an input file no finer than this
+
+
+def byte_size(text: str) -> int:
+    """Bytes of a Spark size setting: ``"4194304"``, ``"4MB"``, ``"128k"``..."""
+    t = text.strip().lower().rstrip("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}.get(t[-1:], 1)
+    return int(t[:-1] if scale > 1 else t or "0") * scale
+
+
+@contextlib.contextmanager
+def small_input_splits(spark: Any) -> Iterator[None]:
+    """Within: Spark splits input files for job 1 into about as many partitions as the
+    cluster has cores, down to :data:`MIN_SPLIT_BYTES` a split, restoring the session's
+    setting after.
+
+    Spark cuts files into splits of ``min(maxPartitionBytes, max(openCostInBytes,
+    (bytes + files * openCostInBytes) / cores))``: with the default 4 MiB
+    ``openCostInBytes`` a file under 4 MiB is one split, so a 20,000-row CSV was one job-1
+    task on one core while the others waited. Lowering ``openCostInBytes`` for the read
+    lets the bytes-per-core term decide (large inputs keep their ``maxPartitionBytes``
+    splits). The splits are fixed when the scan is planned (in ``persist``), so a lost
+    cached partition is re-read from the same byte range after the setting is restored:
+    the same rows in the same order."""
+    try:
+        old = spark.conf.get(OPEN_COST)
+        lower = old is None or byte_size(old) > MIN_SPLIT_BYTES
+    except Exception:  # a session whose conf cannot be read or parsed: leave it as it is
+        old, lower = None, False
+    if lower:
+        spark.conf.set(OPEN_COST, str(MIN_SPLIT_BYTES))
+    try:
+        yield
+    finally:
+        if lower:
+            if old is None:
+                spark.conf.unset(OPEN_COST)
+            else:
+                spark.conf.set(OPEN_COST, old)
+
+
 def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Mapping[str, Any] | None
                   ) -> SparkPlan:
-    """Run job 1 (its output cached on the executors) and build the plan from the
-    partitions' summaries. The caller unpersists ``SparkPlan.prepared``."""
+    """Run job 1 (its output cached on the executors; input files split by
+    :func:`small_input_splits`) and build the plan from the partitions' summaries. The
+    caller unpersists ``SparkPlan.prepared``."""
     spark = src.frame.sparkSession
     spark.sparkContext.setJobDescription("shardfeed convert: read rows, place them in splits, count")
     ship = _shipped(src)
-    prepared = src.frame.mapInArrow(lambda it: _prepare(ship, options, it), PREPARED).persist()
-    try:
-        got = prepared.where("summary is not null").select("summary").collect()
-    except BaseException:
-        prepared.unpersist()
-        raise
+    with small_input_splits(spark):
+        prepared = src.frame.mapInArrow(lambda it: _prepare(ship, options, it), PREPARED).persist()
+        try:
+            got = prepared.where("summary is not null").select("summary").collect()
+            parts = prepared.rdd.getNumPartitions()  # the cached partitions: planned once, in persist
+        except BaseException:
+            prepared.unpersist()
+            raise
     summaries = sorted((pickle.loads(r[0]) for r in got), key=lambda s: s["index"])
-    parts = src.frame.rdd.getNumPartitions()
     if [s["index"] for s in summaries] != list(range(parts)):
         prepared.unpersist()
         raise RuntimeError(f"job 1 did not summarize each of the input's {parts} partitions once: got summaries of "
@@ -507,14 +574,8 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
         # partition's lowest, then theirs), converted here to measure a record
         spark.sparkContext.setJobDescription("shardfeed convert: sample rows to size shards")
         got = prepared.where("sample is not null").orderBy("sample").limit(SAMPLE_ROWS).select("part", "row").collect()
-        sample = []
-        for part, blob in got:
-            row = pickle.loads(blob)
-            if src.numbered_in_partition:
-                row.number += offsets[part]
-            if integer_labels:
-                row.label = int(row.label)
-            sample.append(row)
+        fix = RowFix(offsets, src.numbered_in_partition, integer_labels)
+        sample = [fix(blob, part) for part, blob in got]
         plan.rows_per_shard = size_shards(plan, sample, storage_options)
     plan.shards = shard_layout(per_split, plan.rows_per_shard)
     return SparkPlan(plan, offsets, split_offsets, per_split, integer_labels, prepared)
@@ -534,7 +595,10 @@ def write_tasks(shards: int, cores: int) -> int:
     return max(1, min(shards, WRITE_TASKS_PER_CORE * max(1, cores)))
 
 
-PLACED = "task int, pos int, part int, row binary, wtask int"
+# ``conv``: null where ``row`` is a pickled Row the write task converts; 1 where it is the
+# row's one record, converted on the map side; 2 where it is a pickled (records, reason,
+# row) converted there (a discarded row, or several records)
+PLACED = "task int, pos int, part int, row binary, wtask int, conv byte"
 _CONVERTERS: dict[str, Any] = {}  # per Python worker: one converter per plan
 
 
@@ -546,11 +610,43 @@ def _converter(plan: Plan, storage_options: Mapping[str, Any] | None) -> Any:
     return conv
 
 
-def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, batches: Iterable[Any]) -> Iterator[Any]:
+def converts_early(plan: Plan) -> bool:
+    """Whether job 2 converts rows on its map side (where the input's partitions are),
+    carrying records through the shuffle: for inputs without images, whose records are
+    about the size of their rows. A shard is written by one task, so a table converted
+    there used one core for a split of one shard (20,000 rows at
+    ``num_samples_per_tfrecord=20000``); an image input converts in the write tasks, so
+    images are not carried through the shuffle."""
+    return not plan.has_image and plan.options.model_type != "VIDEO_CLASSIFICATION"
+
+
+def _early(plan: Plan, storage_options: Mapping[str, Any] | None, fix: RowFix, parts: Any, blobs: Any
+           ) -> tuple[Any, Any]:
+    """The ``row`` and ``conv`` columns of rows converted on the map side."""
+    import pyarrow as pa
+
+    converter = _converter(plan, storage_options)
+    out: list[bytes] = []
+    kinds: list[int] = []
+    for part, blob in zip(parts.to_pylist(), blobs.to_pylist()):
+        row = fix(blob, part)
+        records, reason = convert_row(converter, row)
+        if records is not None and len(records) == 1:
+            out.append(records[0])
+            kinds.append(1)
+        else:
+            out.append(pickle.dumps((records, reason, row), protocol=pickle.HIGHEST_PROTOCOL))
+            kinds.append(2)
+    return pa.array(out, pa.binary()), pa.array(kinds, pa.int8())
+
+
+def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, early: tuple | None,
+           batches: Iterable[Any]) -> Iterator[Any]:
     """Job 2's map side, vectorized per Arrow batch: each row's shard task (-1: a shard
     already written, dropped), its position in that shard, from its partition's start
     in its split (``starts[part, split]``) and its position there, and the write task
-    (``group_of[task]``) that writes the shard."""
+    (``group_of[task]``) that writes the shard. With ``early`` (``(plan, storage_options,
+    RowFix)``, see :func:`converts_early`) each kept row is converted here."""
     import numpy as np
     import pyarrow as pa
 
@@ -569,9 +665,14 @@ def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, batches: It
             continue
         idx = pa.array(np.flatnonzero(keep))
         kept = task[keep]
+        parts, rows = b.column(0).take(idx), b.column(3).take(idx)
+        if early is not None:
+            rows, conv = _early(*early, parts, rows)
+        else:
+            conv = pa.nulls(len(kept), pa.int8())
         yield pa.RecordBatch.from_arrays(
-            [pa.array(kept), pa.array((g % per)[keep].astype(np.int32)), b.column(0).take(idx),
-             b.column(3).take(idx), pa.array(group_of[kept])], names=["task", "pos", "part", "row", "wtask"])
+            [pa.array(kept), pa.array((g % per)[keep].astype(np.int32)), parts, rows, pa.array(group_of[kept]), conv],
+            names=["task", "pos", "part", "row", "wtask", "conv"])
 
 
 def _converted(items: Iterable[tuple], converter: Any, threads: int, per: int) -> Iterator[tuple]:
@@ -611,14 +712,15 @@ def _converted(items: Iterable[tuple], converter: Any, threads: int, per: int) -
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: list[int], renumber: bool,
-                  integer_labels: bool, output_dir: str, storage_options: Mapping[str, Any] | None, job: str,
-                  resume: bool, batches: Iterable[Any]) -> Iterator[Any]:
+def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], fix: RowFix, output_dir: str,
+                  storage_options: Mapping[str, Any] | None, job: str, resume: bool,
+                  batches: Iterable[Any]) -> Iterator[Any]:
     """Job 2's reduce side: the rows of one write task's shards (a contiguous run; where
     Spark lacks ``repartitionById``, maybe several runs), in shard order; each shard is
-    converted and committed, or, when an attempt of this job (or with ``resume`` an
-    earlier job of the same plan) committed it already, its state returned as it is.
-    Rows of an image input are converted by ``read_parallel_num`` threads, in order."""
+    converted (unless the map side converted its rows) and committed, or, when an attempt
+    of this job (or with ``resume`` an earlier job of the same plan) committed it already,
+    its state returned as it is. Rows of an image input are converted by
+    ``read_parallel_num`` threads, in order."""
     import pyarrow as pa
 
     def emit(state: dict) -> Any:
@@ -626,12 +728,14 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: 
 
     def staged() -> Iterator[tuple]:
         """("shard", task, shard, expected, done) where a shard's rows start, then
-        ("row", position, row): the row unpickled where its shard is to be written."""
+        ("row", position, row): the row unpickled where its shard is to be written, or
+        ("conv", position, row, (records, reason)) for a row converted on the map side."""
         current = -1
         done: dict | None = None
         for b in batches:
-            for task, p, part, blob in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
-                                           b.column(2).to_pylist(), b.column(3).to_pylist()):
+            for task, p, part, blob, conv in zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
+                                                 b.column(2).to_pylist(), b.column(3).to_pylist(),
+                                                 b.column(5).to_pylist()):
                 if task != current:
                     current = task
                     split, number, count, expected = shards[task]
@@ -640,14 +744,13 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], offsets: 
                     if done is not None and not (resume or done.get("job") == job):
                         done = None
                     yield ("shard", task, shard, expected, done)
-                row = None
-                if done is None:
-                    row = pickle.loads(blob)
-                    if renumber:
-                        row.number += offsets[part]
-                    if integer_labels:
-                        row.label = int(row.label)
-                yield ("row", p, row)
+                if conv is None:
+                    yield ("row", p, fix(blob, part) if done is None else None)
+                elif conv == 1:
+                    yield ("conv", p, None, ([blob], None))
+                else:
+                    records, reason, row = pickle.loads(blob)
+                    yield ("conv", p, row, (records, reason))
 
     sink: ShardSink | None = None
     done: dict | None = None
@@ -744,23 +847,23 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
             starts = np.array([[so[split] for split in SPLITS] for so in sp.split_offsets], np.int64).reshape(-1, 3)
             shipped = dataclasses.replace(plan, shards=[], discards=[])
             job = uuid.uuid4().hex  # attempts of this job's tasks trust each other's commits
-            renumber = src.numbered_in_partition
-            offsets, integer_labels = sp.offsets, sp.integer_labels
+            fix = RowFix(sp.offsets, src.numbered_in_partition, sp.integer_labels)
+            early = (shipped, storage_options, fix) if converts_early(plan) else None
             spark = src.frame.sparkSession
             spark.sparkContext.setJobDescription(f"shardfeed convert: write {len(todo)} shards")
             # shard tasks in contiguous runs, one run per write task (a Spark partition)
             n_write = write_tasks(len(todo), spark.sparkContext.defaultParallelism)
             group_of = (np.arange(len(todo), dtype=np.int64) * n_write // len(todo)).astype(np.int32)
             placed = sp.prepared.where("summary is null").mapInArrow(
-                lambda it: _place(starts, per, task_of, group_of, it), PLACED)
+                lambda it: _place(starts, per, task_of, group_of, early, it), PLACED)
             # one Spark partition per write task, which writes its shards one after another;
             # without repartitionById (Spark < 4.1) a hash of the write task, and a
             # partition may then write several runs
             by_task = (placed.repartitionById(n_write, "wtask") if hasattr(placed, "repartitionById")
                        else placed.repartition(n_write, "wtask"))
             written = by_task.sortWithinPartitions("task", "pos").mapInArrow(
-                lambda it: _write_shards(shipped, specs, offsets, renumber, integer_labels, output_dir,
-                                         storage_options, job, resume, it), "state binary").collect()
+                lambda it: _write_shards(shipped, specs, fix, output_dir, storage_options, job, resume, it),
+                "state binary").collect()
             for r in written:
                 st = json.loads(r[0])
                 states[st["file"]] = st
