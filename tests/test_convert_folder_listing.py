@@ -1,6 +1,6 @@
 """An image folder listed in parts, as Spark's executors list it: the driver lists the top
 level only (:func:`folder_layout`), each part's files are listed apart
-(:func:`folder_files`), and the rows numbered across the parts in order are exactly
+(:func:`folder_part_files`), and the rows numbered across the parts in order are exactly
 :func:`read_image_folder`'s, on a local disk and on S3 (moto on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from shardfeed import storage
 from shardfeed.convert.options import DiscardRecord
-from shardfeed.convert.sources import folder_files, folder_item, folder_layout, read_image_folder
+from shardfeed.convert.sources import folder_item, folder_layout, folder_part_files, read_image_folder
 from shardfeed.storage.urls import mask
 
 # (name, files under the root); "" marks an empty folder
@@ -32,11 +32,7 @@ def in_parts(root, storage_options=None):
     with_split, parts = folder_layout(root, storage_options)
     rows, discards, number = [], [], 0
     for p, is_dir in parts:
-        if is_dir:
-            files = folder_files(root, storage_options, p)
-        else:
-            files = [(p, os.path.join(root, *p) if "://" not in root else root + "/" + "/".join(p))]
-        for rel, uri in files:
+        for rel, uri in folder_part_files(root, p, is_dir, storage_options):
             number += 1
             item = folder_item(number, rel, uri, with_split, mask(root))
             (discards if isinstance(item, DiscardRecord) else rows).append(item)

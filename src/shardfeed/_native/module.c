@@ -130,7 +130,7 @@ static PyObject *py_frame_records(PyObject *self, PyObject *args) {
         uint64_t len = 0;
         for (Py_ssize_t j = 0; j < k; j++) len += (uint64_t)v[j].len;
         for (int b = 0; b < 8; b++) dst[b] = (uint8_t)(len >> (8 * b));
-        uint32_t lc = sf_crc_mask(sf_crc32c_extend(0, dst, 8));
+        uint32_t lc = sf_masked_crc32c(dst, 8);
         for (int b = 0; b < 4; b++) dst[8 + b] = (uint8_t)(lc >> (8 * b));
         dst += 12;
         uint32_t crc = 0;

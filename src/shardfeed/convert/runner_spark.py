@@ -92,9 +92,9 @@ from .sources import (
     RowBuilder,
     _dirname,
     default_schema,
-    folder_files,
     folder_item,
     folder_layout,
+    folder_part_files,
     parquet_parts,
     table_format,
 )
@@ -248,17 +248,10 @@ class SparkSource:
 
     def _folder_rows(self, batches: Iterable[Any]) -> Iterator[Row | DiscardRecord]:
         root = self.base or ""
-        parsed = parse_url(root)
         i = 0
         for batch in batches:
             for entry in batch.to_pylist():
-                parts = tuple(entry["parts"])
-                if entry["folder"]:
-                    files = folder_files(root, self.storage_options, parts)
-                else:
-                    uri = os.path.join(parsed.path, *parts) if parsed.is_local else root + "/" + "/".join(parts)
-                    files = [(parts, uri)]
-                for rel, uri in files:
+                for rel, uri in folder_part_files(root, tuple(entry["parts"]), entry["folder"], self.storage_options):
                     i += 1
                     yield folder_item(i, rel, uri, self.with_split, self.origin)
 

@@ -349,6 +349,17 @@ def folder_entries(root: str, storage_options: Mapping[str, Any] | None = None, 
     return sorted(set(found))  # an object store may give a prefix twice (a folder and a listing of it)
 
 
+def folder_part_files(root: str, parts: tuple[str, ...], is_dir: bool,
+                      storage_options: Mapping[str, Any] | None = None) -> list[tuple[tuple[str, ...], str]]:
+    """The files of one of :func:`folder_layout`'s parts, as :func:`folder_files` gives them:
+    a folder's files, or the part itself when it is a file."""
+    if is_dir:
+        return folder_files(root, storage_options, parts)
+    root = root.rstrip("/")
+    parsed = parse_url(root)
+    return [(parts, os.path.join(parsed.path, *parts) if parsed.is_local else root + "/" + "/".join(parts))]
+
+
 def _has_file(root: str, under: tuple[str, ...], storage_options: Mapping[str, Any] | None) -> bool:
     """Whether :func:`folder_files` finds anything under ``root/under`` (stops at the first file)."""
     parsed = parse_url(root.rstrip("/"))

@@ -130,11 +130,10 @@ def pass_closed() -> None:
     if _ext is None:
         return
     idle = _idle_or_default()
-    trim = getattr(_ext, "pool_trim", None)
-    if idle == 0 or trim is None:  # (an older build of the core: the old rule, nothing kept)
+    if idle == 0:
         _ext.pool_clear()
         return
-    wait, in_use = trim(idle)
+    wait, in_use = _ext.pool_trim(idle)
     if (wait < 0 and in_use == 0) or math.isinf(idle):
         return  # nothing held or to come back, or kept until asked
     global _keeper

@@ -141,16 +141,12 @@ def read_bytes(
     storage_options: Mapping[str, Any] | None = None,
 ) -> bytes:
     """Bytes ``[start, end)`` of ``url`` (all of it by default); fewer at the end of the file."""
-    if type(url) is str and url and "://" not in url:
-        local: str | None = url  # a plain path, as parse_url has it (a converter reads one per row)
-    else:
-        parsed = parse_url(url)
-        local = parsed.path if parsed.is_local else None
-    if local is not None:
+    parsed = parse_url(url)
+    if parsed.is_local:
         try:
             if not start and end is None:
-                return _read_whole_file(local)
-            with open(local, "rb") as f:
+                return _read_whole_file(parsed.path)
+            with open(parsed.path, "rb") as f:
                 if start:
                     f.seek(start)
                 return f.read() if end is None else f.read(max(0, end - (start or 0)))
