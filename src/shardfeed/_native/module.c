@@ -10,7 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#ifndef _WIN32
 #include <unistd.h>
+#endif
 
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
 #include <numpy/arrayobject.h>
@@ -1114,7 +1116,12 @@ static int arena_reserve(arena *a, size_t more) {
 /* the whole regular file at path appended to the arena; -1 when it cannot be (no file, not a
  * regular file, a read error, out of memory: the general path then says why) */
 static int read_file_into(const char *path, arena *a, size_t *off, size_t *n) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block here */
+#ifdef _WIN32
+    (void)path, (void)a, (void)off, (void)n;
+    return -1; /* the general path reads every file */
+#else
+    /* O_NONBLOCK: a FIFO must not block here; O_NOCTTY: a terminal must not become ours */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 0) {
@@ -1143,6 +1150,7 @@ static int read_file_into(const char *path, arena *a, size_t *off, size_t *n) {
     *off = start;
     *n = got;
     return 0;
+#endif
 }
 
 static PyObject *py_image_rows(PyObject *self, PyObject *args) {
