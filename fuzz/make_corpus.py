@@ -1,4 +1,4 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck}/),
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck,imgrows}/),
 deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
@@ -225,6 +225,27 @@ def main() -> None:
     for name, data in imgcheck_seeds().items():
         with open(os.path.join(ic_dir, name), "wb") as f:
             f.write(data)
+    ir_dir = os.path.join(HERE, "corpus", "imgrows")
+    os.makedirs(ir_dir, exist_ok=True)
+    for name, data in imgrows_seeds().items():
+        with open(os.path.join(ir_dir, name), "wb") as f:
+            f.write(data)
+
+
+def imgrows_seeds() -> dict[str, bytes]:
+    """name -> inputs of fuzz_imgrows.c: the options byte, the path's and the label text's
+    lengths, the path, the text, then one of the imgcheck seeds (JPEG wanted, no limits; PNG
+    wanted; a 64-pixel size limit; a 4,096-pixel limit; a 130-byte path and a 200-byte text)."""
+    out = {}
+    path, text = b"/data/imgs/cats/0001.jpg", b"cats"
+    long_path, long_text = b"/p" * 65, "\u00e9".encode() * 100
+    for name, data in imgcheck_seeds().items():
+        stem = name.rsplit(".", 1)[0] + ("-png" if name.endswith(".png") else "-jpg")
+        for tag, opt, p, tx in (("plain", 3 << 3, path, text), ("want-png", 1 | 3 << 3, path, text),
+                                ("size64", 2 << 1 | 3 << 3, path, text), ("pixels4096", 2 << 3, path, text),
+                                ("long", 3 << 3, long_path, long_text)):
+            out[f"{stem}-{tag}"] = bytes([opt, len(p), len(tx)]) + p + tx + data
+    return out
 
 
 if __name__ == "__main__":

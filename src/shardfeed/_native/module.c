@@ -5,7 +5,14 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#ifndef _WIN32
+#include <unistd.h>
+#endif
 
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
 #include <numpy/arrayobject.h>
@@ -16,6 +23,7 @@
 #include "example_parse.h"
 #include "frames.h"
 #include "imgcheck.h"
+#include "imgrows.h"
 #include "packbytes.h"
 #include "resample.h"
 
@@ -1065,6 +1073,204 @@ static PyObject *py_image_check(PyObject *self, PyObject *arg) {
                          (Py_ssize_t)info.error_offset);
 }
 
+/* ------------------------------------------------------------------ image-folder rows */
+
+/* image_rows(paths, tails, max_sizes, want, max_pixels) -> (frames, results): the rows of a
+ * chunk of an image-folder conversion read, judged and framed here (imgrows.h), the GIL
+ * released for the files and the framing. paths[i]: the local path of row i (str; its UTF-8 is
+ * also the record's image/source_id), or None for a row the general path converts; tails[i]:
+ * bytes, the row's label entries; max_sizes[i]: int, 0 for no limit; want: 1 JPEG, 2 PNG.
+ * frames: a pooled uint8 array, the frames of the kept rows in row order; results[i]: the
+ * record's length (kept), a discard reason (str), or None (the general path decides: not
+ * judged here, or a file that could not be read here). */
+typedef struct {
+    const char *path;
+    const uint8_t *tail;
+    size_t tail_n, path_n, off, n;
+    int64_t max_size;
+    int status;
+    int read_ok;
+    sf_imginfo info;
+    const char *err;
+} imgrow;
+
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+} arena;
+
+static int arena_reserve(arena *a, size_t more) {
+    if (a->cap - a->len >= more) return 0;
+    size_t cap = a->cap ? a->cap : ((size_t)1 << 20);
+    while (cap - a->len < more) {
+        if (cap > SIZE_MAX / 2) return -1;
+        cap *= 2;
+    }
+    uint8_t *p = realloc(a->p, cap);
+    if (p == NULL) return -1;
+    a->p = p;
+    a->cap = cap;
+    return 0;
+}
+
+/* the whole regular file at path appended to the arena; -1 when it cannot be (no file, not a
+ * regular file, a read error, out of memory: the general path then says why) */
+static int read_file_into(const char *path, arena *a, size_t *off, size_t *n) {
+#ifdef _WIN32
+    (void)path, (void)a, (void)off, (void)n;
+    return -1; /* the general path reads every file */
+#else
+    /* O_NONBLOCK: a FIFO must not block here; O_NOCTTY: a terminal must not become ours */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size < 0) {
+        close(fd);
+        return -1;
+    }
+    size_t start = a->len, got = 0, want = (size_t)st.st_size + 1; /* +1: see the end at once */
+    for (;;) {
+        if (arena_reserve(a, got + want) < 0) {
+            close(fd);
+            a->len = start;
+            return -1;
+        }
+        ssize_t r = read(fd, a->p + start + got, a->cap - start - got);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            close(fd);
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+        want = 1 << 16; /* a file that grew */
+    }
+    close(fd);
+    a->len = start + got;
+    *off = start;
+    *n = got;
+    return 0;
+#endif
+}
+
+static PyObject *py_image_rows(PyObject *self, PyObject *args) {
+    PyObject *paths, *tails, *sizes;
+    int want;
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "O!O!O!iL:image_rows", &PyList_Type, &paths, &PyList_Type, &tails, &PyList_Type,
+                          &sizes, &want, &max_pixels))
+        return NULL;
+    Py_ssize_t nrow = PyList_GET_SIZE(paths);
+    if (PyList_GET_SIZE(tails) != nrow || PyList_GET_SIZE(sizes) != nrow) {
+        PyErr_SetString(PyExc_ValueError, "image_rows: paths, tails and max_sizes must have the same length");
+        return NULL;
+    }
+    if (want != SF_IMG_JPEG && want != SF_IMG_PNG) {
+        PyErr_Format(PyExc_ValueError, "image_rows: want must be 1 (JPEG) or 2 (PNG), got %d", want);
+        return NULL;
+    }
+    /* our own references: the lists may change while the GIL is released */
+    PyObject *held = PyTuple_New(2 * nrow);
+    imgrow *rows = PyMem_Calloc(nrow ? (size_t)nrow : 1, sizeof(imgrow));
+    if (held == NULL || rows == NULL) {
+        Py_XDECREF(held);
+        PyMem_Free(rows);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < nrow; i++) {
+        PyObject *p = PyList_GET_ITEM(paths, i), *t = PyList_GET_ITEM(tails, i), *m = PyList_GET_ITEM(sizes, i);
+        imgrow *r = &rows[i];
+        Py_INCREF(p);
+        Py_INCREF(t);
+        PyTuple_SET_ITEM(held, 2 * i, p);
+        PyTuple_SET_ITEM(held, 2 * i + 1, t);
+        if (!PyBytes_Check(t) || !PyLong_Check(m) || (p != Py_None && !PyUnicode_Check(p))) {
+            PyErr_Format(PyExc_TypeError, "image_rows: row %zd: want a str or None path, bytes tail and int max_size", i);
+            goto fail;
+        }
+        r->max_size = PyLong_AsLongLong(m);
+        if (r->max_size == -1 && PyErr_Occurred()) goto fail;
+        r->tail = (const uint8_t *)PyBytes_AS_STRING(t);
+        r->tail_n = (size_t)PyBytes_GET_SIZE(t);
+        r->status = SF_ROW_PYTHON;
+        if (p == Py_None) continue;
+        Py_ssize_t len;
+        const char *u = PyUnicode_AsUTF8AndSize(p, &len);
+        if (u == NULL) { /* not encodable (a surrogate-escaped name): the general path says so */
+            PyErr_Clear();
+            continue;
+        }
+        if (len == 0 || strlen(u) != (size_t)len) continue; /* empty, or an embedded NUL */
+        r->path = u;
+        r->path_n = (size_t)len;
+    }
+    arena a = {NULL, 0, 0};
+    size_t total = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nrow; i++) {
+        imgrow *r = &rows[i];
+        if (r->path == NULL) continue;
+        r->read_ok = read_file_into(r->path, &a, &r->off, &r->n) == 0;
+    }
+    for (Py_ssize_t i = 0; i < nrow; i++) {
+        imgrow *r = &rows[i];
+        if (!r->read_ok) continue;
+        r->status = sf_imgrow_judge(a.p + r->off, r->n, want, r->max_size, max_pixels, &r->info, &r->err);
+        if (r->status == SF_ROW_KEPT)
+            total += sf_imgrow_record_size(r->n, r->info.width, r->info.height, r->path_n, r->tail_n, want) + 16;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *results = PyList_New(nrow);
+    PyObject *out = results != NULL ? sf_pool_array(total) : NULL;
+    if (out == NULL) goto fail_arena;
+    for (Py_ssize_t i = 0; i < nrow; i++) {
+        imgrow *r = &rows[i];
+        PyObject *v;
+        switch (r->status) {
+        case SF_ROW_KEPT:
+            v = PyLong_FromSize_t(sf_imgrow_record_size(r->n, r->info.width, r->info.height, r->path_n, r->tail_n, want));
+            break;
+        case SF_ROW_EMPTY:
+            v = PyUnicode_FromString("empty file (0 bytes)");
+            break;
+        case SF_ROW_CORRUPT:
+            v = PyUnicode_FromFormat("corrupt image: %s (at byte %zu)", r->err, r->info.error_offset);
+            break;
+        case SF_ROW_BOMB:
+            v = PyUnicode_FromFormat("decompression bomb: %lux%lu = %llu pixels exceeds max_image_pixels=%lld",
+                                     (unsigned long)r->info.width, (unsigned long)r->info.height,
+                                     (unsigned long long)r->info.width * r->info.height, max_pixels);
+            break;
+        default:
+            v = Py_None;
+            Py_INCREF(v);
+        }
+        if (v == NULL) goto fail_arena;
+        PyList_SET_ITEM(results, i, v);
+    }
+    uint8_t *dst = (uint8_t *)PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < nrow; i++) {
+        imgrow *r = &rows[i];
+        if (r->status == SF_ROW_KEPT)
+            dst = sf_imgrow_frame(dst, a.p + r->off, r->n, r->info.width, r->info.height, (const uint8_t *)r->path,
+                                  r->path_n, r->tail, r->tail_n, want);
+    }
+    Py_END_ALLOW_THREADS
+    free(a.p);
+    PyMem_Free(rows);
+    Py_DECREF(held);
+    return Py_BuildValue("(NN)", out, results);
+fail_arena:
+    free(a.p);
+    Py_XDECREF(results);
+    Py_XDECREF(out);
+fail:
+    PyMem_Free(rows);
+    Py_DECREF(held);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, value=0) -> int: CRC-32C of data, continuing from value."},
     {"masked_crc32c", py_masked_crc32c, METH_O, "masked_crc32c(data) -> int: TFRecord's masked CRC-32C."},
@@ -1099,6 +1305,9 @@ static PyMethodDef methods[] = {
     {"image_check", py_image_check, METH_O,
      "image_check(data) -> (format, width, height, components, color_type, bit_depth, orientation, flags, error, "
      "error_offset): the structural check of a JPEG or PNG file (imgcheck.h)"},
+    {"image_rows", py_image_rows, METH_VARARGS,
+     "image_rows(paths, tails, max_sizes, want, max_pixels) -> (frames, results): image-folder rows read, judged "
+     "and framed (imgrows.h)"},
     {"resample", py_resample, METH_VARARGS,
      "resample(src, sh, sw, sc, dst, th, tw, dc, scaled_h, scaled_w, top, left, filter) -> None: Pillow's resize"},
     {"resample_backend", py_resample_backend, METH_NOARGS,

@@ -139,7 +139,9 @@ class TableConverter:
                 texts.append(target)
         return [lm.label(t) for t in texts], texts
 
-    def convert(self, row: Row, split: str) -> dict[str, Any]:
+    def label_features(self, row: Row) -> dict[str, Any]:
+        """The label features of ``row`` (``image/class/label``, ``image/class/text``), in the
+        order :meth:`convert` puts them after the image's; raises :class:`Discard`."""
         feats: dict[str, Any] = {}
         if self.label_type is not None:
             ids, texts = self.labels(row)
@@ -151,6 +153,10 @@ class TableConverter:
                 feats["image/class/label"] = ids[0]
                 if self.label_type == "string label":
                     feats["image/class/text"] = texts[0]
+        return feats
+
+    def convert(self, row: Row, split: str) -> dict[str, Any]:
+        feats = self.label_features(row)
         if self.has_image:
             feats = {**image_features(self.ctx.image(row, split), row), **feats}
         if self.ctx.schema is not None:

@@ -26,6 +26,7 @@ from ..formats.example import encode_example, example_pieces
 from ..formats.native import frame_records
 from ..formats.spec import FixedLen, VarLen
 from ..formats.tfrecord import TFRecordWriter
+from .native_rows import native_image_rows
 from .options import Discard, DiscardRecord, Row
 from .plan import RUNTIME_OPTIONS, Plan, Shard
 
@@ -90,10 +91,29 @@ class FramedRows:
 def convert_rows(converter: Any, rows: list[Row]) -> FramedRows:
     """:func:`convert_row` of each row, the records framed as the shard file holds them
     (each byte of a record copied once, checksummed in the same pass, GIL released), so
-    that the thread writing the shard only appends one buffer."""
-    pieces: list[list[bytes]] = []
+    that the thread writing the shard only appends one buffer. Image-folder rows of the
+    common case are read, checked, encoded and framed in C (:mod:`.native_rows`; the same
+    bytes), the others here."""
+    native = native_image_rows(converter)
+    done = native.convert(rows) if native is not None else None
+    if done is not None:
+        frames, results = done
+        if None not in results:  # every row judged in C: kept (its record's length) or discarded
+            return FramedRows(frames, [([r], None) if type(r) is int else (None, r) for r in results])
+    pieces: list[Any] = []
     out: list[tuple[list[int] | None, str | None]] = []
-    for row in rows:
+    view, at = (memoryview(frames), 0) if done is not None else (None, 0)
+    for i, row in enumerate(rows):
+        if done is not None:
+            r = results[i]
+            if type(r) is int:  # framed in C: its record joins the others framed once more
+                pieces.append(view[at + 12:at + 12 + r])
+                at += r + 16
+                out.append(([r], None))
+                continue
+            if r is not None:
+                out.append((None, r))
+                continue
         records, reason = _convert(converter, row, example_pieces)
         if records is None:
             out.append((None, reason))

@@ -61,7 +61,7 @@ __all__ = [
     "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c",
     "parse_example_batch",
     "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
-    "validate_sequence_example", "image_check", "ImageHeader",
+    "validate_sequence_example", "image_check", "ImageHeader", "image_rows",
     "FRAME_CHECKS",
 ]
 
@@ -621,3 +621,16 @@ def image_check(data: Any) -> ImageHeader | None:
     fmt, w, h, comps, ct, depth, orient, flags, err, off = _ext.image_check(data)
     return ImageHeader(_IMG_FORMATS.get(fmt, ""), w, h, comps, ct, depth, orient, bool(flags & 0x02),
                        bool(flags & 0x04), err, off)
+
+
+def image_rows(paths: list, tails: list, max_sizes: list, want: str, max_pixels: int) -> tuple[Any, list] | None:
+    """Rows of an image-folder conversion read, judged and framed by the native core, the
+    GIL released (``_native/imgrows.h``): ``paths[i]`` the local file of row ``i`` (also its
+    ``image/source_id``) or ``None``, ``tails[i]`` the encoded map entries of its label
+    features, ``max_sizes[i]`` the longest side it may have as it is (0: no limit), ``want``
+    ``"jpeg"`` or ``"png"``. Gives ``(frames, results)``: the TFRecord frames of the kept rows
+    in row order (a pooled uint8 array), and per row the record's length, a discard reason,
+    or ``None`` for a row the general path must convert. ``None`` when the core is not built."""
+    if _ext is None or not hasattr(_ext, "image_rows"):
+        return None
+    return _ext.image_rows(paths, tails, max_sizes, 2 if want == "png" else 1, max_pixels)
