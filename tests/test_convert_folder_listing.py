@@ -99,3 +99,34 @@ def test_a_folder_on_s3_listed_in_parts_gives_the_rows_listed_whole(s3_bucket, l
     assert got_discards == discards
     assert all(len(p) <= 2 for p, _ in parts)
 
+
+
+@pytest.mark.skipif(os.name != "posix" or os.uname().sysname == "Darwin",
+                    reason="needs a file system that takes any bytes as a name")
+def test_a_file_or_label_folder_whose_name_is_not_utf8_is_discarded_with_its_path(tmp_path):
+    import io
+
+    from PIL import Image
+
+    import shardfeed as sf
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, "JPEG")
+    root = tmp_path / "in"
+    for rel in (b"cat/1.jpg", b"cat/bad\xff\xfe.jpg", b"dog/2.jpg", b"d\xe9j\xe0/3.jpg", b"caf\xc3\xa9/4.jpg"):
+        path = os.fsencode(root) + b"/" + rel
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(buf.getvalue())
+    rows, discards, _ = read_image_folder(str(root))
+    assert sorted(r.label for r in rows) == ["caf\u00e9", "cat", "dog"]  # a UTF-8 name is kept as it is
+    assert sorted((d.source.rsplit("/", 2)[-2:], d.reason) for d in discards) == [
+        (["cat", "bad\\xff\\xfe.jpg"], f"path is not valid UTF-8 (at byte {len(str(root)) + 8})"),
+        (["d\\xe9j\\xe0", "3.jpg"], f"path is not valid UTF-8 (at byte {len(str(root)) + 2})"),
+    ]
+    assert in_parts(str(root))[1] == discards  # the Spark runner's listing says the same
+    out = tmp_path / "out"
+    result = sf.convert(str(root), str(out), progress=False)
+    assert (result.rows_read, result.records_written, result.rows_discarded) == (5, 3, 2)
+    report = (out / "data-discards.csv").read_text(encoding="utf-8")
+    assert "bad\\xff\\xfe.jpg,path is not valid UTF-8" in report

@@ -401,7 +401,15 @@ def folder_layout(root: str, storage_options: Mapping[str, Any] | None = None
 
 def folder_item(number: int, parts: tuple[str, ...], uri: str, with_split: bool, origin: str) -> Row | DiscardRecord:
     """The row of a file at ``parts`` under an image folder, or its discard when it is not
-    in the folder's layout."""
+    in the folder's layout, or when its path is not valid UTF-8 (a POSIX name Python holds
+    with surrogate escapes: no record, manifest or report could hold it as text)."""
+    if not uri.isascii():
+        try:
+            uri.encode()
+        except UnicodeEncodeError as exc:
+            shown = uri.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            at = len(uri[:exc.start].encode())
+            return DiscardRecord(number, shown, f"path is not valid UTF-8 (at byte {at})")
     if len(parts) != (3 if with_split else 2):
         layout = "split/label/file" if with_split else "label/file"
         return DiscardRecord(number, uri, f"not in the {layout} layout")
