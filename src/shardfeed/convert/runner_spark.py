@@ -40,8 +40,14 @@ Inputs executors read themselves: a ``pyspark.sql.DataFrame``, Parquet, JSON lin
 CSV files or folders (through ``spark.read``), and an image folder, of which the driver
 lists only the top level (and the split folders' entries): each job 1 task lists its label
 folders (:func:`~shardfeed.convert.sources.folder_layout`). A PAI annotation CSV and an
-iTAG manifest are parsed on the driver (small rows: a path and a label) and their rows
-handed to the executors.
+iTAG manifest are read in byte ranges planned from the file's size
+(:func:`annotation_source`): each job 1 task parses the records that start in its range
+with the local runner's parser (:class:`~shardfeed.convert.annotations.AnnotationSpan`)
+and numbers them within its partition, as a table's. A quoted CSV cell holding a line
+break across a range's start is detected after job 1 (a range's records end past the next
+range's first line) and job 1 runs again with the file in one task
+(:meth:`SparkSource.check_partitions`). Only a pandas DataFrame's rows are built on the
+driver and shipped (:func:`rows_source`).
 
 Where Spark recomputes lost cached blocks the input must read the same rows in the same
 order again (files do; a DataFrame built with a non-deterministic step, such as
@@ -104,7 +110,7 @@ from .writer import ShardSink, convert_row, finished_state, join
 logger = logging.getLogger(__name__)
 
 CORRUPT = "_shardfeed_corrupt_record"
-ROWS_PER_SLICE = 10_000  # rows the driver read itself (annotation file, pandas DataFrame) per Spark partition
+ROWS_PER_SLICE = 10_000  # rows the driver read itself (a pandas DataFrame) per Spark partition
 FOLDERS_PER_SLICE = 8  # an image folder's label folders per Spark partition of job 1
 
 
@@ -424,8 +430,8 @@ def open_source(spark: Any, source: Any, schema: Schema | None, storage_options:
 
 def rows_source(spark: Any, rows: list[Row], discards: list[DiscardRecord], schema: Schema | None,
                 description: str, annotated: bool = False, detect_integer_labels: bool = False) -> SparkSource:
-    """Rows the driver read (an image folder's files, an annotation file's records), in
-    slices of ``ROWS_PER_SLICE`` for the executors."""
+    """Rows the driver read (a pandas DataFrame's), in slices of ``ROWS_PER_SLICE`` for the
+    executors."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     sc = spark.sparkContext
@@ -966,5 +972,5 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
     return plan, states
 
 
-__all__ = ["SparkSource", "executor_pythonpath", "is_spark_dataframe", "open_source", "plan_on_spark",
-           "rows_source", "run_spark", "spark_session"]
+__all__ = ["SparkSource", "annotation_source", "executor_pythonpath", "is_spark_dataframe", "open_source",
+           "plan_on_spark", "rows_source", "run_spark", "spark_session"]
