@@ -106,16 +106,18 @@ class LineReader:
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """``(offset, line with its terminator)`` from :attr:`first` to the end of the file."""
         while True:
-            at = self._pos
-            if at - self._base >= len(self._buf) and not self._more():
+            # bytes.splitlines breaks at \n, \r\n and \r only; the last piece may be cut
+            # (no terminator yet, or a \r whose \n is in the next bytes) until the end of the file
+            parts = self._buf[self._pos - self._base:].splitlines(keepends=True)
+            if not self._eof and parts:
+                parts.pop()
+            for line in parts:
+                at = self._pos
+                self._pos = at + len(line)
+                yield at, line
+            if self._eof:
                 return
-            eol = self._eol(at)
-            end = self._base + len(self._buf) if eol is None else eol[1]
-            if end <= at:
-                return
-            line = self._buf[at - self._base:end - self._base]
-            self._pos = end
-            yield at, line
+            self._more()
 
     @property
     def position(self) -> int:
