@@ -289,8 +289,9 @@ def annotation_format(url: str, storage_options: Mapping[str, Any] | None = None
 class AnnotationSpan:
     """The rows of the annotation records that start in bytes ``[start, end)`` of a PAI
     annotation CSV (``fmt="csv"``) or an iTAG manifest (``fmt="itag"``), numbered from
-    ``first_number``, with the local runner's parser: the whole file (the default) is what
-    :func:`read_annotation_csv` / :func:`read_itag_manifest` read, and the ranges of a file
+    ``first_number`` and named ``origin`` (default: the masked URL), with the local
+    runner's parser: the whole file (the default) is what :func:`read_annotation_csv` /
+    :func:`read_itag_manifest` read, and the ranges of a file
     (:func:`~shardfeed.convert.textspans.plan_ranges`) read one after another give the same
     rows and discards, numbered the same when each range starts where the ones before it
     stopped numbering (:attr:`numbers`).
@@ -309,13 +310,13 @@ class AnnotationSpan:
     """
 
     def __init__(self, url: str, model_type: str, fmt: str, start: int = 0, end: int | None = None,
-                 storage_options: Mapping[str, Any] | None = None, first_number: int = 1):
+                 storage_options: Mapping[str, Any] | None = None, first_number: int = 1, origin: str | None = None):
         if fmt not in ("csv", "itag"):
             raise ValueError(f"fmt must be 'csv' or 'itag', got {fmt!r}")
         self.url, self.model_type, self.fmt = url, model_type, fmt
         self.start, self.end, self.storage_options = start, end, storage_options
         self.first_number = first_number
-        self.origin, self.base = mask(url), _dirname(url)
+        self.origin, self.base = origin or mask(url), _dirname(url)
         self.numbers = 0
         self.first = self.stop = start
 

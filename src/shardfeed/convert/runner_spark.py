@@ -283,7 +283,7 @@ class SparkSource:
         for batch in batches:
             for entry in batch.to_pylist():
                 span = AnnotationSpan(self.base, self.model_type, self.annotation_format, entry["start"],
-                                      entry["end"], self.storage_options, first_number=n + 1)
+                                      entry["end"], self.storage_options, first_number=n + 1, origin=self.origin)
                 try:
                     yield from span
                 except ValueError as exc:
