@@ -159,7 +159,7 @@ def child(args) -> int:
 
     spark = spark_session(args.master)
     url = args.child_input
-    opts = ConvertOptions(model_type="DETECTION", test_ratio=0.1, progress=False)
+    opts = ConvertOptions(model_type="DETECTION", test_ratio=0.1)
     base = _vmhwm_kib()
     t = time.perf_counter()
     if args.child == "rows":
@@ -187,8 +187,10 @@ def spark_bench(args) -> dict:
         for mode in ("rows", "ranges"):
             cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, "--child-input",
                    make_files(args.dir, n)[0], "--master", args.master]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            r = json.loads(out.strip().splitlines()[-1])
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+            r = json.loads(done.stdout.strip().splitlines()[-1])
             results.append(r)
             print(f"{n:>9,} records, {mode:<6}: job 1 {r['seconds']:6.1f} s, {r['partitions']:>3} partitions, "
                   f"driver peak RSS {r['driver_peak_kib'] / 1024:7.1f} MiB")

@@ -240,3 +240,24 @@ def test_ranges_of_a_file_on_s3_give_the_local_parsers_rows(tmp_path, s3_bucket)
         assert rows[0].image_uri.startswith(f"s3://{bucket}/") and rows[0].origin == url
         for range_bytes in (13, 97, 500, len(data)):
             assert read_in_ranges(url, fmt, range_bytes, len(data), storage_options=so) == (rows, discards, None)
+
+
+def test_line_reader_gives_the_lines_splitlines_gives_from_any_start_with_any_fetch_size(tmp_path):
+    """Reads of 1, 2, 3 or 7 bytes at a time (a \\r at the end of one read, its \\n in the next)
+    and every start: the lines of ``bytes.splitlines`` that start at or after it."""
+    import random
+
+    rnd = random.Random(5)
+    data = bytes(rnd.choice(b"ab\r\n\xc3\xa4") for _ in range(120)) + b"\r"
+    path = tmp_path / "lines"
+    path.write_bytes(data)
+    whole, at = [], 0
+    for line in data.splitlines(keepends=True):
+        whole.append((at, line))
+        at += len(line)
+    for start in range(len(data) + 2):
+        want = [(o, ln) for o, ln in whole if o >= start]
+        for read_bytes in (1, 2, 3, 7):
+            reader = LineReader(str(path), start, read_bytes=read_bytes)
+            assert reader.first == (want[0][0] if want else len(data)), (start, read_bytes)
+            assert list(reader.lines()) == want, (start, read_bytes)
