@@ -376,7 +376,8 @@ class AnnotationSpan:
                     break
                 number += 1
                 self.numbers += 1
-                text = self._text(offset, strip_eol(line), "replace")
+                text = (self._text(offset, strip_eol(line), "replace") if offset == 0
+                        else strip_eol(line).decode("utf-8", "replace"))
                 if text.strip():
                     yield _itag_item(number, text, self.model_type, self.origin, self.base)
             else:

@@ -38,10 +38,9 @@ def plan_ranges(size: int, range_bytes: int) -> list[tuple[int, int]]:
 
 
 def strip_eol(line: bytes) -> bytes:
-    """``line`` without its terminator."""
-    if line.endswith(b"\n"):
-        return line[:-2] if line.endswith(b"\r\n") else line[:-1]
-    return line[:-1] if line.endswith(b"\r") else line
+    """``line`` (as :class:`LineReader` gives it) without its terminator: a line holds no
+    ``\r`` or ``\n`` but its one terminator, so stripping both strips just that."""
+    return line.rstrip(b"\r\n")
 
 
 class LineReader:
