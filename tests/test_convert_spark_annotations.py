@@ -105,3 +105,23 @@ def test_an_annotation_csv_and_an_itag_manifest_are_parsed_by_the_executors_in_b
     with pytest.raises(ValueError, match=rf"latin\.csv: not UTF-8 text \(byte offset {offset}\)"):
         sc.convert_annotations(str(latin), str(tmp_path / "spark_latin"), model_type="DETECTION", runner="spark",
                                **OPTS)
+
+
+def test_an_annotation_csv_on_s3_is_read_by_the_executors_in_byte_ranges(spark, tmp_path, monkeypatch, s3_bucket):
+    import boto3
+
+    monkeypatch.setattr(runner_spark, "ANNOTATION_MIN_RANGE", 200)
+    monkeypatch.setattr(runner_spark, "ANNOTATION_MAX_RANGE", 200)
+    bucket, so = s3_bucket
+    imgs = [jpeg(tmp_path / f"{i}.jpg", w=50 + 10 * i, h=40) for i in range(4)]
+    body = "id,raw,answer\r\n" + "".join(pai_line(i, imgs[i % 4], box(f"c{i % 2}")) + "\n" for i in range(9))
+    body += "9,{},[]\n"
+    assert len(body.encode()) > 8 * 200  # read in more than 8 ranges
+    boto3.client("s3", endpoint_url=so["endpoint_url"]).put_object(Bucket=bucket, Key="ann.csv", Body=body.encode())
+    url = f"s3://{bucket}/ann.csv"
+    want = sc.convert_annotations(url, str(tmp_path / "local"), model_type="DETECTION", storage_options=so, **OPTS)
+    driver_never_parses(monkeypatch)
+    got = sc.convert_annotations(url, str(tmp_path / "spark"), model_type="DETECTION", runner="spark",
+                                 storage_options=so, **OPTS)
+    assert (got.rows_read, got.rows_discarded) == (want.rows_read, want.rows_discarded) == (10, 1)
+    same_output(str(tmp_path / "local"), str(tmp_path / "spark"))
