@@ -20,15 +20,15 @@ reported with its row number and the reason and left out; the job goes on.
 from __future__ import annotations
 
 import csv
-import io
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import storage
 from ..storage.urls import mask
 from .options import Discard, DiscardRecord, Row
 from .sources import _dirname, resolve_uri
+from .textspans import BOM, READ_BYTES, LineReader, strip_eol
 
 _CLASS_KEYS = ("class*", "class", "单选", "label", "类别", "category")
 _TEXT_KEYS = ("text", "OCR识别结果", "ocr", "文本")
@@ -142,43 +142,45 @@ def parse_answer(model_type: str, answer: Any) -> dict[str, Any]:
     raise ValueError(f"no annotation parser for model_type {model_type}")
 
 
+def _csv_item(number: int, cells: list[str], model_type: str, origin: str, base: str) -> Row | DiscardRecord:
+    """The row of one data record of a PAI annotation CSV, or its discard."""
+    image = None
+    try:
+        if len(cells) != 3:
+            raise Discard(f"expected 3 cells (id, raw data JSON, answer JSON), found {len(cells)}")
+        raw = _json(cells[1], "raw data")
+        if not isinstance(raw, dict) or not isinstance(raw.get("url"), str) or not raw["url"].strip():
+            raise Discard("raw data must be a JSON object with a 'url'")
+        image = resolve_uri(raw["url"], base)
+        ann = parse_answer(model_type, cells[2])
+        if model_type == "SEGMENTATION":
+            ann["mask_url"] = resolve_uri(ann["mask_url"], base)
+        if model_type == "SELF_DEFINED":
+            ann["raw"] = raw
+        return Row(number, origin, image, None, None, {"id": cells[0].strip()}, ann)
+    except Discard as d:
+        return DiscardRecord(number, image or f"{origin}#{number}", str(d))
+
+
+def _is_data(cells: list[str]) -> bool:
+    """Whether a CSV record is data: not blank, not a ``#`` comment."""
+    return bool(cells) and any(c.strip() for c in cells) and not cells[0].lstrip().startswith("#")
+
+
+def _is_header(cells: list[str]) -> bool:
+    """Whether the file's first data record is a header (its second cell is not JSON)."""
+    return len(cells) >= 2 and not cells[1].lstrip().startswith(("{", "["))
+
+
 def read_annotation_csv(url: str, model_type: str, storage_options: Mapping[str, Any] | None = None
                         ) -> tuple[list[Row], list[DiscardRecord]]:
     """Rows of a PAI annotation CSV: ``id, raw JSON with url, answer JSON`` per record.
 
     Lines starting with ``#`` and a header row (a second cell that is not JSON) are
-    skipped; row numbers count data records from 1.
+    skipped; row numbers count data records from 1. Raises ``ValueError`` naming the byte
+    offset of text that is not UTF-8. (:class:`AnnotationSpan` over the whole file.)
     """
-    data = storage.read_bytes(url, storage_options=storage_options)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start})") from None
-    records = [r for r in csv.reader(io.StringIO(text, newline="")) if r and any(c.strip() for c in r)]
-    records = [r for r in records if not r[0].lstrip().startswith("#")]
-    if records and len(records[0]) >= 2 and not records[0][1].lstrip().startswith(("{", "[")):
-        records = records[1:]
-    origin, base = mask(url), _dirname(url)
-    rows: list[Row] = []
-    discards: list[DiscardRecord] = []
-    for number, cells in enumerate(records, start=1):
-        image = None
-        try:
-            if len(cells) != 3:
-                raise Discard(f"expected 3 cells (id, raw data JSON, answer JSON), found {len(cells)}")
-            raw = _json(cells[1], "raw data")
-            if not isinstance(raw, dict) or not isinstance(raw.get("url"), str) or not raw["url"].strip():
-                raise Discard("raw data must be a JSON object with a 'url'")
-            image = resolve_uri(raw["url"], base)
-            ann = parse_answer(model_type, cells[2])
-            if model_type == "SEGMENTATION":
-                ann["mask_url"] = resolve_uri(ann["mask_url"], base)
-            if model_type == "SELF_DEFINED":
-                ann["raw"] = raw
-            rows.append(Row(number, origin, image, None, None, {"id": cells[0].strip()}, ann))
-        except Discard as d:
-            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
-    return rows, discards
+    return AnnotationSpan(url, model_type, "csv", storage_options=storage_options).read()
 
 
 def _itag_results(line: Mapping[str, Any]) -> list:
@@ -248,32 +250,169 @@ def parse_itag(model_type: str, line: Mapping[str, Any]) -> dict[str, Any]:
     return {"objects": objects, "direction": None}
 
 
+def _itag_item(number: int, text: str, model_type: str, origin: str, base: str) -> Row | DiscardRecord:
+    """The row of one manifest line, or its discard."""
+    image = None
+    try:
+        line = _json(text, "manifest line")
+        if not isinstance(line, dict):
+            raise Discard("manifest line is not a JSON object")
+        src = (line.get("data") or {}).get("source") if isinstance(line.get("data"), dict) else None
+        if not isinstance(src, str) or not src.strip():
+            raise Discard("manifest line has no data.source")
+        image = resolve_uri(src, base)
+        ann = parse_itag(model_type, line)
+        if "mask_url" in ann:
+            ann["mask_url"] = resolve_uri(ann["mask_url"], base)
+        return Row(number, origin, image, None, None, {}, ann)
+    except Discard as d:
+        return DiscardRecord(number, image or f"{origin}#{number}", str(d))
+
+
 def read_itag_manifest(url: str, model_type: str, storage_options: Mapping[str, Any] | None = None
                        ) -> tuple[list[Row], list[DiscardRecord]]:
-    """Rows of an iTAG ``.manifest`` (one JSON object per line; row = line number)."""
-    data = storage.read_bytes(url, storage_options=storage_options)
-    origin, base = mask(url), _dirname(url)
-    rows: list[Row] = []
-    discards: list[DiscardRecord] = []
-    for number, raw_line in enumerate(data.decode("utf-8-sig", errors="replace").splitlines(), start=1):
-        if not raw_line.strip():
-            continue
-        image = None
+    """Rows of an iTAG ``.manifest`` (one JSON object per line; row = line number, blank
+    lines counted and skipped; lines end at ``\\n``, ``\\r\\n`` or ``\\r``, see
+    :mod:`~shardfeed.convert.textspans`). (:class:`AnnotationSpan` over the whole file.)"""
+    return AnnotationSpan(url, model_type, "itag", storage_options=storage_options).read()
+
+
+def annotation_format(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """``"itag"`` for an iTAG manifest (named ``.manifest`` / ``.jsonl``, or starting with
+    ``{``), else ``"csv"`` (a PAI annotation CSV); reads the first 4 KB at most."""
+    if url.lower().endswith((".manifest", ".jsonl")):
+        return "itag"
+    head = storage.read_bytes(url, 0, 4096, storage_options=storage_options).lstrip(BOM).lstrip()
+    return "itag" if head.startswith(b"{") else "csv"
+
+
+class AnnotationSpan:
+    """The rows of the annotation records that start in bytes ``[start, end)`` of a PAI
+    annotation CSV (``fmt="csv"``) or an iTAG manifest (``fmt="itag"``), numbered from
+    ``first_number`` and named ``origin`` (default: the masked URL), with the local
+    runner's parser: the whole file (the default) is what :func:`read_annotation_csv` /
+    :func:`read_itag_manifest` read, and the ranges of a file
+    (:func:`~shardfeed.convert.textspans.plan_ranges`) read one after another give the same
+    rows and discards, numbered the same when each range starts where the ones before it
+    stopped numbering (:attr:`numbers`).
+
+    A record is owned by the range its first line starts in (a CSV record may span lines: a
+    quoted cell with a line break); the reader reads past ``end`` to finish it. Numbers are
+    data records for a CSV (after a header, blank and ``#`` comment records) and lines for a
+    manifest (blank ones included). Iterate once; then :attr:`numbers` is how many numbers
+    the range used, :attr:`first` the offset of its first line and :attr:`stop` the offset
+    where its records end (the first record boundary at or after ``end``). A range that
+    starts inside a quoted cell reads that cell's lines as records: the range before it then
+    stops past this range's :attr:`first`, which :func:`spans_agree` detects.
+
+    Raises ``ValueError`` naming the file and byte offset of CSV text that is not UTF-8 or
+    a record the ``csv`` module refuses (a cell over its size limit).
+    """
+
+    def __init__(self, url: str, model_type: str, fmt: str, start: int = 0, end: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None, first_number: int = 1, origin: str | None = None):
+        if fmt not in ("csv", "itag"):
+            raise ValueError(f"fmt must be 'csv' or 'itag', got {fmt!r}")
+        self.url, self.model_type, self.fmt = url, model_type, fmt
+        self.start, self.end, self.storage_options = start, end, storage_options
+        self.first_number = first_number
+        self.origin, self.base = origin or mask(url), _dirname(url)
+        self.numbers = 0
+        self.first = self.stop = start
+
+    def _reader(self, start: int) -> LineReader:
+        if start == 0 and self.end is None:  # the whole file: one read
+            return LineReader(self.url, data=storage.read_bytes(self.url, storage_options=self.storage_options))
+        span = READ_BYTES if self.end is None else self.end - start + 1
+        return LineReader(self.url, start, self.storage_options, read_bytes=max(64 << 10, min(span, 8 << 20)))
+
+    def _text(self, offset: int, line: bytes, errors: str) -> str:
+        if offset == 0 and line.startswith(BOM):
+            line, offset = line[len(BOM):], len(BOM)
         try:
-            line = _json(raw_line, "manifest line")
-            if not isinstance(line, dict):
-                raise Discard("manifest line is not a JSON object")
-            src = (line.get("data") or {}).get("source") if isinstance(line.get("data"), dict) else None
-            if not isinstance(src, str) or not src.strip():
-                raise Discard("manifest line has no data.source")
-            image = resolve_uri(src, base)
-            ann = parse_itag(model_type, line)
-            if "mask_url" in ann:
-                ann["mask_url"] = resolve_uri(ann["mask_url"], base)
-            rows.append(Row(number, origin, image, None, None, {}, ann))
-        except Discard as d:
-            discards.append(DiscardRecord(number, image or f"{origin}#{number}", str(d)))
-    return rows, discards
+            return line.decode("utf-8", errors)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.origin}: not UTF-8 text (byte offset {offset + exc.start})") from None
+
+    def _csv_records(self, reader: LineReader, end: float, own: bool = True) -> Iterator[tuple[int, list[str]]]:
+        """``(offset, cells)`` of the CSV records that start before ``end``; sets :attr:`stop`
+        when ``own`` (the range's reader)."""
+        at = reader.first
+
+        def lines() -> Iterator[str]:
+            for offset, line in reader.lines():
+                yield self._text(offset, line, "strict")
+
+        records = csv.reader(lines())
+        while at < end:
+            try:
+                cells = next(records)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                raise ValueError(f"{self.origin}: the CSV record at byte offset {at} does not parse: {exc}") from None
+            yield at, cells
+            at = reader.position
+        if own:
+            self.stop = at
+
+    def _first_data_offset(self) -> int | None:
+        """Byte offset of the file's first data record (reads from the start up to it)."""
+        for offset, cells in self._csv_records(LineReader(self.url, 0, self.storage_options, read_bytes=64 << 10),
+                                               float("inf"), own=False):
+            if _is_data(cells):
+                return offset
+        return None
+
+    def __iter__(self) -> Iterator[Row | DiscardRecord]:
+        reader = self._reader(self.start)
+        self.first = self.stop = reader.first
+        end = float("inf") if self.end is None else self.end
+        number = self.first_number - 1
+        if self.fmt == "itag":
+            for offset, line in reader.lines():
+                if offset >= end:
+                    self.stop = offset
+                    break
+                number += 1
+                self.numbers += 1
+                text = (self._text(offset, strip_eol(line), "replace") if offset == 0
+                        else strip_eol(line).decode("utf-8", "replace"))
+                if text.strip():
+                    yield _itag_item(number, text, self.model_type, self.origin, self.base)
+            else:
+                self.stop = reader.position
+            return
+        seen_data = False
+        for offset, cells in self._csv_records(reader, end):
+            if not _is_data(cells):
+                continue
+            if not seen_data:
+                seen_data = True
+                if _is_header(cells) and (self.first == 0 or self._first_data_offset() == offset):
+                    continue
+            number += 1
+            self.numbers += 1
+            yield _csv_item(number, cells, self.model_type, self.origin, self.base)
+
+    def read(self) -> tuple[list[Row], list[DiscardRecord]]:
+        """All the range's rows and discards."""
+        rows: list[Row] = []
+        discards: list[DiscardRecord] = []
+        for item in self:
+            (rows if isinstance(item, Row) else discards).append(item)  # type: ignore[arg-type]
+        return rows, discards
+
+
+def spans_agree(spans: list[tuple[int, int]]) -> int | None:
+    """For ``(first, stop)`` of a file's ranges in order (see :class:`AnnotationSpan`): None
+    when each range's records end where the next range's first line starts (every range
+    started at a record), else the byte offset of the first line that is no record's start
+    (a range began inside a quoted CSV cell that holds a line break)."""
+    for (_, stop), (first, _) in zip(spans, spans[1:]):
+        if stop != first:
+            return first
+    return None
 
 
 def row_class_names(model_type: str, row: Row) -> list[str]:

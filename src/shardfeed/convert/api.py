@@ -12,7 +12,7 @@ from typing import Any
 from .. import storage
 from ..deprecation import renamed_argument
 from ..storage.urls import mask, parse_url
-from .annotations import read_annotation_csv, read_itag_manifest
+from .annotations import annotation_format, read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
 from .runner_local import run_local  # the default runner, imported with the API (beam and spark when used)
@@ -159,18 +159,25 @@ def _finish(plan: Plan, output_dir: str, states, storage_options, runner: str) -
 
 
 def _run_spark(source: Any, output_dir: str, schema: Schema | None, opts: ConvertOptions, storage_options,
-               resume: bool, spark_master: str | None, annotated_rows=None) -> ConvertResult:
-    """``runner="spark"``: executors read ``source`` (or the rows the driver read, for an
-    annotation file), convert and write; see :mod:`shardfeed.convert.runner_spark`."""
-    from .runner_spark import is_spark_dataframe, open_source, rows_source, run_spark, spark_session, storage_url
+               resume: bool, spark_master: str | None, annotation_format: str | None = None) -> ConvertResult:
+    """``runner="spark"``: executors read ``source`` (byte ranges of it, for an annotation
+    file of ``annotation_format``), convert and write; see :mod:`shardfeed.convert.runner_spark`."""
+    from .runner_spark import (
+        annotation_source,
+        is_spark_dataframe,
+        open_source,
+        rows_source,
+        run_spark,
+        spark_session,
+        storage_url,
+    )
 
     if is_spark_dataframe(source):
         spark = source.sparkSession
     else:
         spark = spark_session(spark_master)
-    if annotated_rows is not None:
-        rows, discards, desc = annotated_rows
-        src = rows_source(spark, rows, discards, None, desc, annotated=True)
+    if annotation_format is not None:
+        src = annotation_source(spark, fspath(source), annotation_format, opts.model_type, storage_options)
     elif _is_dataframe(source):
         rows, discards, used = read_dataframe(source, schema)
         desc = f"DataFrame with {len(source)} rows and columns {[str(c) for c in source.columns]}"
@@ -282,14 +289,14 @@ def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.Path
     """
     opts = _options(options, {**kwargs, "model_type": model_type})
     url = fspath(label_file)
-    head = storage.read_bytes(url, 0, 4096, storage_options=storage_options).lstrip(b"\xef\xbb\xbf").lstrip()
-    if url.lower().endswith((".manifest", ".jsonl")) or head.startswith(b"{"):
+    fmt = annotation_format(url, storage_options)
+    if runner == "spark":  # executors read byte ranges of the file, convert and write
+        return _run_spark(url, fspath(output_dir), None, opts, storage_options, resume, spark_master,
+                          annotation_format=fmt)
+    if fmt == "itag":
         rows, discards = read_itag_manifest(url, opts.model_type, storage_options)
     else:
         rows, discards = read_annotation_csv(url, opts.model_type, storage_options)
-    if runner == "spark":  # the driver parsed the file; executors convert and write
-        return _run_spark(None, fspath(output_dir), None, opts, storage_options, resume, spark_master,
-                          annotated_rows=(rows, discards, mask(url)))
     plan = make_plan(rows, discards, None, opts, mask(url), storage_options, has_image=True, annotated=True)
     return _run(plan, fspath(output_dir), storage_options, runner, resume, progress, beam_runner, beam_options,
                 pipeline_options)

@@ -40,8 +40,14 @@ Inputs executors read themselves: a ``pyspark.sql.DataFrame``, Parquet, JSON lin
 CSV files or folders (through ``spark.read``), and an image folder, of which the driver
 lists only the top level (and the split folders' entries): each job 1 task lists its label
 folders (:func:`~shardfeed.convert.sources.folder_layout`). A PAI annotation CSV and an
-iTAG manifest are parsed on the driver (small rows: a path and a label) and their rows
-handed to the executors.
+iTAG manifest are read in byte ranges planned from the file's size
+(:func:`annotation_source`): each job 1 task parses the records that start in its range
+with the local runner's parser (:class:`~shardfeed.convert.annotations.AnnotationSpan`)
+and numbers them within its partition, as a table's. A quoted CSV cell holding a line
+break across a range's start is detected after job 1 (a range's records end past the next
+range's first line) and job 1 runs again with the file in one task
+(:meth:`SparkSource.check_partitions`). Only a pandas DataFrame's rows are built on the
+driver and shipped (:func:`rows_source`).
 
 Where Spark recomputes lost cached blocks the input must read the same rows in the same
 order again (files do; a DataFrame built with a non-deterministic step, such as
@@ -104,7 +110,7 @@ from .writer import ShardSink, convert_row, finished_state, join
 logger = logging.getLogger(__name__)
 
 CORRUPT = "_shardfeed_corrupt_record"
-ROWS_PER_SLICE = 10_000  # rows the driver read itself (annotation file, pandas DataFrame) per Spark partition
+ROWS_PER_SLICE = 10_000  # rows the driver read itself (a pandas DataFrame) per Spark partition
 FOLDERS_PER_SLICE = 8  # an image folder's label folders per Spark partition of job 1
 
 
@@ -200,9 +206,10 @@ def spark_session(master: str | None = None, app_name: str = "shardfeed-convert"
 class SparkSource:
     """An input as the executors see it: a DataFrame whose columns are the input's cells
     (``kind="table"``), one binary column of pickled :class:`Row` objects the driver
-    built (``kind="rows"``), or an image folder's parts, each listed by the task that reads
-    it (``kind="folder"``, :func:`~shardfeed.convert.sources.folder_layout`), and how to make
-    rows of it."""
+    built (``kind="rows"``), an image folder's parts, each listed by the task that reads
+    it (``kind="folder"``, :func:`~shardfeed.convert.sources.folder_layout`), or byte
+    ranges of an annotation file, each read by the task that gets it (``kind="annotation"``,
+    :class:`~shardfeed.convert.annotations.AnnotationSpan`), and how to make rows of it."""
 
     frame: Any
     kind: str
@@ -216,11 +223,19 @@ class SparkSource:
     detect_integer_labels: bool = False
     bom_column: str | None = None  # the first column, whose first cell may start with a BOM Spark's CSV reader kept
     with_split: bool = False  # kind="folder": in the split/label/file layout
-    storage_options: Mapping[str, Any] | None = None  # kind="folder": to list its folders
+    storage_options: Mapping[str, Any] | None = None  # kind="folder" / "annotation": to read its files
+    annotation_format: str | None = None  # kind="annotation": "csv" (PAI annotation CSV) or "itag"
+    model_type: str | None = None  # kind="annotation"
+    whole_files: bool = False  # kind="annotation": one range per file (planned again after spans_agree failed)
 
-    def rows(self, batches: Iterable[Any]) -> Iterator[Row | DiscardRecord]:
+    def rows(self, batches: Iterable[Any], info: dict[str, Any] | None = None) -> Iterator[Row | DiscardRecord]:
         """Rows (or discard records) of one partition's Arrow batches, numbered from 1
-        within the partition (the write job adds the rows of the partitions before it)."""
+        within the partition (the write job adds the rows of the partitions before it).
+        ``info`` receives what the driver checks of an annotation file's ranges (see
+        :meth:`check_partitions`)."""
+        if self.kind == "annotation":
+            yield from self._annotation_rows(batches, {} if info is None else info)
+            return
         if self.kind == "rows":
             for batch in batches:
                 for blob in batch.column(0).to_pylist():
@@ -255,6 +270,51 @@ class SparkSource:
                     i += 1
                     yield folder_item(i, rel, uri, self.with_split, self.origin)
 
+    def _annotation_rows(self, batches: Iterable[Any], info: dict[str, Any]) -> Iterator[Row | DiscardRecord]:
+        """The records of the partition's byte ranges, numbered on from 1 across them;
+        ``info`` gets ``numbers`` (numbers used: lines of a manifest, data records of a
+        CSV), ``spans`` (each range's ``start, first, stop``) and ``error`` (a file that
+        cannot be read as text, reported by the driver)."""
+        from .annotations import AnnotationSpan
+
+        assert self.annotation_format is not None and self.model_type is not None and self.base is not None
+        n = 0
+        spans = info["spans"] = []
+        for batch in batches:
+            for entry in batch.to_pylist():
+                span = AnnotationSpan(self.base, self.model_type, self.annotation_format, entry["start"],
+                                      entry["end"], self.storage_options, first_number=n + 1, origin=self.origin)
+                try:
+                    yield from span
+                except ValueError as exc:
+                    info["error"] = str(exc)
+                    return
+                n += span.numbers
+                spans.append((entry["start"], span.first, span.stop))
+        info["numbers"] = n
+
+    def check_partitions(self, infos: list[dict[str, Any]]) -> SparkSource | None:
+        """After job 1, from each partition's ``info`` (:meth:`rows`): raises the first
+        task's error (``ValueError``, naming file and byte offset); for an annotation file
+        whose ranges do not agree (a quoted CSV cell holding a line break across a range's
+        start, :func:`~shardfeed.convert.annotations.spans_agree`) returns the source to run
+        job 1 again with (one range per file), else None."""
+        for info in infos:
+            if info.get("error"):
+                raise ValueError(info["error"])
+        if self.kind != "annotation" or self.whole_files:
+            return None
+        from .annotations import spans_agree
+
+        spans = sorted(span for info in infos for span in info.get("spans", []))
+        bad = spans_agree([(first, stop) for _, first, stop in spans])
+        if bad is None:
+            return None
+        logger.warning("%s: a quoted CSV cell holds a line break across byte offset %d, where a Spark task's byte "
+                       "range starts; reading the file in one task instead", self.origin, bad)
+        spark = self.frame.sparkSession
+        return dataclasses.replace(self, frame=_ranges_frame(spark, [(0, None)]), whole_files=True)
+
     @property
     def numbered_in_partition(self) -> bool:
         """Whether the rows are numbered within their partition (the driver adds the rows of
@@ -277,6 +337,36 @@ def _folder_source(spark: Any, url: str, storage_options: Mapping[str, Any] | No
     return SparkSource(spark.createDataFrame(entries, struct), "folder", schema, mask(root), root, mask(url),
                        with_split=with_split, storage_options=storage_options,
                        detect_integer_labels=schema.label_type == "string label")
+
+
+ANNOTATION_MIN_RANGE = 128 << 10  # the smallest byte range of an annotation file a task reads
+ANNOTATION_MAX_RANGE = 128 << 20  # Spark's default spark.sql.files.maxPartitionBytes
+
+
+def _ranges_frame(spark: Any, ranges: list[tuple[int, int | None]]) -> Any:
+    """One Spark partition per byte range ``(start, end)`` (``end`` None: to the end)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    struct = StructType([StructField("start", LongType(), False), StructField("end", LongType())])
+    return spark.createDataFrame(spark.sparkContext.parallelize(ranges, len(ranges)), struct)
+
+
+def annotation_source(spark: Any, url: str, fmt: str, model_type: str,
+                      storage_options: Mapping[str, Any] | None) -> SparkSource:
+    """A PAI annotation CSV (``fmt="csv"``) or an iTAG manifest (``"itag"``) read by the
+    executors: the driver plans byte ranges from the file's size only (about one per core,
+    between :data:`ANNOTATION_MIN_RANGE` and :data:`ANNOTATION_MAX_RANGE` bytes), one Spark
+    partition each; a task parses the records that start in its range with the local
+    runner's parser (:class:`~shardfeed.convert.annotations.AnnotationSpan`)."""
+    from .textspans import plan_ranges
+
+    path = storage_url(url)
+    size = storage.size(path, storage_options)
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    per = min(ANNOTATION_MAX_RANGE, max(ANNOTATION_MIN_RANGE, -(-size // cores)))
+    ranges: list[tuple[int, int | None]] = list(plan_ranges(size, per))
+    return SparkSource(_ranges_frame(spark, ranges), "annotation", None, mask(url), path, mask(url),
+                       annotated=True, storage_options=storage_options, annotation_format=fmt, model_type=model_type)
 
 
 def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None, description: str) -> SparkSource:
@@ -340,8 +430,8 @@ def open_source(spark: Any, source: Any, schema: Schema | None, storage_options:
 
 def rows_source(spark: Any, rows: list[Row], discards: list[DiscardRecord], schema: Schema | None,
                 description: str, annotated: bool = False, detect_integer_labels: bool = False) -> SparkSource:
-    """Rows the driver read (an image folder's files, an annotation file's records), in
-    slices of ``ROWS_PER_SLICE`` for the executors."""
+    """Rows the driver read (a pandas DataFrame's), in slices of ``ROWS_PER_SLICE`` for the
+    executors."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     sc = spark.sparkContext
@@ -403,7 +493,8 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
     blobs: list[bytes] = []
     sizing = options.bytes_per_tfrecord is not None
     samples: list[int] | None = [] if sizing else None
-    for item in src.rows(batches):
+    info: dict[str, Any] = {}
+    for item in src.rows(batches, info):
         n += 1
         if isinstance(item, DiscardRecord):
             h.update(json.dumps([item.row, item.source, item.reason], ensure_ascii=False).encode() + b"\n")
@@ -431,7 +522,8 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
     if blobs:
         yield _batch(part, splits, pos, blobs, samples)
     summary = {"index": part, "n": n, "counts": dict(zip(SPLITS, counts)), "names": sorted(names), "multi": multi,
-               "labels": labels, "int_labels": all_int, "digest": h.hexdigest(), "discards": discards}
+               "labels": labels, "int_labels": all_int, "digest": h.hexdigest(), "discards": discards,
+               "source": info}
     yield _batch(part, [], [], [], None, pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL))
 
 
@@ -529,19 +621,28 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
         prepared.unpersist()
         raise RuntimeError(f"job 1 did not summarize each of the input's {parts} partitions once: got summaries of "
                            f"partitions {[s['index'] for s in summaries][:20]}")
+    try:
+        again = src.check_partitions([s["source"] for s in summaries])
+    except BaseException:
+        prepared.unpersist()
+        raise
+    if again is not None:
+        prepared.unpersist()
+        return plan_on_spark(again, options, storage_options)
     offsets, split_offsets = [], []
-    total = 0
+    total = numbered = 0  # rows read; numbers used (a manifest's blank lines have one, and no row)
     per_split = dict.fromkeys(SPLITS, 0)
     discards = list(src.driver_discards)
     h = hashlib.sha256()
     for s in summaries:
-        offsets.append(total)
+        offsets.append(numbered)
         split_offsets.append(dict(per_split))
         origin_numbered = src.numbered_in_partition
         for number, source, reason in s["discards"]:
-            row = number + total if origin_numbered else number
+            row = number + numbered if origin_numbered else number
             discards.append(DiscardRecord(row, source or f"{src.origin}#{row}", reason))
         total += s["n"]
+        numbered += s["source"].get("numbers", s["n"])
         for k, v in s["counts"].items():
             per_split[k] += v
         h.update(s["digest"].encode() + b"\n")
@@ -871,5 +972,5 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
     return plan, states
 
 
-__all__ = ["SparkSource", "executor_pythonpath", "is_spark_dataframe", "open_source", "plan_on_spark",
-           "rows_source", "run_spark", "spark_session"]
+__all__ = ["SparkSource", "annotation_source", "executor_pythonpath", "is_spark_dataframe", "open_source",
+           "plan_on_spark", "rows_source", "run_spark", "spark_session"]
