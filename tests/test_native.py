@@ -398,6 +398,94 @@ def test_same_key_in_several_columns_and_unencodable_name():
     check_same([ex.encode_example({"": [1]})], {"": FixedLen("int64")})
 
 
+@needs_native
+def test_sparse_index_key_does_not_fill_the_first_fixedlen_column():
+    # an index key read by nothing else once counted as an eager key of column 0
+    spec = {"f": FixedLen("int64"), "s": Sparse("i", "v", "int64", 3), "g": FixedLen("float32")}
+    out = check_same([ex.encode_example({"f": 2, "v": [1], "i": [0], "g": 1.5}),
+                      ex.encode_example({"i": [2], "v": [5], "g": 0.5, "f": 7})], spec)
+    assert out[1]["f"].tolist() == [2, 7]
+
+
+# ----------------------------------------------------------------------------- parsing: the repeated layout
+# Each record's keys are first compared with the key at the same position in the previous
+# record, and a FixedLen feature's values go straight to its row: records that break the
+# previous record's layout must still parse as the reference says.
+
+LAYOUT_SPEC = {"label": FixedLen("int64"), "x": FixedLen("float32", [2]), "c": FixedLen("bytes"),
+               "cc": FixedLen("bytes", [2]), "ids": VarLen("int64"), "long_key_name_over_8": FixedLen("bytes")}
+
+
+def _layout_record(i: int, order=None, **extra) -> bytes:
+    f = {"label": i, "x": [float(i), -float(i)], "c": [b"c%d" % i], "cc": [b"a", b"b" * i], "ids": list(range(i % 4)),
+         "long_key_name_over_8": [b"L%d" % i]}
+    f.update(extra)
+    keys = order or list(f)
+    return example(*(ex_entry(k, f[k]) for k in keys))
+
+
+def ex_entry(key: str, vals) -> bytes:
+    one = ex.encode_example({key: vals})  # Example{features{feature{key: ...}}}: its one entry
+    return one[2:] if one[1] < 0x80 else one[3:]
+
+
+@needs_native
+def test_records_whose_key_order_changes_from_the_previous_one():
+    keys = list(LAYOUT_SPEC)
+    recs = [_layout_record(i) for i in range(3)]
+    recs.append(_layout_record(3, order=keys[::-1]))  # reversed
+    recs.append(_layout_record(4, order=keys[1:] + keys[:1]))  # rotated
+    recs.append(_layout_record(5))
+    recs.append(_layout_record(6, order=["x", "label", "zz", "c", "cc", "ids", "long_key_name_over_8"], zz=[1]))
+    out = check_same(recs, LAYOUT_SPEC)
+    assert out[1]["label"].tolist() == list(range(7))
+
+
+@needs_native
+def test_key_matching_the_previous_records_key_by_prefix_only():
+    recs = [_layout_record(0)]
+    # same position, same first bytes, other lengths or one byte off: not the predicted key
+    for key in ("labe", "labelx", "label\x00", "lab\x00l", "long_key_name_over_", "long_key_name_over_9",
+                "long_key_name_over_8x", "C", "c\x00", "cc\x00", "ccc"):
+        r = example(ex_entry(key, [1]), *(ex_entry(k, v) for k, v in [("label", 9), ("x", [1.0, 2.0]), ("c", [b"c"]),
+                                                                      ("cc", [b"1", b"2"]),
+                                                                      ("long_key_name_over_8", [b"z"])]))
+        recs.append(r)
+        recs.append(_layout_record(1))
+    out = check_same(recs, LAYOUT_SPEC)
+    assert out[1]["label"].tolist()[:3] == [0, 9, 1]
+
+
+@needs_native
+def test_repeated_key_after_a_fitting_entry_replaces_it():
+    base = [("x", [1.0, 2.0]), ("c", [b"c"]), ("cc", [b"1", b"2"]), ("long_key_name_over_8", [b"z"])]
+    good = [_layout_record(0)]
+    for again in (("label", 5), ("c", [b"second"]), ("cc", [b"p", b"q"]), ("x", [3.0, 4.0])):
+        r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry(*again))
+        out = check_same(good + [r], LAYOUT_SPEC)
+        assert out[0] == "ok"
+    # a later entry of the same key that does not fit: the error the reference gives
+    for again in (("label", [5, 6]), ("c", [b"a", b"b"]), ("cc", [b"p"]), ("x", [3.0]), ("c", [1]), ("x", []),
+                  ("cc", [b"a", b"b", b"c"]), ("label", [1.0]), ("c", [])):
+        r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry(*again))
+        assert check_same(good + [r], LAYOUT_SPEC)[0] == "err"
+    # one that does not fit, then one that does: the last one wins
+    r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry("cc", [b"p"]),
+                ex_entry("cc", [b"x", b"y"]), ex_entry("c", [b"a", b"b"]), ex_entry("c", [b"last"]))
+    out = check_same(good + [r], LAYOUT_SPEC)
+    assert out[1]["cc"][1].tolist() == [b"x", b"y"] and out[1]["c"][1] == b"last"
+
+
+@needs_native
+def test_fixedlen_of_zero_values_and_empty_lists_in_the_fast_path():
+    spec = {"e": FixedLen("bytes", [0]), "n": FixedLen("int64", [0]), "f": FixedLen("float32", [0]),
+            "label": FixedLen("int64")}
+    recs = [example(ex_entry("e", []), ex_entry("n", []), ex_entry("f", []), ex_entry("label", i)) for i in range(3)]
+    check_same(recs, spec)
+    recs.append(example(ex_entry("e", [b"x"]), ex_entry("label", 1)))
+    assert check_same(recs, spec)[0] == "err"
+
+
 # ----------------------------------------------------------------------------- parsing: odd encodings
 
 

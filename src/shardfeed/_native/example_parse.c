@@ -99,7 +99,7 @@ static size_t add_slot(sf_spec *s, uint32_t *table, const uint8_t *key, size_t l
     if (f >= 0) return (size_t)f;
     if (s->nslots >= max_slots) return SIZE_MAX - 1; /* cannot happen: sized for all keys */
     slot_def *d = &s->slots[s->nslots];
-    d->key = malloc(len ? len : 1);
+    d->key = calloc(1, len + 8); /* 8 zero bytes past the key: a word load from it stays inside */
     if (!d->key) return SIZE_MAX - 1;
     memcpy(d->key, key, len);
     d->key_len = len;
@@ -207,6 +207,7 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
             goto fail;
         }
     }
+    for (size_t k = 0; k < s->nslots; k++) s->slots[k].eager_col = -1; /* a slot only index keys read has none */
     for (size_t i = 0; i < ncols; i++) {
         const col_def *c = &s->cols[i];
         if (c->col == SF_COL_SEQ_FIXED || c->col == SF_COL_SEQ_VAR) continue;
@@ -219,7 +220,7 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
     }
     for (size_t k = 0; k < s->nslots; k++) {
         slot_def *d = &s->slots[k];
-        if (d->uses != 1 || s->cols[d->eager_col].col != SF_COL_FIXED) d->eager_col = -1;
+        if (d->uses != 1 || d->eager_col < 0 || s->cols[d->eager_col].col != SF_COL_FIXED) d->eager_col = -1;
         else s->neager++;
     }
     size_t no = 0;
@@ -571,6 +572,8 @@ typedef struct {
 
 static void extract_run(const state *st, const uint8_t *b, const feat_sum *sum, size_t chunk_end, void *out);
 static size_t kind_elem(int kind);
+static inline uint32_t load_le32(const uint8_t *p);
+static inline size_t decode_varints(const uint8_t *b, size_t a, size_t z, int64_t *out, size_t room);
 
 /* An entry for `slot` is complete: it replaces any earlier entry with the same key (the
  * last one wins), and its FixedLen column is written now when it fits. */
@@ -719,12 +722,29 @@ static inline int key_eq(const uint8_t *a, const uint8_t *b, size_t n) {
     return 1;
 }
 
-static inline long lookup_key(state *st, const uint8_t *key, size_t len) {
+/* The key of the entry at this position in the previous record (the common case: every
+ * record of a file holds the same keys in the same order) is tried first. `avail`: bytes
+ * that may be read from `key` (at least len); with 8 or more, a key of up to 8 bytes is
+ * compared as one masked word (slot keys are zero-padded by 8 bytes). */
+static inline long lookup_key(state *st, const uint8_t *key, size_t len, size_t avail) {
     const sf_spec *s = st->spec;
     size_t e = st->entry_no;
     if (LIKELY(e < PRED_MAX) && st->pred[e]) {
         const slot_def *d = &s->slots[st->pred[e] - 1];
-        if (d->key_len == len && key_eq(d->key, key, len)) return (long)(st->pred[e] - 1);
+        if (d->key_len == len) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (len <= 8 && avail >= 8) {
+                uint64_t x, y;
+                memcpy(&x, key, 8);
+                memcpy(&y, d->key, 8);
+                uint64_t m = len == 8 ? ~0ull : (1ull << (8 * len)) - 1;
+                if (((x ^ y) & m) == 0) return (long)(st->pred[e] - 1);
+            } else
+#endif
+            if (key_eq(d->key, key, len)) {
+                return (long)(st->pred[e] - 1);
+            }
+        }
     }
     long f = find_slot(s, key, len);
     if (e < PRED_MAX) st->pred[e] = f >= 0 ? (uint32_t)(f + 1) : 0;
@@ -750,7 +770,7 @@ static int check_entry(state *st, dec *d, size_t pos, size_t end, int depth) {
             size_t a = l.next, b = l.next + (size_t)l.v;
             if (f == 1) {
                 key_seen = 1;
-                slot = lookup_key(st, d->b + a, b - a);
+                slot = lookup_key(st, d->b + a, b - a, b - a);
                 if (slot < 0) {
                     const char *why = utf8_error(d->b + a, b - a);
                     if (why) return fail(d, "feature name at byte %zu is not valid UTF-8 (%s)", a, why), -1;
@@ -766,7 +786,7 @@ static int check_entry(state *st, dec *d, size_t pos, size_t end, int depth) {
             if (!pos) return -1;
         }
     }
-    if (!key_seen) slot = lookup_key(st, (const uint8_t *)"", 0);
+    if (!key_seen) slot = lookup_key(st, (const uint8_t *)"", 0, 0);
     st->entry_no++;
     if (slot < 0) {
         st->nchunks = first_chunk; /* not a spec feature: validated, then forgotten */
@@ -790,11 +810,28 @@ static inline int short_len(const uint8_t *b, size_t p, size_t e, size_t *n, siz
     return 1;
 }
 
+/* An entry for `slot` whose values fast_entry already wrote to its eager column's row: as
+ * entry_done, without chunks (a done entry's values are never read again). */
+static inline void entry_direct(state *st, long slot, const feat_sum *sum) {
+    slot_state *ss = &st->slots[slot];
+    ss->gen = st->gen;
+    ss->sum = *sum;
+    ss->chunk_end = st->nchunks;
+    if (ss->done != st->gen) {
+        st->done_count++;
+        ss->done = st->gen;
+    }
+}
+
 /* The common encoding of an entry, handled without the generic loops: key field, then one
  * value field holding nothing or exactly one list (one packed chunk, or bytes values),
  * all with short lengths that fill their messages exactly. Returns 1 when handled, 0 to
- * fall back to check_entry (nothing changed), -1 on an error (the same first error the
- * generic path finds: everything before it was checked to be well formed). */
+ * fall back to check_entry (nothing changed but, at most, the row of the key's eager
+ * column, which the record's own values, a default or an error replace later), -1 on an
+ * error (the same first error the generic path finds: everything before it was checked to
+ * be well formed). When the key has an eager FixedLen column (one column reads it) and the
+ * values are of its kind and fill it exactly, they are written to the column's row here,
+ * in the one pass over them (no chunks, no extract_run). */
 static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
     const uint8_t *b = d->b;
     size_t kn, ks, vn, vs;
@@ -802,13 +839,22 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
     if (kn > e - ks || e - ks - kn < 2) return 0;
     size_t ke = ks + kn;
     if (b[ke] != 0x12 || !short_len(b, ke + 1, e, &vn, &vs) || vs > e || vn != e - vs) return 0;
-    long slot = lookup_key(st, b + ks, kn);
+    long slot = lookup_key(st, b + ks, kn, e - ks);
+    const col_def *ec = NULL; /* the eager column the values may go straight to */
+    void *dst = NULL;
     if (slot < 0) {
         const char *why = utf8_error(b + ks, kn);
         if (why) return fail(d, "feature name at byte %zu is not valid UTF-8 (%s)", ks, why), -1;
+    } else if (st->outs) {
+        long c = st->spec->slots[slot].eager_col;
+        if (c >= 0) {
+            ec = &st->spec->cols[c];
+            dst = (char *)st->outs[c].fixed + (st->gen - 1) * ec->size * kind_elem(ec->kind);
+        }
     }
     feat_sum sum = {SF_KIND_NONE, 0, 0};
     size_t first_chunk = st->nchunks;
+    int direct = 0;
     if (vn) {
         uint8_t t = b[vs];
         size_t ln, ls;
@@ -818,14 +864,33 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
         int kind = t >> 3;
         sum.kind = kind;
         sum.run_chunk = first_chunk;
+        direct = ec && ec->kind == kind;
         size_t p = ls;
         if (kind == SF_KIND_BYTES) {
-            while (p < e) {
-                size_t n, s;
-                if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s) goto fallback;
-                if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
-                sum.count++;
-                p = s + n;
+            if (direct) {
+                sf_bytes *o = dst;
+                size_t room = ec->size;
+                while (p < e) {
+                    size_t n, s;
+                    if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s)
+                        goto fallback;
+                    if (sum.count < room) {
+                        o[sum.count].p = b + s;
+                        o[sum.count].n = n;
+                    }
+                    sum.count++;
+                    p = s + n;
+                }
+                if (sum.count != room) goto fallback; /* the generic path keeps the values as chunks */
+            } else {
+                while (p < e) {
+                    size_t n, s;
+                    if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s)
+                        goto fallback;
+                    if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
+                    sum.count++;
+                    p = s + n;
+                }
             }
         } else if (p < e) {
             size_t n, s;
@@ -833,12 +898,27 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
             if (kind == SF_KIND_FLOAT) {
                 if (n % 4) return fail(d, "packed float field at byte %zu has %zu bytes, not a multiple of 4", s, n), -1;
                 sum.count = n / 4;
+                direct = direct && sum.count == ec->size;
+                if (direct) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+                    for (size_t i = 0; i < sum.count; i++) {
+                        uint32_t u = load_le32(b + s + 4 * i);
+                        memcpy((float *)dst + i, &u, 4);
+                    }
+#else
+                    memcpy(dst, b + s, n);
+#endif
+                }
             } else {
                 size_t c = check_packed_varints(d, s, s + n);
                 if (c == SIZE_MAX) return -1;
                 sum.count = c;
+                direct = direct && c == ec->size;
+                if (direct) decode_varints(b, s, s + n, dst, c);
             }
-            if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
+            if (!direct && push_chunk(st, d, s, n, CH_PACKED)) return -1;
+        } else {
+            direct = direct && ec->size == 0; /* an empty list */
         }
     }
     st->entry_no++;
@@ -846,7 +926,8 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
         st->nchunks = first_chunk;
         return 1;
     }
-    entry_done(st, b, slot, &sum);
+    if (direct) entry_direct(st, slot, &sum);
+    else entry_done(st, b, slot, &sum);
     return 1;
 fallback:
     st->nchunks = first_chunk;
