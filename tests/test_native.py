@@ -486,6 +486,43 @@ def test_fixedlen_of_zero_values_and_empty_lists_in_the_fast_path():
     assert check_same(recs, spec)[0] == "err"
 
 
+@needs_native
+def test_entry_with_the_previous_records_header_but_other_varints():
+    # same bytes up to the packed payload as the entry before it (the template), other contents
+    pad = entry(b"pad", bytes_list(b"p" * 40))  # the window of the header compare stays inside
+    spec = {"label": FixedLen("int64"), "x": FixedLen("float32")}
+    first = example(entry(b"label", int_list(300)), entry(b"zz", int_list(300)), entry(b"x", float_list(1.0)), pad)
+    # label [1, 2]: two values where the template saw one
+    out = check_same([first, example(entry(b"label", int_list(1, 2)), entry(b"zz", int_list(300)),
+                                     entry(b"x", float_list(2.0)), pad)], spec)
+    assert out[0] == "err" and out[1][0] is ParseError and out[1][2] == "label" and out[1][3] == 1
+    # an ignored key's payload no longer valid varints (truncated; 11 bytes)
+    for bad in (b"\x80\x80", b"\xff" * 10 + b"\x01"):
+        r = example(entry(b"label", int_list(5)), entry(b"zz", ld(3, ld(1, bad))), entry(b"x", float_list(1.0)), pad)
+        base = example(entry(b"label", int_list(5)), entry(b"zz", ld(3, ld(1, b"\x01" * len(bad)))),
+                       entry(b"x", float_list(1.0)), pad)
+        out = check_same([base, base, r], spec)
+        assert out[0] == "err" and out[1][0] is DecodeError and out[1][3] == 2
+    # the label's payload: three varints, then one three-byte varint; other floats
+    recs = [example(entry(b"label", ld(3, ld(1, v))), entry(b"x", float_list(f)), pad)
+            for v, f in ((b"\x01\x02\x03", 1.0), (b"\x81\x82\x03", float("nan")), (b"\x01\x02\x03", -0.0))]
+    out = check_same(recs, {"label": FixedLen("int64", [3]), "x": FixedLen("float32")})
+    assert out[0] == "err" and out[1][3] == 1
+    out = check_same([recs[0], recs[2]], {"label": FixedLen("int64", [3]), "x": FixedLen("float32")})
+    assert out[1]["label"].tolist() == [[1, 2, 3], [1, 2, 3]]
+
+
+@needs_native
+def test_entry_like_the_previous_one_near_the_end_of_its_record():
+    spec = {"a": FixedLen("bytes"), "b": FixedLen("float32")}
+    recs = [example(entry(b"a", bytes_list(b"v%d" % i)), entry(b"b", float_list(i)), *(
+        [entry(b"pad", bytes_list(b"p" * (40 - 4 * i)))] if i < 10 else [])) for i in range(12)]
+    recs.append(example(entry(b"a", bytes_list(b"v1")), entry(b"b", float_list(1.0)))[:-3])  # cut short
+    out = check_same(recs, spec)
+    assert out[0] == "err" and out[1][0] is DecodeError and out[1][3] == 12
+    assert check_same(recs[:-1], spec)[1]["a"].tolist() == [b"v%d" % i for i in range(12)]
+
+
 # ----------------------------------------------------------------------------- parsing: odd encodings
 
 

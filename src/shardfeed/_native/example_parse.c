@@ -270,6 +270,7 @@ static int vec_reserve(sf_vec *v, size_t extra) {
 typedef struct {
     const uint8_t *b; /* the record */
     sf_error *err;
+    size_t len; /* the record's length (0: unknown, no entry templates) */
 } dec;
 
 typedef struct {
@@ -555,6 +556,22 @@ typedef struct {
 
 #define PRED_MAX 1024
 
+/* An entry's encoding up to its values, as fast_entry found it at one entry position of a
+ * record: when the next record's entry at that position starts with the same bytes (tag,
+ * length, key, Feature and list headers, the one value's header), it has the same structure,
+ * key, kind and value count, so its values are taken from the same offset without parsing.
+ * Only for entries of a key no column reads, or whose FixedLen column they fill exactly
+ * with one value chunk (a bytes value, or a packed float/int64 payload). */
+#define TMPL_MAX 64
+#define TMPL_BYTES 32
+typedef struct {
+    uint64_t w[4], m[4]; /* the header's bytes (little-endian words) and their masks */
+    uint32_t total;      /* the entry's bytes from its tag; 0: no template here */
+    uint32_t vo, vn;     /* the values: offset from the tag, length */
+    int32_t slot;        /* -1: a key no column reads */
+    int32_t kind;
+} tmpl_t;
+
 typedef struct {
     const sf_spec *spec;
     slot_state *slots;
@@ -564,6 +581,7 @@ typedef struct {
     step_t *steps;
     size_t nsteps, step_cap;
     uint32_t pred[PRED_MAX]; /* slot + 1 seen at this entry position in the previous record */
+    tmpl_t tmpl[TMPL_MAX];   /* the entry seen at this position in an earlier record */
     size_t entry_no;
     size_t gen;
     sf_colout *outs;   /* where eager columns write (NULL: validation only) */
@@ -832,7 +850,32 @@ static inline void entry_direct(state *st, long slot, const feat_sum *sum) {
  * be well formed). When the key has an eager FixedLen column (one column reads it) and the
  * values are of its kind and fill it exactly, they are written to the column's row here,
  * in the one pass over them (no chunks, no extract_run). */
-static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SF_TEMPLATES 1
+/* Remember the entry [tpos, e) whose one value chunk is [vs, vs + vn) at its position. */
+static inline void tmpl_learn(state *st, const dec *d, size_t tpos, size_t e, size_t vs, size_t vn, long slot,
+                              int kind) {
+    size_t no = st->entry_no;
+    size_t hl = vs - tpos;
+    if (no >= TMPL_MAX || hl > TMPL_BYTES || d->len < TMPL_BYTES || tpos > d->len - TMPL_BYTES) return;
+    tmpl_t *t = &st->tmpl[no];
+    for (int k = 0; k < 4; k++) {
+        memcpy(&t->w[k], d->b + tpos + 8 * k, 8);
+        size_t have = hl > 8u * k ? hl - 8u * k : 0;
+        t->m[k] = have >= 8 ? ~0ull : (1ull << (8 * have)) - 1;
+        t->w[k] &= t->m[k];
+    }
+    t->total = (uint32_t)(e - tpos);
+    t->vo = (uint32_t)hl;
+    t->vn = (uint32_t)vn;
+    t->slot = (int32_t)slot;
+    t->kind = kind;
+}
+#else
+#define SF_TEMPLATES 0
+#endif
+
+static inline int fast_entry(state *st, dec *d, size_t tpos, size_t a, size_t e) {
     const uint8_t *b = d->b;
     size_t kn, ks, vn, vs;
     if (e - a < 4 || b[a] != 0x0A || !short_len(b, a + 1, e, &kn, &ks)) return 0;
@@ -882,6 +925,9 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
                     p = s + n;
                 }
                 if (sum.count != room) goto fallback; /* the generic path keeps the values as chunks */
+#if SF_TEMPLATES
+                if (room == 1) tmpl_learn(st, d, tpos, e, (size_t)(o[0].p - b), o[0].n, slot, kind);
+#endif
             } else {
                 while (p < e) {
                     size_t n, s;
@@ -917,6 +963,9 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
                 if (direct) decode_varints(b, s, s + n, dst, c);
             }
             if (!direct && push_chunk(st, d, s, n, CH_PACKED)) return -1;
+#if SF_TEMPLATES
+            if (n && (direct || slot < 0)) tmpl_learn(st, d, tpos, e, s, n, slot, kind);
+#endif
         } else {
             direct = direct && ec->size == 0; /* an empty list */
         }
@@ -934,8 +983,58 @@ fallback:
     return 0;
 }
 
+#if SF_TEMPLATES
+/* The entry at pos by its position's template: 1 when taken (pos moved past it), 0 when it
+ * does not match (nothing changed), -1 on an error (the one fast_entry would give). */
+static inline int tmpl_entry(state *st, dec *d, size_t *at, size_t end) {
+    size_t pos = *at, no = st->entry_no;
+    if (no >= TMPL_MAX || d->len < TMPL_BYTES || pos > d->len - TMPL_BYTES) return 0;
+    const tmpl_t *t = &st->tmpl[no];
+    if (!t->total || t->total > end - pos) return 0;
+    const uint8_t *b = d->b;
+    uint64_t x[4];
+    memcpy(x, b + pos, 32);
+    if (((x[0] & t->m[0]) ^ t->w[0]) | ((x[1] & t->m[1]) ^ t->w[1]) | ((x[2] & t->m[2]) ^ t->w[2]) |
+        ((x[3] & t->m[3]) ^ t->w[3]))
+        return 0;
+    size_t s = pos + t->vo, n = t->vn;
+    feat_sum sum = {t->kind, 1, st->nchunks};
+    if (t->kind == SF_KIND_INT64) {
+        size_t c = check_packed_varints(d, s, s + n);
+        if (c == SIZE_MAX) return -1;
+        sum.count = c;
+    } else if (t->kind == SF_KIND_FLOAT) {
+        sum.count = n / 4;
+    }
+    if (t->slot >= 0) {
+        long ci = st->spec->slots[t->slot].eager_col;
+        const col_def *c = &st->spec->cols[ci];
+        if (sum.count != c->size) return 0; /* int64 varints of other lengths: the general path */
+        char *dst = (char *)st->outs[ci].fixed + (st->gen - 1) * c->size * kind_elem(c->kind);
+        if (t->kind == SF_KIND_BYTES) {
+            sf_bytes *o = (sf_bytes *)dst;
+            o->p = b + s;
+            o->n = n;
+        } else if (t->kind == SF_KIND_FLOAT) {
+            memcpy(dst, b + s, n);
+        } else {
+            decode_varints(b, s, s + n, (int64_t *)dst, sum.count);
+        }
+        entry_direct(st, t->slot, &sum);
+    }
+    st->entry_no++;
+    *at = pos + t->total;
+    return 1;
+}
+#endif
+
 static int check_features(state *st, dec *d, size_t pos, size_t end, int depth) {
     while (pos < end) {
+#if SF_TEMPLATES
+        int tr = tmpl_entry(st, d, &pos, end);
+        if (tr > 0) continue;
+        if (tr < 0) return -1;
+#endif
         size_t tag_pos = pos;
         rv t = rd_tag(d, pos, end);
         if (!t.next) return -1;
@@ -946,7 +1045,7 @@ static int check_features(state *st, dec *d, size_t pos, size_t end, int depth) 
             rv l = rd_len(d, pos, end);
             if (!l.next) return -1;
             size_t a = l.next, e = l.next + (size_t)l.v;
-            int r = fast_entry(st, d, a, e);
+            int r = fast_entry(st, d, tag_pos, a, e);
             if (r < 0 || (r == 0 && check_entry(st, d, a, e, depth - 1))) return -1;
             pos = e;
         } else if (wt == WT_EGROUP) {
@@ -1324,7 +1423,7 @@ static int finish_record(state *st, const uint8_t *b, size_t i, sf_colout *outs,
 }
 
 static int parse_record(state *st, const uint8_t *b, size_t len, size_t i, sf_colout *outs, sf_error *err) {
-    dec d = {b, err};
+    dec d = {b, err, len};
     begin_record(st, i, err);
     if (check_example(st, &d, len)) return -1;
     return finish_record(st, b, i, outs, err);
@@ -1448,7 +1547,7 @@ int sf_validate_example(const uint8_t *buf, size_t len, sf_error *err) {
     if (!st) {
         rc = nomem(err);
     } else {
-        dec d = {buf, err};
+        dec d = {buf, err, len};
         rc = check_example(st, &d, len);
     }
     state_free(st);
@@ -1477,7 +1576,7 @@ int sf_parse_sequence_batch(const sf_spec *spec, const sf_bytes *records, size_t
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *b = records[i].p;
-        dec d = {b, err};
+        dec d = {b, err, records[i].n};
         begin_record(st, i, err);
         if (check_sequence_example(st, &d, records[i].n)) {
             rc = -1;
@@ -1527,7 +1626,7 @@ int sf_validate_sequence_example(const uint8_t *buf, size_t len, sf_error *err) 
     if (!st) {
         rc = nomem(err);
     } else {
-        dec d = {buf, err};
+        dec d = {buf, err, len};
         rc = check_sequence_example(st, &d, len);
     }
     state_free(st);
