@@ -523,6 +523,22 @@ def test_entry_like_the_previous_one_near_the_end_of_its_record():
     assert check_same(recs[:-1], spec)[1]["a"].tolist() == [b"v%d" % i for i in range(12)]
 
 
+@needs_native
+def test_bytes_values_of_every_length_are_ordinary_bytes_objects():
+    lengths = [0, 1, 2, 7, 8, 9, 15, 16, 17, 100, 5000]
+    recs = [ex.encode_example({"v": [bytes(range(k % 7, k % 7 + 1)) * n for k, n in enumerate(lengths)],
+                               "c": [b"%d" % n * n]}) for n in lengths]
+    spec = {"v": FixedLen("bytes", [len(lengths)]), "c": FixedLen("bytes")}
+    out = nv.parse_example_batch(recs, spec)
+    ref = ex.parse_example(recs, spec)
+    for name in spec:
+        for got, want in zip(out[name].ravel(), ref[name].ravel()):
+            assert type(got) is bytes and got == want and len(got) == len(want)
+            assert hash(got) == hash(bytes(want)) and got.decode("latin-1").encode("latin-1") == want
+            assert got + b"" == want and got[:1] == want[:1] and got[-1:] == want[-1:]
+    assert out["v"][0, 0] == b"" and out["v"][0, 1] == bytes([1])
+
+
 # ----------------------------------------------------------------------------- parsing: odd encodings
 
 
