@@ -116,7 +116,13 @@ def main() -> int:
             n += 1
             n_seq += 1
             continue
-        recs = [mutate(rng, rng.choice(pool), pool) for _ in range(rng.randrange(1, 4))]
+        if n % 3 == 0:
+            # one record, then copies of it mutated: the entries before and after a mutation
+            # start with the bytes of the first record's entries (the parser's entry templates)
+            base = rng.choice(pool)
+            recs = [base] + [base if rng.random() < 0.3 else mutate(rng, base, pool) for _ in range(rng.randrange(1, 5))]
+        else:
+            recs = [mutate(rng, rng.choice(pool), pool) for _ in range(rng.randrange(1, 4))]
         spec = rng.choice(specs)
         try:
             check_same(recs, spec, triple=True, buffer=n % 10 == 0)

@@ -175,6 +175,26 @@ def imgcheck_seeds() -> dict[str, bytes]:
     }
 
 
+def layouts() -> list[list[bytes]]:
+    """Batches whose records repeat one layout (the parser's entry templates: an entry with
+    the previous record's bytes up to its values is read without parsing), and records that
+    break it: keys in another order, a key that differs by one byte, other varint lengths
+    under the same header, a record cut short."""
+    def rec(i: int, **over) -> bytes:
+        f = {"a": [300 + i % 2], "b": [0.5 * i], "c": [b"val%02d" % i], "other": [i, 1], "ids": [i] * (i % 3),
+             "pad": [b"p" * 32]}
+        f.update(over)
+        return encode_example(f)
+    base = [rec(i) for i in range(4)]
+    return [
+        base,
+        base[:2] + [rec(2, a=[1, 2])] + base[2:],
+        base[:2] + [encode_example(dict(reversed(list({"a": 1, "b": 2.0, "c": b"x", "pad": [b"p" * 32]}.items()))))],
+        base[:2] + [rec(2, c=[b"val0\xff"])] + [rec(3, other=[1 << 40])],
+        base[:3] + [base[3][:-5]],
+    ]
+
+
 def main() -> None:
     ex_dir = os.path.join(HERE, "corpus", "example")
     fr_dir = os.path.join(HERE, "corpus", "frames")
@@ -187,6 +207,10 @@ def main() -> None:
     for i in range(0, len(recs) - 2, 3):
         with open(os.path.join(ex_dir, f"batch-{i:02d}"), "wb") as f:
             f.write(bytes([i % 4]) + SEP.join(recs[i:i + 3]))
+    for i, batch in enumerate(layouts()):
+        for spec in (0, 1):
+            with open(os.path.join(ex_dir, f"layout-{i:02d}-{spec}"), "wb") as f:
+                f.write(bytes([spec]) + SEP.join(batch))
     seqs = sequences()
     for i, r in enumerate(seqs):
         with open(os.path.join(ex_dir, f"seq-{i:02d}"), "wb") as f:

@@ -398,6 +398,147 @@ def test_same_key_in_several_columns_and_unencodable_name():
     check_same([ex.encode_example({"": [1]})], {"": FixedLen("int64")})
 
 
+@needs_native
+def test_sparse_index_key_does_not_fill_the_first_fixedlen_column():
+    # an index key read by nothing else once counted as an eager key of column 0
+    spec = {"f": FixedLen("int64"), "s": Sparse("i", "v", "int64", 3), "g": FixedLen("float32")}
+    out = check_same([ex.encode_example({"f": 2, "v": [1], "i": [0], "g": 1.5}),
+                      ex.encode_example({"i": [2], "v": [5], "g": 0.5, "f": 7})], spec)
+    assert out[1]["f"].tolist() == [2, 7]
+
+
+# ----------------------------------------------------------------------------- parsing: the repeated layout
+# Each record's keys are first compared with the key at the same position in the previous
+# record, and a FixedLen feature's values go straight to its row: records that break the
+# previous record's layout must still parse as the reference says.
+
+LAYOUT_SPEC = {"label": FixedLen("int64"), "x": FixedLen("float32", [2]), "c": FixedLen("bytes"),
+               "cc": FixedLen("bytes", [2]), "ids": VarLen("int64"), "long_key_name_over_8": FixedLen("bytes")}
+
+
+def _layout_record(i: int, order=None, **extra) -> bytes:
+    f = {"label": i, "x": [float(i), -float(i)], "c": [b"c%d" % i], "cc": [b"a", b"b" * i], "ids": list(range(i % 4)),
+         "long_key_name_over_8": [b"L%d" % i]}
+    f.update(extra)
+    keys = order or list(f)
+    return example(*(ex_entry(k, f[k]) for k in keys))
+
+
+def ex_entry(key: str, vals) -> bytes:
+    one = ex.encode_example({key: vals})  # Example{features{feature{key: ...}}}: its one entry
+    return one[2:] if one[1] < 0x80 else one[3:]
+
+
+@needs_native
+def test_records_whose_key_order_changes_from_the_previous_one():
+    keys = list(LAYOUT_SPEC)
+    recs = [_layout_record(i) for i in range(3)]
+    recs.append(_layout_record(3, order=keys[::-1]))  # reversed
+    recs.append(_layout_record(4, order=keys[1:] + keys[:1]))  # rotated
+    recs.append(_layout_record(5))
+    recs.append(_layout_record(6, order=["x", "label", "zz", "c", "cc", "ids", "long_key_name_over_8"], zz=[1]))
+    out = check_same(recs, LAYOUT_SPEC)
+    assert out[1]["label"].tolist() == list(range(7))
+
+
+@needs_native
+def test_key_matching_the_previous_records_key_by_prefix_only():
+    recs = [_layout_record(0)]
+    # same position, same first bytes, other lengths or one byte off: not the predicted key
+    for key in ("labe", "labelx", "label\x00", "lab\x00l", "long_key_name_over_", "long_key_name_over_9",
+                "long_key_name_over_8x", "C", "c\x00", "cc\x00", "ccc"):
+        r = example(ex_entry(key, [1]), *(ex_entry(k, v) for k, v in [("label", 9), ("x", [1.0, 2.0]), ("c", [b"c"]),
+                                                                      ("cc", [b"1", b"2"]),
+                                                                      ("long_key_name_over_8", [b"z"])]))
+        recs.append(r)
+        recs.append(_layout_record(1))
+    out = check_same(recs, LAYOUT_SPEC)
+    assert out[1]["label"].tolist()[:3] == [0, 9, 1]
+
+
+@needs_native
+def test_repeated_key_after_a_fitting_entry_replaces_it():
+    base = [("x", [1.0, 2.0]), ("c", [b"c"]), ("cc", [b"1", b"2"]), ("long_key_name_over_8", [b"z"])]
+    good = [_layout_record(0)]
+    for again in (("label", 5), ("c", [b"second"]), ("cc", [b"p", b"q"]), ("x", [3.0, 4.0])):
+        r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry(*again))
+        out = check_same(good + [r], LAYOUT_SPEC)
+        assert out[0] == "ok"
+    # a later entry of the same key that does not fit: the error the reference gives
+    for again in (("label", [5, 6]), ("c", [b"a", b"b"]), ("cc", [b"p"]), ("x", [3.0]), ("c", [1]), ("x", []),
+                  ("cc", [b"a", b"b", b"c"]), ("label", [1.0]), ("c", [])):
+        r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry(*again))
+        assert check_same(good + [r], LAYOUT_SPEC)[0] == "err"
+    # one that does not fit, then one that does: the last one wins
+    r = example(ex_entry("label", 1), *(ex_entry(k, v) for k, v in base), ex_entry("cc", [b"p"]),
+                ex_entry("cc", [b"x", b"y"]), ex_entry("c", [b"a", b"b"]), ex_entry("c", [b"last"]))
+    out = check_same(good + [r], LAYOUT_SPEC)
+    assert out[1]["cc"][1].tolist() == [b"x", b"y"] and out[1]["c"][1] == b"last"
+
+
+@needs_native
+def test_fixedlen_of_zero_values_and_empty_lists_in_the_fast_path():
+    spec = {"e": FixedLen("bytes", [0]), "n": FixedLen("int64", [0]), "f": FixedLen("float32", [0]),
+            "label": FixedLen("int64")}
+    recs = [example(ex_entry("e", []), ex_entry("n", []), ex_entry("f", []), ex_entry("label", i)) for i in range(3)]
+    check_same(recs, spec)
+    recs.append(example(ex_entry("e", [b"x"]), ex_entry("label", 1)))
+    assert check_same(recs, spec)[0] == "err"
+
+
+@needs_native
+def test_entry_with_the_previous_records_header_but_other_varints():
+    # same bytes up to the packed payload as the entry before it (the template), other contents
+    pad = entry(b"pad", bytes_list(b"p" * 40))  # the window of the header compare stays inside
+    spec = {"label": FixedLen("int64"), "x": FixedLen("float32")}
+    first = example(entry(b"label", int_list(300)), entry(b"zz", int_list(300)), entry(b"x", float_list(1.0)), pad)
+    # label [1, 2]: two values where the template saw one
+    out = check_same([first, example(entry(b"label", int_list(1, 2)), entry(b"zz", int_list(300)),
+                                     entry(b"x", float_list(2.0)), pad)], spec)
+    assert out[0] == "err" and out[1][0] is ParseError and out[1][2] == "label" and out[1][3] == 1
+    # an ignored key's payload no longer valid varints (truncated; 11 bytes)
+    for bad in (b"\x80\x80", b"\xff" * 10 + b"\x01"):
+        r = example(entry(b"label", int_list(5)), entry(b"zz", ld(3, ld(1, bad))), entry(b"x", float_list(1.0)), pad)
+        base = example(entry(b"label", int_list(5)), entry(b"zz", ld(3, ld(1, b"\x01" * len(bad)))),
+                       entry(b"x", float_list(1.0)), pad)
+        out = check_same([base, base, r], spec)
+        assert out[0] == "err" and out[1][0] is DecodeError and out[1][3] == 2
+    # the label's payload: three varints, then one three-byte varint; other floats
+    recs = [example(entry(b"label", ld(3, ld(1, v))), entry(b"x", float_list(f)), pad)
+            for v, f in ((b"\x01\x02\x03", 1.0), (b"\x81\x82\x03", float("nan")), (b"\x01\x02\x03", -0.0))]
+    out = check_same(recs, {"label": FixedLen("int64", [3]), "x": FixedLen("float32")})
+    assert out[0] == "err" and out[1][3] == 1
+    out = check_same([recs[0], recs[2]], {"label": FixedLen("int64", [3]), "x": FixedLen("float32")})
+    assert out[1]["label"].tolist() == [[1, 2, 3], [1, 2, 3]]
+
+
+@needs_native
+def test_entry_like_the_previous_one_near_the_end_of_its_record():
+    spec = {"a": FixedLen("bytes"), "b": FixedLen("float32")}
+    recs = [example(entry(b"a", bytes_list(b"v%d" % i)), entry(b"b", float_list(i)), *(
+        [entry(b"pad", bytes_list(b"p" * (40 - 4 * i)))] if i < 10 else [])) for i in range(12)]
+    recs.append(example(entry(b"a", bytes_list(b"v1")), entry(b"b", float_list(1.0)))[:-3])  # cut short
+    out = check_same(recs, spec)
+    assert out[0] == "err" and out[1][0] is DecodeError and out[1][3] == 12
+    assert check_same(recs[:-1], spec)[1]["a"].tolist() == [b"v%d" % i for i in range(12)]
+
+
+@needs_native
+def test_bytes_values_of_every_length_are_ordinary_bytes_objects():
+    lengths = [0, 1, 2, 7, 8, 9, 15, 16, 17, 100, 5000]
+    recs = [ex.encode_example({"v": [bytes(range(k % 7, k % 7 + 1)) * n for k, n in enumerate(lengths)],
+                               "c": [b"%d" % n * n]}) for n in lengths]
+    spec = {"v": FixedLen("bytes", [len(lengths)]), "c": FixedLen("bytes")}
+    out = nv.parse_example_batch(recs, spec)
+    ref = ex.parse_example(recs, spec)
+    for name in spec:
+        for got, want in zip(out[name].ravel(), ref[name].ravel()):
+            assert type(got) is bytes and got == want and len(got) == len(want)
+            assert hash(got) == hash(bytes(want)) and got.decode("latin-1").encode("latin-1") == want
+            assert got + b"" == want and got[:1] == want[:1] and got[-1:] == want[-1:]
+    assert out["v"][0, 0] == b"" and out["v"][0, 1] == bytes([1])
+
+
 # ----------------------------------------------------------------------------- parsing: odd encodings
 
 

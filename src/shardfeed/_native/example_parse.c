@@ -99,7 +99,7 @@ static size_t add_slot(sf_spec *s, uint32_t *table, const uint8_t *key, size_t l
     if (f >= 0) return (size_t)f;
     if (s->nslots >= max_slots) return SIZE_MAX - 1; /* cannot happen: sized for all keys */
     slot_def *d = &s->slots[s->nslots];
-    d->key = malloc(len ? len : 1);
+    d->key = calloc(1, len + 8); /* 8 zero bytes past the key: a word load from it stays inside */
     if (!d->key) return SIZE_MAX - 1;
     memcpy(d->key, key, len);
     d->key_len = len;
@@ -207,6 +207,7 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
             goto fail;
         }
     }
+    for (size_t k = 0; k < s->nslots; k++) s->slots[k].eager_col = -1; /* a slot only index keys read has none */
     for (size_t i = 0; i < ncols; i++) {
         const col_def *c = &s->cols[i];
         if (c->col == SF_COL_SEQ_FIXED || c->col == SF_COL_SEQ_VAR) continue;
@@ -219,7 +220,7 @@ sf_spec *sf_spec_new(const sf_colspec *cols, size_t ncols) {
     }
     for (size_t k = 0; k < s->nslots; k++) {
         slot_def *d = &s->slots[k];
-        if (d->uses != 1 || s->cols[d->eager_col].col != SF_COL_FIXED) d->eager_col = -1;
+        if (d->uses != 1 || d->eager_col < 0 || s->cols[d->eager_col].col != SF_COL_FIXED) d->eager_col = -1;
         else s->neager++;
     }
     size_t no = 0;
@@ -269,6 +270,7 @@ static int vec_reserve(sf_vec *v, size_t extra) {
 typedef struct {
     const uint8_t *b; /* the record */
     sf_error *err;
+    size_t len; /* the record's length (0: unknown, no entry templates) */
 } dec;
 
 typedef struct {
@@ -452,6 +454,18 @@ static size_t check_packed_varints(dec *d, size_t start, size_t stop) {
     const uint8_t *b = d->b;
     size_t n = stop - start;
     if (n == 0) return 0;
+    if (b[stop - 1] < 0x80) {
+        /* well-formed payloads (every varint ends, none longer than 10 bytes) are counted by
+         * their last bytes; any other goes the exact way below, for the reference's error */
+        size_t c = 0, run = 0, bad = 0;
+        for (size_t i = start; i < stop; i++) {
+            size_t cont = b[i] >> 7;
+            c += cont ^ 1;
+            run = cont ? run + 1 : 0;
+            bad |= run >= 10;
+        }
+        if (!bad) return c;
+    }
     if (n <= PACKED_SEQ_MAX) {
         size_t pos = start, count = 0;
         while (pos < stop) {
@@ -554,6 +568,22 @@ typedef struct {
 
 #define PRED_MAX 1024
 
+/* An entry's encoding up to its values, as fast_entry found it at one entry position of a
+ * record: when the next record's entry at that position starts with the same bytes (tag,
+ * length, key, Feature and list headers, the one value's header), it has the same structure,
+ * key, kind and value count, so its values are taken from the same offset without parsing.
+ * Only for entries of a key no column reads, or whose FixedLen column they fill exactly
+ * with one value chunk (a bytes value, or a packed float/int64 payload). */
+#define TMPL_MAX 64
+#define TMPL_BYTES 32
+typedef struct {
+    uint64_t w[4], m[4]; /* the header's bytes (little-endian words) and their masks */
+    uint32_t total;      /* the entry's bytes from its tag; 0: no template here */
+    uint32_t vo, vn;     /* the values: offset from the tag, length */
+    int32_t slot;        /* -1: a key no column reads */
+    int32_t kind;
+} tmpl_t;
+
 typedef struct {
     const sf_spec *spec;
     slot_state *slots;
@@ -563,6 +593,7 @@ typedef struct {
     step_t *steps;
     size_t nsteps, step_cap;
     uint32_t pred[PRED_MAX]; /* slot + 1 seen at this entry position in the previous record */
+    tmpl_t tmpl[TMPL_MAX];   /* the entry seen at this position in an earlier record */
     size_t entry_no;
     size_t gen;
     sf_colout *outs;   /* where eager columns write (NULL: validation only) */
@@ -571,6 +602,8 @@ typedef struct {
 
 static void extract_run(const state *st, const uint8_t *b, const feat_sum *sum, size_t chunk_end, void *out);
 static size_t kind_elem(int kind);
+static inline uint32_t load_le32(const uint8_t *p);
+static inline size_t decode_varints(const uint8_t *b, size_t a, size_t z, int64_t *out, size_t room);
 
 /* An entry for `slot` is complete: it replaces any earlier entry with the same key (the
  * last one wins), and its FixedLen column is written now when it fits. */
@@ -719,12 +752,29 @@ static inline int key_eq(const uint8_t *a, const uint8_t *b, size_t n) {
     return 1;
 }
 
-static inline long lookup_key(state *st, const uint8_t *key, size_t len) {
+/* The key of the entry at this position in the previous record (the common case: every
+ * record of a file holds the same keys in the same order) is tried first. `avail`: bytes
+ * that may be read from `key` (at least len); with 8 or more, a key of up to 8 bytes is
+ * compared as one masked word (slot keys are zero-padded by 8 bytes). */
+static inline long lookup_key(state *st, const uint8_t *key, size_t len, size_t avail) {
     const sf_spec *s = st->spec;
     size_t e = st->entry_no;
     if (LIKELY(e < PRED_MAX) && st->pred[e]) {
         const slot_def *d = &s->slots[st->pred[e] - 1];
-        if (d->key_len == len && key_eq(d->key, key, len)) return (long)(st->pred[e] - 1);
+        if (d->key_len == len) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (len <= 8 && avail >= 8) {
+                uint64_t x, y;
+                memcpy(&x, key, 8);
+                memcpy(&y, d->key, 8);
+                uint64_t m = len == 8 ? ~0ull : (1ull << (8 * len)) - 1;
+                if (((x ^ y) & m) == 0) return (long)(st->pred[e] - 1);
+            } else
+#endif
+            if (key_eq(d->key, key, len)) {
+                return (long)(st->pred[e] - 1);
+            }
+        }
     }
     long f = find_slot(s, key, len);
     if (e < PRED_MAX) st->pred[e] = f >= 0 ? (uint32_t)(f + 1) : 0;
@@ -750,7 +800,7 @@ static int check_entry(state *st, dec *d, size_t pos, size_t end, int depth) {
             size_t a = l.next, b = l.next + (size_t)l.v;
             if (f == 1) {
                 key_seen = 1;
-                slot = lookup_key(st, d->b + a, b - a);
+                slot = lookup_key(st, d->b + a, b - a, b - a);
                 if (slot < 0) {
                     const char *why = utf8_error(d->b + a, b - a);
                     if (why) return fail(d, "feature name at byte %zu is not valid UTF-8 (%s)", a, why), -1;
@@ -766,7 +816,7 @@ static int check_entry(state *st, dec *d, size_t pos, size_t end, int depth) {
             if (!pos) return -1;
         }
     }
-    if (!key_seen) slot = lookup_key(st, (const uint8_t *)"", 0);
+    if (!key_seen) slot = lookup_key(st, (const uint8_t *)"", 0, 0);
     st->entry_no++;
     if (slot < 0) {
         st->nchunks = first_chunk; /* not a spec feature: validated, then forgotten */
@@ -790,25 +840,76 @@ static inline int short_len(const uint8_t *b, size_t p, size_t e, size_t *n, siz
     return 1;
 }
 
+/* An entry for `slot` whose values fast_entry already wrote to its eager column's row: as
+ * entry_done, without chunks (a done entry's values are never read again). */
+static inline void entry_direct(state *st, long slot, const feat_sum *sum) {
+    slot_state *ss = &st->slots[slot];
+    ss->gen = st->gen;
+    ss->sum = *sum;
+    ss->chunk_end = st->nchunks;
+    if (ss->done != st->gen) {
+        st->done_count++;
+        ss->done = st->gen;
+    }
+}
+
 /* The common encoding of an entry, handled without the generic loops: key field, then one
  * value field holding nothing or exactly one list (one packed chunk, or bytes values),
  * all with short lengths that fill their messages exactly. Returns 1 when handled, 0 to
- * fall back to check_entry (nothing changed), -1 on an error (the same first error the
- * generic path finds: everything before it was checked to be well formed). */
-static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
+ * fall back to check_entry (nothing changed but, at most, the row of the key's eager
+ * column, which the record's own values, a default or an error replace later), -1 on an
+ * error (the same first error the generic path finds: everything before it was checked to
+ * be well formed). When the key has an eager FixedLen column (one column reads it) and the
+ * values are of its kind and fill it exactly, they are written to the column's row here,
+ * in the one pass over them (no chunks, no extract_run). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SF_TEMPLATES 1
+/* Remember the entry [tpos, e) whose one value chunk is [vs, vs + vn) at its position. */
+static inline void tmpl_learn(state *st, const dec *d, size_t tpos, size_t e, size_t vs, size_t vn, long slot,
+                              int kind) {
+    size_t no = st->entry_no;
+    size_t hl = vs - tpos;
+    if (no >= TMPL_MAX || hl > TMPL_BYTES || d->len < TMPL_BYTES || tpos > d->len - TMPL_BYTES) return;
+    tmpl_t *t = &st->tmpl[no];
+    for (int k = 0; k < 4; k++) {
+        memcpy(&t->w[k], d->b + tpos + 8 * k, 8);
+        size_t have = hl > 8u * k ? hl - 8u * k : 0;
+        t->m[k] = have >= 8 ? ~0ull : (1ull << (8 * have)) - 1;
+        t->w[k] &= t->m[k];
+    }
+    t->total = (uint32_t)(e - tpos);
+    t->vo = (uint32_t)hl;
+    t->vn = (uint32_t)vn;
+    t->slot = (int32_t)slot;
+    t->kind = kind;
+}
+#else
+#define SF_TEMPLATES 0
+#endif
+
+static inline int fast_entry(state *st, dec *d, size_t tpos, size_t a, size_t e) {
     const uint8_t *b = d->b;
     size_t kn, ks, vn, vs;
     if (e - a < 4 || b[a] != 0x0A || !short_len(b, a + 1, e, &kn, &ks)) return 0;
     if (kn > e - ks || e - ks - kn < 2) return 0;
     size_t ke = ks + kn;
     if (b[ke] != 0x12 || !short_len(b, ke + 1, e, &vn, &vs) || vs > e || vn != e - vs) return 0;
-    long slot = lookup_key(st, b + ks, kn);
+    long slot = lookup_key(st, b + ks, kn, e - ks);
+    const col_def *ec = NULL; /* the eager column the values may go straight to */
+    void *dst = NULL;
     if (slot < 0) {
         const char *why = utf8_error(b + ks, kn);
         if (why) return fail(d, "feature name at byte %zu is not valid UTF-8 (%s)", ks, why), -1;
+    } else if (st->outs) {
+        long c = st->spec->slots[slot].eager_col;
+        if (c >= 0) {
+            ec = &st->spec->cols[c];
+            dst = (char *)st->outs[c].fixed + (st->gen - 1) * ec->size * kind_elem(ec->kind);
+        }
     }
     feat_sum sum = {SF_KIND_NONE, 0, 0};
     size_t first_chunk = st->nchunks;
+    int direct = 0;
     if (vn) {
         uint8_t t = b[vs];
         size_t ln, ls;
@@ -818,14 +919,36 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
         int kind = t >> 3;
         sum.kind = kind;
         sum.run_chunk = first_chunk;
+        direct = ec && ec->kind == kind;
         size_t p = ls;
         if (kind == SF_KIND_BYTES) {
-            while (p < e) {
-                size_t n, s;
-                if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s) goto fallback;
-                if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
-                sum.count++;
-                p = s + n;
+            if (direct) {
+                sf_bytes *o = dst;
+                size_t room = ec->size;
+                while (p < e) {
+                    size_t n, s;
+                    if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s)
+                        goto fallback;
+                    if (sum.count < room) {
+                        o[sum.count].p = b + s;
+                        o[sum.count].n = n;
+                    }
+                    sum.count++;
+                    p = s + n;
+                }
+                if (sum.count != room) goto fallback; /* the generic path keeps the values as chunks */
+#if SF_TEMPLATES
+                if (room == 1) tmpl_learn(st, d, tpos, e, (size_t)(o[0].p - b), o[0].n, slot, kind);
+#endif
+            } else {
+                while (p < e) {
+                    size_t n, s;
+                    if (b[p] != 0x0A || p + 1 >= e || !short_len(b, p + 1, e, &n, &s) || s > e || n > e - s)
+                        goto fallback;
+                    if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
+                    sum.count++;
+                    p = s + n;
+                }
             }
         } else if (p < e) {
             size_t n, s;
@@ -833,12 +956,30 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
             if (kind == SF_KIND_FLOAT) {
                 if (n % 4) return fail(d, "packed float field at byte %zu has %zu bytes, not a multiple of 4", s, n), -1;
                 sum.count = n / 4;
+                direct = direct && sum.count == ec->size;
+                if (direct) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+                    for (size_t i = 0; i < sum.count; i++) {
+                        uint32_t u = load_le32(b + s + 4 * i);
+                        memcpy((float *)dst + i, &u, 4);
+                    }
+#else
+                    memcpy(dst, b + s, n);
+#endif
+                }
             } else {
                 size_t c = check_packed_varints(d, s, s + n);
                 if (c == SIZE_MAX) return -1;
                 sum.count = c;
+                direct = direct && c == ec->size;
+                if (direct) decode_varints(b, s, s + n, dst, c);
             }
-            if (push_chunk(st, d, s, n, CH_PACKED)) return -1;
+            if (!direct && push_chunk(st, d, s, n, CH_PACKED)) return -1;
+#if SF_TEMPLATES
+            if (n && (direct || slot < 0)) tmpl_learn(st, d, tpos, e, s, n, slot, kind);
+#endif
+        } else {
+            direct = direct && ec->size == 0; /* an empty list */
         }
     }
     st->entry_no++;
@@ -846,15 +987,66 @@ static inline int fast_entry(state *st, dec *d, size_t a, size_t e) {
         st->nchunks = first_chunk;
         return 1;
     }
-    entry_done(st, b, slot, &sum);
+    if (direct) entry_direct(st, slot, &sum);
+    else entry_done(st, b, slot, &sum);
     return 1;
 fallback:
     st->nchunks = first_chunk;
     return 0;
 }
 
+#if SF_TEMPLATES
+/* The entry at pos by its position's template: 1 when taken (pos moved past it), 0 when it
+ * does not match (nothing changed), -1 on an error (the one fast_entry would give). */
+static inline int tmpl_entry(state *st, dec *d, size_t *at, size_t end) {
+    size_t pos = *at, no = st->entry_no;
+    if (no >= TMPL_MAX || d->len < TMPL_BYTES || pos > d->len - TMPL_BYTES) return 0;
+    const tmpl_t *t = &st->tmpl[no];
+    if (!t->total || t->total > end - pos) return 0;
+    const uint8_t *b = d->b;
+    uint64_t x[4];
+    memcpy(x, b + pos, 32);
+    if (((x[0] & t->m[0]) ^ t->w[0]) | ((x[1] & t->m[1]) ^ t->w[1]) | ((x[2] & t->m[2]) ^ t->w[2]) |
+        ((x[3] & t->m[3]) ^ t->w[3]))
+        return 0;
+    size_t s = pos + t->vo, n = t->vn;
+    feat_sum sum = {t->kind, 1, st->nchunks};
+    if (t->kind == SF_KIND_INT64) {
+        size_t c = check_packed_varints(d, s, s + n);
+        if (c == SIZE_MAX) return -1;
+        sum.count = c;
+    } else if (t->kind == SF_KIND_FLOAT) {
+        sum.count = n / 4;
+    }
+    if (t->slot >= 0) {
+        long ci = st->spec->slots[t->slot].eager_col;
+        const col_def *c = &st->spec->cols[ci];
+        if (sum.count != c->size) return 0; /* int64 varints of other lengths: the general path */
+        char *dst = (char *)st->outs[ci].fixed + (st->gen - 1) * c->size * kind_elem(c->kind);
+        if (t->kind == SF_KIND_BYTES) {
+            sf_bytes *o = (sf_bytes *)dst;
+            o->p = b + s;
+            o->n = n;
+        } else if (t->kind == SF_KIND_FLOAT) {
+            memcpy(dst, b + s, n);
+        } else {
+            decode_varints(b, s, s + n, (int64_t *)dst, sum.count);
+        }
+        entry_direct(st, t->slot, &sum);
+    }
+    st->entry_no++;
+    *at = pos + t->total;
+    return 1;
+}
+#endif
+
 static int check_features(state *st, dec *d, size_t pos, size_t end, int depth) {
     while (pos < end) {
+#if SF_TEMPLATES
+        int tr = tmpl_entry(st, d, &pos, end);
+        if (tr > 0) continue;
+        if (tr < 0) return -1;
+#endif
         size_t tag_pos = pos;
         rv t = rd_tag(d, pos, end);
         if (!t.next) return -1;
@@ -865,7 +1057,7 @@ static int check_features(state *st, dec *d, size_t pos, size_t end, int depth) 
             rv l = rd_len(d, pos, end);
             if (!l.next) return -1;
             size_t a = l.next, e = l.next + (size_t)l.v;
-            int r = fast_entry(st, d, a, e);
+            int r = fast_entry(st, d, tag_pos, a, e);
             if (r < 0 || (r == 0 && check_entry(st, d, a, e, depth - 1))) return -1;
             pos = e;
         } else if (wt == WT_EGROUP) {
@@ -1243,7 +1435,7 @@ static int finish_record(state *st, const uint8_t *b, size_t i, sf_colout *outs,
 }
 
 static int parse_record(state *st, const uint8_t *b, size_t len, size_t i, sf_colout *outs, sf_error *err) {
-    dec d = {b, err};
+    dec d = {b, err, len};
     begin_record(st, i, err);
     if (check_example(st, &d, len)) return -1;
     return finish_record(st, b, i, outs, err);
@@ -1367,7 +1559,7 @@ int sf_validate_example(const uint8_t *buf, size_t len, sf_error *err) {
     if (!st) {
         rc = nomem(err);
     } else {
-        dec d = {buf, err};
+        dec d = {buf, err, len};
         rc = check_example(st, &d, len);
     }
     state_free(st);
@@ -1396,7 +1588,7 @@ int sf_parse_sequence_batch(const sf_spec *spec, const sf_bytes *records, size_t
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
         const uint8_t *b = records[i].p;
-        dec d = {b, err};
+        dec d = {b, err, records[i].n};
         begin_record(st, i, err);
         if (check_sequence_example(st, &d, records[i].n)) {
             rc = -1;
@@ -1446,7 +1638,7 @@ int sf_validate_sequence_example(const uint8_t *buf, size_t len, sf_error *err) 
     if (!st) {
         rc = nomem(err);
     } else {
-        dec d = {buf, err};
+        dec d = {buf, err, len};
         rc = check_sequence_example(st, &d, len);
     }
     state_free(st);

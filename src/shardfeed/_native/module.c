@@ -454,6 +454,43 @@ static PyTypeObject CompiledSpecType = {
 
 #define SF_RELEASE_GIL_BYTES (4u << 20)
 
+/* One `bytes` value, as PyBytes_FromStringAndSize makes it, inline: the object-array form
+ * makes one per value (26 a record for CTR data), with the GIL held. Values of 0 and 1
+ * bytes keep CPython's shared objects; the struct layout is that of CPython 3.8-3.13. */
+#if !defined(Py_LIMITED_API) && !defined(Py_TRACE_REFS) && PY_VERSION_HEX >= 0x03080000 && PY_VERSION_HEX < 0x030E0000
+#define SF_INLINE_BYTES 1
+#endif
+static inline PyObject *new_bytes(const uint8_t *p, size_t n) {
+#ifdef SF_INLINE_BYTES
+    if (n > 1 && n <= (size_t)PY_SSIZE_T_MAX - offsetof(PyBytesObject, ob_sval) - 1) {
+        PyBytesObject *op = (PyBytesObject *)PyObject_Malloc(offsetof(PyBytesObject, ob_sval) + n + 1);
+        if (!op) return PyErr_NoMemory();
+        PyObject_InitVar((PyVarObject *)op, &PyBytes_Type, (Py_ssize_t)n);
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+        op->ob_shash = -1;
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+        char *d = op->ob_sval;
+        if (n <= 16 && n >= 8) { /* short values (categorical strings): two overlapping words, no call */
+            uint64_t a, b;
+            memcpy(&a, p, 8);
+            memcpy(&b, p + n - 8, 8);
+            memcpy(d, &a, 8);
+            memcpy(d + n - 8, &b, 8);
+        } else {
+            memcpy(d, p, n);
+        }
+        d[n] = 0;
+        return (PyObject *)op;
+    }
+#endif
+    return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n);
+}
+
 static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, npy_intp rows, npy_intp cols,
                              int fixed) {
     if (as_buffer) {
@@ -489,7 +526,7 @@ static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, 
         /* The values lie in records a batch apart, out of cache by now: ask for them ahead
          * (about 7% of the time of a batch of CTR records went to these misses). */
         if (k + 16 < count) __builtin_prefetch(vals[k + 16].p);
-        PyObject *b = PyBytes_FromStringAndSize((const char *)vals[k].p, (Py_ssize_t)vals[k].n);
+        PyObject *b = new_bytes(vals[k].p, vals[k].n);
         if (!b) {
             Py_DECREF(arr);
             return NULL;
