@@ -42,6 +42,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 if os.path.isdir(SRC):
     sys.path.insert(0, SRC)
+sys.path.insert(0, HERE)
+
+import _rows
 
 from shardfeed.convert import annotations as ann  # noqa: E402
 from shardfeed.convert.options import DiscardRecord, Row  # noqa: E402
@@ -197,6 +200,32 @@ def spark_bench(args) -> dict:
     return {"spark": results}
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints, from this script's JSON result (written into it as
+    "rows"): each ranged reader against the whole-text parser it replaced, or, with
+    ``--spark``, the driver's peak RSS with byte ranges against the driver parsing the file."""
+    out: list[_rows.Row] = []
+    results = res["results"]
+    if "spark" in results:
+        by = {(r["rows"], r["mode"]): r for r in results["spark"]}
+        for (n, mode), r in sorted(by.items()):
+            before = by.get((n, "rows"))
+            if mode == "ranges" and before is not None:
+                out.append((f"Spark job 1, {n:,} records: driver peak RSS (byte ranges)",
+                            f"{r['driver_peak_kib'] / 1024:.1f} MiB",
+                            f"driver parses the file: {before['driver_peak_kib'] / 1024:.1f} MiB",
+                            _rows.ratio(before["driver_peak_kib"] / max(1, r["driver_peak_kib"]))))
+        return out
+    for fmt, readers in results.items():
+        names = list(readers)
+        anchor = readers[names[0]]["records_per_s"]
+        for name in names[1:]:
+            rate = readers[name]["records_per_s"]
+            out.append((f"{fmt}: {name}", _rows.rate(rate, "rec/s"), f"{names[0]}: {_rows.rate(anchor, 'rec/s')}",
+                        _rows.ratio(rate / anchor)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000)
@@ -218,7 +247,9 @@ def main(argv=None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"rows": args.rows, "results": results, "load": os.getloadavg()}, f, indent=1)
+            res = {"records": args.rows, "results": results, "load": os.getloadavg()}
+            res["rows"] = table_rows(res)
+            json.dump(res, f, indent=1)
     return 0
 
 
