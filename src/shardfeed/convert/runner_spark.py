@@ -15,16 +15,21 @@ never as pickled ``Row`` objects:
    numbered in input order exactly as the local runner numbers them (a partition's rows
    start where the previous partitions' rows end), the label map, the plan digest.
 2. *write*: from the cached rows, each row's shard and position in it follow from its
-   partition's start (a vectorized step per Arrow batch); ``repartitionById`` gives each
-   write task a contiguous run of the shards still to write (a shuffle of rows, not of
-   images; at most :data:`WRITE_TASKS_PER_CORE` tasks per executor core, since a Python
-   task has a fixed cost of its own), sorted by shard and position; a write task converts
-   each shard's rows in turn with the local runner's converter
-   (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`) and
-   writes the shard with :class:`~shardfeed.convert.writer.ShardSink`; for an input without
-   images the map side converts the rows instead (:func:`converts_early`: a one-shard
-   split is then still converted on every core). The input is read once (again only where
-   Spark lost cached blocks, with an executor).
+   partition's start (for an image input in Spark SQL over the cached rows,
+   :func:`place_in_sql`, so that stage runs in the executors' JVMs with no Python task;
+   else a vectorized Python step per Arrow batch); ``repartitionById`` gives each write
+   task a contiguous run of the shards still to write (a shuffle of rows, not of images;
+   a task per executor core, more while each keeps :data:`WRITE_TASK_ROWS` rows, at most
+   :data:`WRITE_TASKS_PER_CORE`, since a Python task has a fixed cost of its own), sorted
+   by shard and position; a write task converts each shard's rows in chunks with the local
+   runner's converter (:mod:`shardfeed.convert.tasks`) and framing
+   (:func:`~shardfeed.convert.writer.convert_rows`: a chunk's records framed, CRCs
+   included, in one buffer) and writes the shard with
+   :class:`~shardfeed.convert.writer.ShardSink`; for an input without images the map side
+   converts the rows instead (:func:`converts_early`: a one-shard split is then still
+   converted on every core). The write job runs with adaptive execution off (one Spark job
+   with two stages, not a job per stage; the session's setting restored after). The input
+   is read once (again only where Spark lost cached blocks, with an executor).
 
 Exactly once: a task attempt writes its shard to its own hidden staging file
 (:class:`~shardfeed.storage.io.AtomicWriter`) and commits it by an atomic rename, then
