@@ -222,6 +222,67 @@ def test_a_small_one_file_csv_is_read_in_a_partition_per_core_and_gives_the_loca
     same_output(str(tmp_path / "local"), str(tmp_path / "spark"))
 
 
+def test_write_tasks_are_one_per_core_at_least_and_more_only_while_each_keeps_enough_rows():
+    from shardfeed.convert.runner_spark import WRITE_TASK_ROWS, WRITE_TASKS_PER_CORE, write_tasks
+
+    assert write_tasks(79, 2, 5_000) == 5_000 // WRITE_TASK_ROWS == 4  # 5,000 images: 2 a core, not 8
+    assert write_tasks(79, 2, 300) == 2  # a small input: still one per core
+    assert write_tasks(313, 2, 20_000) == WRITE_TASKS_PER_CORE * 2  # a large one: at most 4 a core
+    assert write_tasks(3, 8, 100_000) == 3  # never more than the shards
+    assert write_tasks(1, 0, 0) == 1
+
+
+def test_write_task_chunks_never_span_two_shards_and_keep_every_item_in_order():
+    from shardfeed.convert.runner_spark import _chunked
+
+    items = [("shard", 0), *[("row", p, f"a{p}") for p in range(5)], ("shard", 1), ("row", 0, "b0"),
+             ("conv", 1, None, ([b"r"], None)), ("row", 2, "b2"), ("shard", 2), ("row", 0, None)]
+    assert list(_chunked(items, 2)) == [
+        ("shard", 0), ("rows", [0, 1], ["a0", "a1"]), ("rows", [2, 3], ["a2", "a3"]), ("rows", [4], ["a4"]),
+        ("shard", 1), ("rows", [0], ["b0"]), ("conv", 1, None, ([b"r"], None)), ("rows", [2], ["b2"]),
+        ("shard", 2), ("rows", [0], [None])]
+
+
+def test_an_image_conversion_runs_two_spark_jobs_and_leaves_the_sessions_settings_as_they_were(spark, tmp_path,
+                                                                                               monkeypatch):
+    from shardfeed.convert import runner_spark
+    from shardfeed.convert.runner_spark import ADAPTIVE, session_conf, write_tasks
+
+    src = dataset(tmp_path, n=14, bad=(3,))
+    ctx = spark.sparkContext
+    before = spark.conf.get(ADAPTIVE)
+    for setting in (None, "true"):  # unset (Spark's default: on), then set by the user
+        # job 2's map side places the rows in SQL, then (too many constants) in Python
+        monkeypatch.setattr(runner_spark, "SQL_PLACE_MAX", 4096 if setting is None else 0)
+        if setting is None:
+            spark.conf.unset(ADAPTIVE)
+        else:
+            spark.conf.set(ADAPTIVE, setting)
+        group = f"two-jobs-{setting}-{os.getpid()}"
+        ctx.setJobGroup(group, "test: the jobs of a conversion")
+        try:
+            got = sc.convert(src, str(tmp_path / f"spark-{setting}"), runner="spark", **OPTS)
+        finally:
+            ctx.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        assert (ADAPTIVE in spark.conf.getAll) == (setting is not None)
+        assert spark.conf.get(ADAPTIVE) == "true"
+        # job 1, then one write job (adaptive execution ran its shuffle's map stage as a
+        # job of its own): the map stage over job 1's partitions, then the write tasks
+        stages = _job_stages(ctx, group)
+        shards = sum(len(v["shards"]) for v in got.splits.values())
+        assert len(stages) == 2 and stages[1] == [stages[0][0], write_tasks(shards, 2, 14)] == [stages[0][0], 2]
+    want = str(tmp_path / "local")
+    sc.convert(src, want, **OPTS)
+    same_output(want, str(tmp_path / "spark-None"))
+    same_output(want, str(tmp_path / "spark-true"))
+    # a setting is restored when the block fails too
+    with pytest.raises(KeyError), session_conf(spark, {ADAPTIVE: "false"}):
+        assert spark.conf.get(ADAPTIVE) == "false"
+        raise KeyError("failed inside")
+    assert spark.conf.get(ADAPTIVE) == "true"
+    spark.conf.set(ADAPTIVE, before)
+
+
 def test_spark_byte_sizes_are_read_as_spark_writes_them():
     from shardfeed.convert.runner_spark import byte_size
 

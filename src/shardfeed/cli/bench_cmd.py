@@ -78,6 +78,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
     # starts Spark (local-cluster, executor JVMs): about two minutes even with --quick sizes
     Benchmark("convert_spark", "--json", (), ("--images", "40", "--rows-small", "2000", "--rows", "20000"), "--dir"),
+    Benchmark("spark_write_job_ab", "--json", (), ("--images", "40", "--rounds", "1"), "--dir"),
 )}
 
 

@@ -15,16 +15,21 @@ never as pickled ``Row`` objects:
    numbered in input order exactly as the local runner numbers them (a partition's rows
    start where the previous partitions' rows end), the label map, the plan digest.
 2. *write*: from the cached rows, each row's shard and position in it follow from its
-   partition's start (a vectorized step per Arrow batch); ``repartitionById`` gives each
-   write task a contiguous run of the shards still to write (a shuffle of rows, not of
-   images; at most :data:`WRITE_TASKS_PER_CORE` tasks per executor core, since a Python
-   task has a fixed cost of its own), sorted by shard and position; a write task converts
-   each shard's rows in turn with the local runner's converter
-   (:mod:`shardfeed.convert.tasks`, :func:`~shardfeed.convert.writer.convert_row`) and
-   writes the shard with :class:`~shardfeed.convert.writer.ShardSink`; for an input without
-   images the map side converts the rows instead (:func:`converts_early`: a one-shard
-   split is then still converted on every core). The input is read once (again only where
-   Spark lost cached blocks, with an executor).
+   partition's start (for an image input in Spark SQL over the cached rows,
+   :func:`place_in_sql`, so that stage runs in the executors' JVMs with no Python task;
+   else a vectorized Python step per Arrow batch); ``repartitionById`` gives each write
+   task a contiguous run of the shards still to write (a shuffle of rows, not of images;
+   a task per executor core, more while each keeps :data:`WRITE_TASK_ROWS` rows, at most
+   :data:`WRITE_TASKS_PER_CORE`, since a Python task has a fixed cost of its own), sorted
+   by shard and position; a write task converts each shard's rows in chunks with the local
+   runner's converter (:mod:`shardfeed.convert.tasks`) and framing
+   (:func:`~shardfeed.convert.writer.convert_rows`: a chunk's records framed, CRCs
+   included, in one buffer) and writes the shard with
+   :class:`~shardfeed.convert.writer.ShardSink`; for an input without images the map side
+   converts the rows instead (:func:`converts_early`: a one-shard split is then still
+   converted on every core). The write job runs with adaptive execution off (one Spark job
+   with two stages, not a job per stage; the session's setting restored after). The input
+   is read once (again only where Spark lost cached blocks, with an executor).
 
 Exactly once: a task attempt writes its shard to its own hidden staging file
 (:class:`~shardfeed.storage.io.AtomicWriter`) and commits it by an atomic rename, then
@@ -105,7 +110,7 @@ from .sources import (
     table_format,
 )
 from .tasks import make_converter
-from .writer import ShardSink, convert_row, finished_state, join
+from .writer import ShardSink, convert_row, convert_rows, finished_state, join
 
 logger = logging.getLogger(__name__)
 
@@ -678,15 +683,46 @@ def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Ma
 # -- job 2: write ---------------------------------------------------------------------------------------------------
 
 WRITE_TASKS_PER_CORE = 4
+WRITE_TASK_ROWS = 1024  # rows a write task gets at least, where more tasks than cores would give fewer
 
 
-def write_tasks(shards: int, cores: int) -> int:
-    """Spark tasks job 2 writes ``shards`` shards with: ``WRITE_TASKS_PER_CORE`` per
-    executor core at most (each task writes a contiguous run of shards). A Python task
-    costs tens of milliseconds of its own (the worker handed a task, the function
-    unpickled, the Arrow stream set up): one task per 64-image shard spent more than
-    the images took; a few tasks per core keep the cores busy to the end of the job."""
-    return max(1, min(shards, WRITE_TASKS_PER_CORE * max(1, cores)))
+def write_tasks(shards: int, cores: int, rows: int) -> int:
+    """Spark tasks job 2 writes ``shards`` shards of ``rows`` rows in all with: one per
+    executor core at least, more while each keeps ``WRITE_TASK_ROWS`` rows, at most
+    ``WRITE_TASKS_PER_CORE`` per core, never more than the shards (each task writes a
+    contiguous run of shards). A Python task costs tens of milliseconds of its own (the
+    worker handed a task, the function unpickled, the Arrow stream and the converting
+    threads set up): one task per 64-image shard spent more than the images took, and 8
+    tasks for 5,000 images still paid it 4 times a core; a few tasks per core of a large
+    input keep the cores busy to the end of the job."""
+    cores = max(1, cores)
+    wanted = min(WRITE_TASKS_PER_CORE * cores, max(cores, rows // WRITE_TASK_ROWS))
+    return max(1, min(shards, wanted))
+
+
+ADAPTIVE = "spark.sql.adaptive.enabled"
+
+
+@contextlib.contextmanager
+def session_conf(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
+    """Within: the session's SQL ``settings`` set, each restored after (unset where it was
+    unset). A setting the session does not let us read or change is left as it is."""
+    old: dict[str, str | None] = {}
+    try:
+        for key, value in settings.items():
+            try:
+                was = spark.conf.get(key, None)
+                spark.conf.set(key, value)
+            except Exception:  # a session that refuses it (a locked conf): leave it as it is
+                continue
+            old[key] = was
+        yield
+    finally:
+        for key, was in old.items():
+            if was is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, was)
 
 
 # ``conv``: null where ``row`` is a pickled Row the write task converts; 1 where it is the
@@ -769,40 +805,94 @@ def _place(starts: Any, per: int, task_of: list[Any], group_of: Any, early: tupl
             names=["task", "pos", "part", "row", "wtask", "conv"])
 
 
-def _converted(items: Iterable[tuple], converter: Any, threads: int, per: int) -> Iterator[tuple]:
-    """``items`` in order, each row item ``("row", p, row)`` with its conversion appended
-    (``None`` for a row not converted: ``row`` is None); rows converted by ``threads``
-    threads in chunks of ``per`` rows (Pillow releases the GIL while decoding, resizing and
-    encoding; a thread reading one image overlaps another's decode), at most a few chunks
-    ahead. One thread: converted here, in order."""
+SQL_PLACE_MAX = 4096  # the most constants (partition starts, shard tasks) job 2's map side places rows with in SQL
+
+
+def place_in_sql(frame: Any, starts: Any, per: int, task_of: list[Any], group_of: Any) -> Any | None:
+    """:func:`_place` as Spark SQL expressions over job 1's cached rows, for rows the
+    write tasks convert (an image input): the map side then runs in the executors' JVMs,
+    with no Python task per input partition (their start, and an Arrow stream each way,
+    cost more than placing a few thousand rows). The starts and the shard-to-task tables
+    are array constants in the plan, so None (place them in Python) where they hold more
+    than :data:`SQL_PLACE_MAX` values."""
+    import numpy as np
+
+    tasks = np.concatenate(task_of)
+    if starts.size + tasks.size + len(group_of) > SQL_PLACE_MAX:
+        return None
+    bases = np.cumsum([0] + [len(t) for t in task_of[:-1]])
+
+    def array(values: Any) -> str:
+        return "array(" + ", ".join(f"{int(v)}L" for v in values) + ")"
+
+    g = f"(element_at({array(starts.reshape(-1))}, part * {len(SPLITS)} + split + 1) + pos)"
+    at = f"cast(element_at({array(bases)}, split + 1) + {g} div {per} + 1 as int)"  # shard's place in ``tasks``
+    task = f"cast(element_at({array(tasks)}, {at}) as int)"
+    return (frame.selectExpr(f"{task} as task", f"cast({g} % {per} as int) as pos", "part", "row")
+            .where("task >= 0")
+            .selectExpr("task", "pos", "part", "row", f"cast(element_at({array(group_of)}, task + 1) as int) as wtask",
+                        "cast(null as tinyint) as conv"))
+
+
+def _chunked(items: Iterable[tuple], per: int) -> Iterator[tuple]:
+    """``items`` with each run of ``("row", p, row)`` of one shard gathered into
+    ``("rows", [p, ...], [row, ...])`` chunks of at most ``per`` rows (a chunk never spans
+    two shards); the other items as they are."""
+    ps: list[int] = []
+    rows: list[Any] = []
+    for it in items:
+        if it[0] == "row":
+            ps.append(it[1])
+            rows.append(it[2])
+            if len(rows) >= per:
+                yield ("rows", ps, rows)
+                ps, rows = [], []
+            continue
+        if rows:
+            yield ("rows", ps, rows)
+            ps, rows = [], []
+        yield it
+    if rows:
+        yield ("rows", ps, rows)
+
+
+def _convert_chunk(converter: Any, it: tuple) -> tuple:
+    """A ``("rows", ps, rows)`` chunk with its :class:`~shardfeed.convert.writer.FramedRows`
+    appended (the local runner's framed path: records encoded in pieces and framed, CRCs
+    included, in one native pass); ``None`` where the rows are not converted (a shard
+    already written: its rows are only counted)."""
+    if it[0] != "rows":
+        return it
+    rows = it[2]
+    return (*it, None if rows[0] is None else convert_rows(converter, rows))
+
+
+def _converted(items: Iterable[tuple], converter: Any, threads: int) -> Iterator[tuple]:
+    """``items`` (see :func:`_chunked`) in order, each chunk converted
+    (:func:`_convert_chunk`) by ``threads`` threads (Pillow releases the GIL while decoding,
+    resizing and encoding; a thread reading one image overlaps another's decode), at most a
+    few chunks ahead. One thread: converted here, in order."""
     if threads <= 1:
         for it in items:
-            yield it if it[0] != "row" else (*it, convert_row(converter, it[2]) if it[2] is not None else None)
+            yield _convert_chunk(converter, it)
         return
     from concurrent.futures import ThreadPoolExecutor
-
-    def work(chunk: list[tuple]) -> list[tuple]:
-        return [it if it[0] != "row" else (*it, convert_row(converter, it[2]) if it[2] is not None else None)
-                for it in chunk]
 
     pool = ThreadPoolExecutor(threads, thread_name_prefix="shardfeed-spark-convert")
     inflight: collections.deque[Any] = collections.deque()
     try:
-        chunk: list[tuple] = []
         for it in items:
-            chunk.append(it)
-            if len(chunk) >= per:
-                inflight.append(pool.submit(work, chunk))
-                chunk = []
-                while len(inflight) > 4 * threads:
-                    yield from inflight.popleft().result()
-        if chunk:
-            inflight.append(pool.submit(work, chunk))
+            inflight.append(pool.submit(_convert_chunk, converter, it) if it[0] == "rows" else it)
+            while len(inflight) > 4 * threads:
+                got = inflight.popleft()
+                yield got if isinstance(got, tuple) else got.result()
         while inflight:
-            yield from inflight.popleft().result()
+            got = inflight.popleft()
+            yield got if isinstance(got, tuple) else got.result()
     finally:
         for f in inflight:
-            f.cancel()
+            if not isinstance(f, tuple):
+                f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -813,17 +903,21 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], fix: RowF
     Spark lacks ``repartitionById``, maybe several runs), in shard order; each shard is
     converted (unless the map side converted its rows) and committed, or, when an attempt
     of this job (or with ``resume`` an earlier job of the same plan) committed it already,
-    its state returned as it is. Rows of an image input are converted by
-    ``read_parallel_num`` threads, in order."""
+    its state returned as it is. Rows are converted in chunks, as the local runner's are
+    (:func:`~shardfeed.convert.writer.convert_rows`: records framed in one buffer, appended
+    with one write), for an image input by ``read_parallel_num`` threads, in order."""
     import pyarrow as pa
+
+    from ..formats.bufpool import pass_closed
 
     def emit(state: dict) -> Any:
         return pa.RecordBatch.from_arrays([pa.array([json.dumps(state).encode()], pa.binary())], names=["state"])
 
     def staged() -> Iterator[tuple]:
         """("shard", task, shard, expected, done) where a shard's rows start, then
-        ("row", position, row): the row unpickled where its shard is to be written, or
-        ("conv", position, row, (records, reason)) for a row converted on the map side."""
+        ("row", position, row): the row unpickled where its shard is to be written (else
+        None), or ("conv", position, row, (records, reason)) for a row converted on the
+        map side."""
         current = -1
         done: dict | None = None
         for b in batches:
@@ -863,11 +957,20 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], fix: RowF
         assert sink is not None
         return emit(sink.commit())
 
+    def arrived(ps: list[int]) -> None:
+        nonlocal seen
+        assert shard is not None
+        if ps[0] != seen or ps[-1] != seen + len(ps) - 1:
+            due = next((seen + i for i, p in enumerate(ps) if p != seen + i), seen)
+            raise RuntimeError(f"shard {plan.shard_name(shard)}: row {ps[due - seen]} of it came where row {due} "
+                               "was due: the input did not read the same rows twice")
+        seen += len(ps)
+
     converter = _converter(plan, storage_options)
     threads = plan.options.read_parallel_num if plan.has_image else 1
     per = 1 if plan.options.model_type == "VIDEO_CLASSIFICATION" else CHUNK_ROWS
     try:
-        for item in _converted(staged(), converter, threads, per):
+        for item in _converted(_chunked(staged(), per), converter, threads):
             if item[0] == "shard":
                 if shard is not None:
                     yield finish()
@@ -877,23 +980,27 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], fix: RowF
                     sink = ShardSink(plan, shard, output_dir, storage_options)
                     sink.extra_state["job"] = job
                 continue
-            _, p, row, result = item
-            assert shard is not None
-            if p != seen:
-                raise RuntimeError(f"shard {plan.shard_name(shard)}: row {p} of it came where row {seen} was "
-                                   "due: the input did not read the same rows twice")
-            seen += 1
-            if sink is None:
+            if item[0] == "rows":
+                _, ps, rows, framed = item
+                arrived(ps)
+                if sink is not None:
+                    sink.add_framed(rows, framed)
+                    shard.rows.extend([None] * len(rows))  # type: ignore[union-attr]  # counted by the state
                 continue
-            records, reason = result
-            sink.add(row, records, reason)
-            shard.rows.append(None)  # type: ignore[arg-type]  # counted by the state; no row is kept
+            _, p, row, result = item
+            arrived([p])
+            if sink is not None:
+                records, reason = result
+                sink.add(row, records, reason)
+                shard.rows.append(None)  # type: ignore[union-attr]  # counted by the state; no row is kept
         if shard is not None:
             yield finish()
     except BaseException:
         if sink is not None:
             sink.abort()
         raise
+    finally:
+        pass_closed()  # the framed chunks' pooled blocks, given back once idle
 
 
 def _remove_staging(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None) -> int:
@@ -946,18 +1053,25 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
             spark = src.frame.sparkSession
             spark.sparkContext.setJobDescription(f"shardfeed convert: write {len(todo)} shards")
             # shard tasks in contiguous runs, one run per write task (a Spark partition)
-            n_write = write_tasks(len(todo), spark.sparkContext.defaultParallelism)
+            n_write = write_tasks(len(todo), spark.sparkContext.defaultParallelism, sum(spec[3] for spec in specs))
             group_of = (np.arange(len(todo), dtype=np.int64) * n_write // len(todo)).astype(np.int32)
-            placed = sp.prepared.where("summary is null").mapInArrow(
-                lambda it: _place(starts, per, task_of, group_of, early, it), PLACED)
+            rows = sp.prepared.where("summary is null")
+            placed = place_in_sql(rows, starts, per, task_of, group_of) if early is None else None
+            if placed is None:
+                placed = rows.mapInArrow(lambda it: _place(starts, per, task_of, group_of, early, it), PLACED)
             # one Spark partition per write task, which writes its shards one after another;
             # without repartitionById (Spark < 4.1) a hash of the write task, and a
             # partition may then write several runs
             by_task = (placed.repartitionById(n_write, "wtask") if hasattr(placed, "repartitionById")
                        else placed.repartition(n_write, "wtask"))
-            written = by_task.sortWithinPartitions("task", "pos").mapInArrow(
-                lambda it: _write_shards(shipped, specs, fix, output_dir, storage_options, job, resume, it),
-                "state binary").collect()
+            # adaptive execution off for the write job: it would run the shuffle's map stage
+            # as a job of its own and plan the rest again after it (a few hundred
+            # milliseconds a conversion), for a shuffle whose partitions are fixed
+            # (``n_write``) and whose rows are small (paths, or converted records)
+            with session_conf(spark, {ADAPTIVE: "false"}):
+                written = by_task.sortWithinPartitions("task", "pos").mapInArrow(
+                    lambda it: _write_shards(shipped, specs, fix, output_dir, storage_options, job, resume, it),
+                    "state binary").collect()
             for r in written:
                 st = json.loads(r[0])
                 states[st["file"]] = st
