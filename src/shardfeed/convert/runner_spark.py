@@ -574,11 +574,36 @@ def byte_size(text: str) -> int:
     return int(t[:-1] if scale > 1 else t or "0") * scale
 
 
+ADAPTIVE = "spark.sql.adaptive.enabled"
+
+
+@contextlib.contextmanager
+def session_conf(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
+    """Within: the session's SQL ``settings`` set, each restored after (unset where it was
+    unset). A setting the session does not let us read or change is left as it is."""
+    old: dict[str, str | None] = {}
+    try:
+        for key, value in settings.items():
+            try:
+                was = spark.conf.get(key, None)
+                spark.conf.set(key, value)
+            except Exception:  # a session that refuses it (a locked conf): leave it as it is
+                continue
+            old[key] = was
+        yield
+    finally:
+        for key, was in old.items():
+            if was is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, was)
+
+
 @contextlib.contextmanager
 def small_input_splits(spark: Any) -> Iterator[None]:
     """Within: Spark splits input files for job 1 into about as many partitions as the
     cluster has cores, down to :data:`MIN_SPLIT_BYTES` a split, restoring the session's
-    setting after.
+    setting after (:func:`session_conf`).
 
     Spark cuts files into splits of ``min(maxPartitionBytes, max(openCostInBytes,
     (bytes + files * openCostInBytes) / cores))``: with the default 4 MiB
@@ -592,17 +617,9 @@ def small_input_splits(spark: Any) -> Iterator[None]:
         old = spark.conf.get(OPEN_COST)
         lower = old is None or byte_size(old) > MIN_SPLIT_BYTES
     except Exception:  # a session whose conf cannot be read or parsed: leave it as it is
-        old, lower = None, False
-    if lower:
-        spark.conf.set(OPEN_COST, str(MIN_SPLIT_BYTES))
-    try:
+        lower = False
+    with session_conf(spark, {OPEN_COST: str(MIN_SPLIT_BYTES)} if lower else {}):
         yield
-    finally:
-        if lower:
-            if old is None:
-                spark.conf.unset(OPEN_COST)
-            else:
-                spark.conf.set(OPEN_COST, old)
 
 
 def plan_on_spark(src: SparkSource, options: ConvertOptions, storage_options: Mapping[str, Any] | None
@@ -698,31 +715,6 @@ def write_tasks(shards: int, cores: int, rows: int) -> int:
     cores = max(1, cores)
     wanted = min(WRITE_TASKS_PER_CORE * cores, max(cores, rows // WRITE_TASK_ROWS))
     return max(1, min(shards, wanted))
-
-
-ADAPTIVE = "spark.sql.adaptive.enabled"
-
-
-@contextlib.contextmanager
-def session_conf(spark: Any, settings: Mapping[str, str]) -> Iterator[None]:
-    """Within: the session's SQL ``settings`` set, each restored after (unset where it was
-    unset). A setting the session does not let us read or change is left as it is."""
-    old: dict[str, str | None] = {}
-    try:
-        for key, value in settings.items():
-            try:
-                was = spark.conf.get(key, None)
-                spark.conf.set(key, value)
-            except Exception:  # a session that refuses it (a locked conf): leave it as it is
-                continue
-            old[key] = was
-        yield
-    finally:
-        for key, was in old.items():
-            if was is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, was)
 
 
 # ``conv``: null where ``row`` is a pickled Row the write task converts; 1 where it is the
