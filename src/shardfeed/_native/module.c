@@ -7,6 +7,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -624,68 +625,94 @@ static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fu
  * buffer-form FIXED/VAR bytes columns in the pass that copies the values out; error
  * ("crc", 0, record, ...) for the first record whose CRC fails, ahead of a decode or
  * parse error of that record or a later one. */
-static PyObject *parse_common(PyObject *args, int sequence) {
-    CompiledSpecObject *cso;
+/* One batch parse, in three phases: pjob_prepare (GIL), pjob_run (no GIL: the parse and the
+ * CRCs), pjob_finish (GIL: the result). parse_batch runs them in a row, releasing the GIL
+ * around the run; a ParsePool runs the run on its own threads. */
+typedef struct {
+    CompiledSpecObject *cso; /* held: its spec and columns stay alive while a pool thread parses */
+    PyObject *columns;       /* held */
+    const sf_spec *spec;
+    size_t ncols;
+    int sequence, as_buffer, fuse;
+    PyObject *whicha, *tup, *keep, *offs, *lens, *type_err_name;
+    Py_buffer *views; /* held views keep the records' buffers alive and unmoved */
+    Py_ssize_t nviews, views_held;
+    Py_buffer view, crcv;
+    int have_view, have_crcs;
+    const uint8_t *want;
+    sf_bytes *recs;
+    sf_colout *outs;
+    PyObject **fixed_arrays;
+    fused_col *fc;
+    size_t nfc;
+    sf_seg *segs;
+    size_t n, type_err_at;
+    /* the run's outcome */
+    sf_error err;
+    int rc;
+    size_t crc_bad; /* the first record whose data CRC fails; n: none */
+} pjob;
+
+static pjob *pjob_new(void) {
+    pjob *j = PyMem_Calloc(1, sizeof(pjob));
+    if (!j) PyErr_NoMemory();
+    return j;
+}
+
+/* Everything a batch parse does with the GIL before the parse: the arguments read, the
+ * records located, the output columns allocated. 0, or -1 with an exception set. */
+static int pjob_prepare(pjob *j, PyObject *args, int sequence) {
     PyObject *records, *offsets_obj, *lengths_obj;
-    PyObject *crcs_obj = Py_None, *which_obj = Py_None, *whicha = NULL;
-    Py_buffer *views = NULL;
-    Py_ssize_t nviews = 0, views_held = 0;
-    int as_buffer = 0;
+    PyObject *crcs_obj = Py_None, *which_obj = Py_None;
+    CompiledSpecObject *cso;
+    j->sequence = sequence;
+    j->type_err_at = SIZE_MAX;
     if (!PyArg_ParseTuple(args, sequence ? "O!OOO|pOO:parse_sequence_batch" : "O!OOO|pOO:parse_batch",
-                          &CompiledSpecType, &cso, &records, &offsets_obj, &lengths_obj, &as_buffer, &crcs_obj,
+                          &CompiledSpecType, &cso, &records, &offsets_obj, &lengths_obj, &j->as_buffer, &crcs_obj,
                           &which_obj))
-        return NULL;
-    const sf_spec *spec = cso->spec;
-    if (!spec) {
+        return -1;
+    if (!cso->spec) {
         PyErr_SetString(PyExc_ValueError, "CompiledSpec is not initialised");
-        return NULL;
+        return -1;
     }
-    PyObject *columns = cso->columns; /* borrowed; cso is alive for the call */
-    Py_INCREF(columns);
-    size_t ncols = sf_spec_ncols(spec);
-    PyObject *result = NULL, *tup = NULL, *keep = NULL, *offs = NULL, *lens = NULL;
-    PyObject **fixed_arrays = NULL;
-    sf_bytes *recs = NULL;
-    sf_colout *outs = NULL;
-    Py_buffer view = {0}, crcv = {0};
-    int have_view = 0, have_crcs = 0;
-    fused_col *fc = NULL;
-    size_t nfc = 0;
-    sf_seg *segs = NULL;
-    size_t n = 0, type_err_at = SIZE_MAX;
-    PyObject *type_err_name = NULL;
+    Py_INCREF(cso);
+    j->cso = cso;
+    j->spec = cso->spec;
+    j->columns = cso->columns;
+    Py_INCREF(j->columns);
+    j->ncols = sf_spec_ncols(j->spec);
 
     if (offsets_obj == Py_None) {
-        tup = PySequence_Tuple(records);
-        if (!tup) goto done;
-        n = (size_t)PyTuple_GET_SIZE(tup);
-        recs = PyMem_Calloc(n ? n : 1, sizeof(sf_bytes));
-        keep = PyList_New(0);
-        if (!recs || !keep) {
+        j->tup = PySequence_Tuple(records);
+        if (!j->tup) return -1;
+        j->n = (size_t)PyTuple_GET_SIZE(j->tup);
+        j->recs = PyMem_Calloc(j->n ? j->n : 1, sizeof(sf_bytes));
+        j->keep = PyList_New(0);
+        if (!j->recs || !j->keep) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
-        for (size_t i = 0; i < n; i++) {
-            PyObject *r = PyTuple_GET_ITEM(tup, i);
+        for (size_t i = 0; i < j->n; i++) {
+            PyObject *r = PyTuple_GET_ITEM(j->tup, i);
             if (!PyBytes_Check(r)) {
                 if (PyByteArray_Check(r) || PyMemoryView_Check(r)) {
                     PyObject *b = PyBytes_FromObject(r); /* a copy: it cannot change under us */
-                    if (!b || PyList_Append(keep, b) < 0) {
+                    if (!b || PyList_Append(j->keep, b) < 0) {
                         Py_XDECREF(b);
-                        goto done;
+                        return -1;
                     }
                     Py_DECREF(b);
                     r = b;
                 } else {
-                    type_err_at = i;
-                    type_err_name = PyUnicode_FromString(Py_TYPE(r)->tp_name);
-                    if (!type_err_name) goto done;
-                    n = i;
+                    j->type_err_at = i;
+                    j->type_err_name = PyUnicode_FromString(Py_TYPE(r)->tp_name);
+                    if (!j->type_err_name) return -1;
+                    j->n = i;
                     break;
                 }
             }
-            recs[i].p = (const uint8_t *)PyBytes_AS_STRING(r);
-            recs[i].n = (size_t)PyBytes_GET_SIZE(r);
+            j->recs[i].p = (const uint8_t *)PyBytes_AS_STRING(r);
+            j->recs[i].n = (size_t)PyBytes_GET_SIZE(r);
         }
     } else {
         /* one buffer; or a tuple of buffers, record i in records[which[i]] (a batch whose
@@ -693,289 +720,586 @@ static PyObject *parse_common(PyObject *args, int sequence) {
         int several = PyTuple_Check(records);
         if (several != (which_obj != Py_None)) {
             PyErr_SetString(PyExc_ValueError, "records: a tuple of buffers goes with `which`, one buffer without");
-            goto done;
+            return -1;
         }
         if (several) {
-            nviews = PyTuple_GET_SIZE(records);
-            views = PyMem_Calloc(nviews ? (size_t)nviews : 1, sizeof(Py_buffer));
-            if (!views) {
+            j->nviews = PyTuple_GET_SIZE(records);
+            j->views = PyMem_Calloc(j->nviews ? (size_t)j->nviews : 1, sizeof(Py_buffer));
+            if (!j->views) {
                 PyErr_NoMemory();
-                goto done;
+                return -1;
             }
-            for (; views_held < nviews; views_held++)
-                if (PyObject_GetBuffer(PyTuple_GET_ITEM(records, views_held), &views[views_held], PyBUF_SIMPLE) < 0)
-                    goto done;
-            whicha = PyArray_FROMANY(which_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
-            if (!whicha) goto done;
+            for (; j->views_held < j->nviews; j->views_held++)
+                if (PyObject_GetBuffer(PyTuple_GET_ITEM(records, j->views_held), &j->views[j->views_held], PyBUF_SIMPLE) < 0)
+                    return -1;
+            j->whicha = PyArray_FROMANY(which_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+            if (!j->whicha) return -1;
         } else {
-            if (PyObject_GetBuffer(records, &view, PyBUF_SIMPLE) < 0) goto done;
-            have_view = 1;
+            if (PyObject_GetBuffer(records, &j->view, PyBUF_SIMPLE) < 0) return -1;
+            j->have_view = 1;
         }
-        offs = PyArray_FROMANY(offsets_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
-        lens = offs ? PyArray_FROMANY(lengths_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY) : NULL;
-        if (!lens) goto done;
-        n = (size_t)PyArray_SIZE((PyArrayObject *)offs);
-        if ((size_t)PyArray_SIZE((PyArrayObject *)lens) != n ||
-            (whicha && (size_t)PyArray_SIZE((PyArrayObject *)whicha) != n)) {
+        j->offs = PyArray_FROMANY(offsets_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+        j->lens = j->offs ? PyArray_FROMANY(lengths_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY) : NULL;
+        if (!j->lens) return -1;
+        j->n = (size_t)PyArray_SIZE((PyArrayObject *)j->offs);
+        if ((size_t)PyArray_SIZE((PyArrayObject *)j->lens) != j->n ||
+            (j->whicha && (size_t)PyArray_SIZE((PyArrayObject *)j->whicha) != j->n)) {
             PyErr_SetString(PyExc_ValueError, "offsets, lengths (and which) must have the same length");
-            goto done;
+            return -1;
         }
-        const int64_t *o = PyArray_DATA((PyArrayObject *)offs), *l = PyArray_DATA((PyArrayObject *)lens);
-        const int64_t *wh = whicha ? PyArray_DATA((PyArrayObject *)whicha) : NULL;
-        recs = PyMem_Calloc(n ? n : 1, sizeof(sf_bytes));
-        if (!recs) {
+        const int64_t *o = PyArray_DATA((PyArrayObject *)j->offs), *l = PyArray_DATA((PyArrayObject *)j->lens);
+        const int64_t *wh = j->whicha ? PyArray_DATA((PyArrayObject *)j->whicha) : NULL;
+        j->recs = PyMem_Calloc(j->n ? j->n : 1, sizeof(sf_bytes));
+        if (!j->recs) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
-        for (size_t i = 0; i < n; i++) {
-            if (wh && (wh[i] < 0 || wh[i] >= (int64_t)nviews)) {
-                PyErr_Format(PyExc_ValueError, "record %zu: buffer %lld of %zd", i, (long long)wh[i], nviews);
-                goto done;
+        for (size_t i = 0; i < j->n; i++) {
+            if (wh && (wh[i] < 0 || wh[i] >= (int64_t)j->nviews)) {
+                PyErr_Format(PyExc_ValueError, "record %zu: buffer %lld of %zd", i, (long long)wh[i], j->nviews);
+                return -1;
             }
-            const Py_buffer *v = wh ? &views[wh[i]] : &view;
+            const Py_buffer *v = wh ? &j->views[wh[i]] : &j->view;
             uint64_t blen = (uint64_t)v->len;
             if (o[i] < 0 || l[i] < 0 || (uint64_t)o[i] > blen || (uint64_t)l[i] > blen - (uint64_t)o[i]) {
                 PyErr_Format(PyExc_ValueError,
                              "record %zu: offset %lld and length %lld are outside the buffer (%lld bytes)", i,
                              (long long)o[i], (long long)l[i], (long long)blen);
-                goto done;
+                return -1;
             }
-            recs[i].p = (const uint8_t *)v->buf + o[i];
-            recs[i].n = (size_t)l[i];
+            j->recs[i].p = (const uint8_t *)v->buf + o[i];
+            j->recs[i].n = (size_t)l[i];
         }
     }
 
     if (crcs_obj != Py_None) {
         if (offsets_obj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "crcs: only with records in one buffer (offsets and lengths)");
-            goto done;
+            return -1;
         }
-        if (PyObject_GetBuffer(crcs_obj, &crcv, PyBUF_SIMPLE) < 0) goto done;
-        have_crcs = 1;
-        if ((size_t)crcv.len != 4 * n) {
-            PyErr_Format(PyExc_ValueError, "crcs: %zd bytes for %zu records (4 bytes each)", crcv.len, n);
-            goto done;
+        if (PyObject_GetBuffer(crcs_obj, &j->crcv, PyBUF_SIMPLE) < 0) return -1;
+        j->have_crcs = 1;
+        if ((size_t)j->crcv.len != 4 * j->n) {
+            PyErr_Format(PyExc_ValueError, "crcs: %zd bytes for %zu records (4 bytes each)", j->crcv.len, j->n);
+            return -1;
         }
     }
-    const uint8_t *want = have_crcs ? crcv.buf : NULL;
-    int fuse = want && as_buffer && !sequence;
+    j->want = j->have_crcs ? j->crcv.buf : NULL;
+    j->fuse = j->want && j->as_buffer && !j->sequence;
 
-    outs = PyMem_Calloc(ncols ? ncols : 1, sizeof(sf_colout));
-    fixed_arrays = PyMem_Calloc(ncols ? ncols : 1, sizeof(PyObject *));
-    if (!outs || !fixed_arrays) {
+    j->outs = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(sf_colout));
+    j->fixed_arrays = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(PyObject *));
+    if (!j->outs || !j->fixed_arrays) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    for (size_t ci = 0; ci < ncols; ci++) {
-        PyObject *t = PyTuple_GET_ITEM(columns, ci);
+    for (size_t ci = 0; ci < j->ncols; ci++) {
+        PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
         int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
         int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
         if (col == SF_COL_FIXED) {
-            if (size && n > (size_t)PY_SSIZE_T_MAX / 16 / (size_t)size) {
+            if (size && j->n > (size_t)PY_SSIZE_T_MAX / 16 / (size_t)size) {
                 PyErr_NoMemory();
-                goto done;
+                return -1;
             }
             if (kind == SF_KIND_BYTES) {
-                outs[ci].fixed = PyMem_Malloc((n && size ? n * (size_t)size : 1) * sizeof(sf_bytes));
-                if (!outs[ci].fixed) {
+                j->outs[ci].fixed = PyMem_Malloc((j->n && size ? j->n * (size_t)size : 1) * sizeof(sf_bytes));
+                if (!j->outs[ci].fixed) {
                     PyErr_NoMemory();
-                    goto done;
+                    return -1;
                 }
             } else {
-                npy_intp dims[2] = {(npy_intp)n, size};
-                fixed_arrays[ci] = PyArray_SimpleNew(2, dims, kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32);
-                if (!fixed_arrays[ci]) goto done;
-                outs[ci].fixed = PyArray_DATA((PyArrayObject *)fixed_arrays[ci]);
+                npy_intp dims[2] = {(npy_intp)j->n, size};
+                j->fixed_arrays[ci] = PyArray_SimpleNew(2, dims, kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32);
+                if (!j->fixed_arrays[ci]) return -1;
+                j->outs[ci].fixed = PyArray_DATA((PyArrayObject *)j->fixed_arrays[ci]);
             }
         } else {
-            npy_intp sn = (npy_intp)n + 1;
-            fixed_arrays[ci] = PyArray_SimpleNew(1, &sn, NPY_INT64); /* the splits */
-            if (!fixed_arrays[ci]) goto done;
-            outs[ci].splits = PyArray_DATA((PyArrayObject *)fixed_arrays[ci]);
-            memset(outs[ci].splits, 0, (n + 1) * sizeof(int64_t));
+            npy_intp sn = (npy_intp)j->n + 1;
+            j->fixed_arrays[ci] = PyArray_SimpleNew(1, &sn, NPY_INT64); /* the splits */
+            if (!j->fixed_arrays[ci]) return -1;
+            j->outs[ci].splits = PyArray_DATA((PyArrayObject *)j->fixed_arrays[ci]);
+            memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
         }
     }
 
-    sf_error err;
-    int rc;
-    size_t crc_bad = n; /* the first record whose data CRC fails; n: none */
-    Py_BEGIN_ALLOW_THREADS
-    rc = sequence ? sf_parse_sequence_batch(spec, recs, n, outs, &err) : sf_parse_batch(spec, recs, n, outs, &err);
-    if (want && rc && err.kind != SF_ERR_NOMEM) {
+    return 0;
+}
+
+/* The parse itself and the records' CRCs: no GIL, no Python object touched. */
+static void pjob_run(pjob *j) {
+    j->crc_bad = j->n; /* the first record whose data CRC fails; j->n: none */
+    j->rc = j->sequence ? sf_parse_sequence_batch(j->spec, j->recs, j->n, j->outs, &j->err) : sf_parse_batch(j->spec, j->recs, j->n, j->outs, &j->err);
+    if (j->want && j->rc && j->err.kind != SF_ERR_NOMEM) {
         /* a record that does not parse may be a damaged one: its CRC (and those before it) first */
-        size_t upto = err.record < n ? err.record + 1 : n;
-        size_t bad = sf_first_bad_crc(recs, want, upto);
-        if (bad < upto) crc_bad = bad;
-    } else if (want && !rc && !fuse) {
-        crc_bad = sf_first_bad_crc(recs, want, n);
+        size_t upto = j->err.record < j->n ? j->err.record + 1 : j->n;
+        size_t bad = sf_first_bad_crc(j->recs, j->want, upto);
+        if (bad < upto) j->crc_bad = bad;
+    } else if (j->want && !j->rc && !j->fuse) {
+        j->crc_bad = sf_first_bad_crc(j->recs, j->want, j->n);
     }
-    Py_END_ALLOW_THREADS
-    if (rc && err.kind == SF_ERR_NOMEM) {
+}
+
+/* Everything after the parse, with the GIL: the fused copy of buffer-form columns, the
+ * error or the columns, as parse_batch returns them; NULL with an exception set. */
+static PyObject *pjob_finish(pjob *j) {
+    PyObject *result = NULL;
+    if (j->rc && j->err.kind == SF_ERR_NOMEM) {
         PyErr_NoMemory();
-        goto done;
+        return result;
     }
-    if (crc_bad == n && fuse && !rc && !type_err_name) {
-        fc = PyMem_Calloc(ncols ? ncols : 1, sizeof(fused_col));
-        if (!fc) {
+    if (j->crc_bad == j->n && j->fuse && !j->rc && !j->type_err_name) {
+        j->fc = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(fused_col));
+        if (!j->fc) {
             PyErr_NoMemory();
-            goto done;
+            return result;
         }
-        size_t most = 0; /* the most values one record can have in the fused columns */
-        for (size_t ci = 0; ci < ncols; ci++) {
-            PyObject *t = PyTuple_GET_ITEM(columns, ci);
+        size_t most = 0; /* the most values one record can have in the fused j->columns */
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
             int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
             int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
             Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
             if (kind != SF_KIND_BYTES || (col != SF_COL_FIXED && col != SF_COL_VAR)) continue;
-            fused_col *f = &fc[nfc++];
+            fused_col *f = &j->fc[j->nfc++];
             if (col == SF_COL_FIXED) {
-                f->vals = outs[ci].fixed;
+                f->vals = j->outs[ci].fixed;
                 f->size = (size_t)size;
-                f->count = n * (size_t)size;
+                f->count = j->n * (size_t)size;
                 most += (size_t)size;
             } else {
-                f->vals = outs[ci].values.data;
-                f->count = outs[ci].values.len;
-                f->splits = outs[ci].splits;
+                f->vals = j->outs[ci].values.data;
+                f->count = j->outs[ci].values.len;
+                f->splits = j->outs[ci].splits;
                 size_t m = 0;
-                for (size_t k = 0; k < n; k++) {
+                for (size_t k = 0; k < j->n; k++) {
                     size_t r = (size_t)(f->splits[k + 1] - f->splits[k]);
                     if (r > m) m = r;
                 }
                 most += m;
             }
-            if (fused_alloc(f) < 0) goto done;
+            if (fused_alloc(f) < 0) return result;
         }
-        segs = PyMem_Malloc((most ? most : 1) * sizeof(sf_seg));
-        if (!segs) {
+        j->segs = PyMem_Malloc((most ? most : 1) * sizeof(sf_seg));
+        if (!j->segs) {
             PyErr_NoMemory();
-            goto done;
+            return result;
         }
         Py_BEGIN_ALLOW_THREADS
-        crc_bad = fused_pass(recs, n, want, fc, nfc, segs);
+        j->crc_bad = fused_pass(j->recs, j->n, j->want, j->fc, j->nfc, j->segs);
         Py_END_ALLOW_THREADS
     }
-    if (crc_bad < n) {
-        result = Py_BuildValue("(O(snnnLLLs))", Py_None, "crc", (Py_ssize_t)0, (Py_ssize_t)crc_bad, (Py_ssize_t)0, 0LL,
+    if (j->crc_bad < j->n) {
+        result = Py_BuildValue("(O(snnnLLLs))", Py_None, "crc", (Py_ssize_t)0, (Py_ssize_t)j->crc_bad, (Py_ssize_t)0, 0LL,
                                0LL, 0LL, "data crc");
-        goto done;
+        return result;
     }
-    if (type_err_name && sequence && !(rc && err.kind == SF_ERR_DECODE)) rc = 0; /* reported below */
-    if (rc) {
-        if (err.kind == SF_ERR_NOMEM) {
+    if (j->type_err_name && j->sequence && !(j->rc && j->err.kind == SF_ERR_DECODE)) j->rc = 0; /* reported below */
+    if (j->rc) {
+        if (j->err.kind == SF_ERR_NOMEM) {
             PyErr_NoMemory();
-            goto done;
+            return result;
         }
-        result = Py_BuildValue("(O(snnnLLLs))", Py_None, err.kind == SF_ERR_DECODE ? "decode" : "parse", (Py_ssize_t)err.code,
-                               (Py_ssize_t)err.record, (Py_ssize_t)err.column, (long long)err.a, (long long)err.b,
-                               (long long)err.c, err.msg);
-        goto done;
+        result = Py_BuildValue("(O(snnnLLLs))", Py_None, j->err.kind == SF_ERR_DECODE ? "decode" : "parse", (Py_ssize_t)j->err.code,
+                               (Py_ssize_t)j->err.record, (Py_ssize_t)j->err.column, (long long)j->err.a, (long long)j->err.b,
+                               (long long)j->err.c, j->err.msg);
+        return result;
     }
-    if (type_err_name) {
-        result = Py_BuildValue("(O(snnnLLLO))", Py_None, "type", (Py_ssize_t)0, (Py_ssize_t)type_err_at, (Py_ssize_t)0,
-                               0LL, 0LL, 0LL, type_err_name);
-        goto done;
+    if (j->type_err_name) {
+        result = Py_BuildValue("(O(snnnLLLO))", Py_None, "type", (Py_ssize_t)0, (Py_ssize_t)j->type_err_at, (Py_ssize_t)0,
+                               0LL, 0LL, 0LL, j->type_err_name);
+        return result;
     }
-    PyObject *cols_out = PyList_New((Py_ssize_t)ncols);
-    if (!cols_out) goto done;
+    PyObject *cols_out = PyList_New((Py_ssize_t)j->ncols);
+    if (!cols_out) return result;
     size_t fi = 0; /* the next fused column */
-    for (size_t ci = 0; ci < ncols; ci++) {
-        PyObject *t = PyTuple_GET_ITEM(columns, ci);
+    for (size_t ci = 0; ci < j->ncols; ci++) {
+        PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
         int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
         int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
         PyObject *item = NULL;
         PyObject *fused = NULL; /* (data, offsets) of a fused column */
-        if (fc && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
-            fused = Py_BuildValue("OO", fc[fi].data, fc[fi].offs);
+        if (j->fc && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
+            fused = Py_BuildValue("OO", j->fc[fi].data, j->fc[fi].offs);
             fi++;
             if (!fused) {
                 Py_DECREF(cols_out);
-                goto done;
+                return result;
             }
         }
         if (col == SF_COL_FIXED) {
             if (fused) {
                 item = fused;
             } else if (kind == SF_KIND_BYTES) {
-                item = bytes_array(outs[ci].fixed, n * (size_t)size, as_buffer, (npy_intp)n, size, 1);
+                item = bytes_array(j->outs[ci].fixed, j->n * (size_t)size, j->as_buffer, (npy_intp)j->n, size, 1);
             } else {
-                item = fixed_arrays[ci];
-                fixed_arrays[ci] = NULL;
+                item = j->fixed_arrays[ci];
+                j->fixed_arrays[ci] = NULL;
             }
         } else {
-            PyObject *vals = fused ? fused : vec_array(&outs[ci].values, kind, as_buffer);
+            PyObject *vals = fused ? fused : vec_array(&j->outs[ci].values, kind, j->as_buffer);
             if (vals && col == SF_COL_VAR) {
-                item = Py_BuildValue("NO", vals, fixed_arrays[ci]);
+                item = Py_BuildValue("NO", vals, j->fixed_arrays[ci]);
             } else if (vals && (col == SF_COL_SEQ_FIXED || col == SF_COL_SEQ_VAR)) {
-                PyObject *steps = vec_array(&outs[ci].steps, SF_KIND_INT64, 0);
-                item = steps ? Py_BuildValue("NON", vals, fixed_arrays[ci], steps) : NULL;
+                PyObject *steps = vec_array(&j->outs[ci].steps, SF_KIND_INT64, 0);
+                item = steps ? Py_BuildValue("NON", vals, j->fixed_arrays[ci], steps) : NULL;
                 if (!steps) Py_DECREF(vals);
             } else if (vals) {
                 size_t nidx = (size_t)PySequence_Size(PyTuple_GET_ITEM(t, 5));
                 PyObject *ix = PyList_New((Py_ssize_t)nidx);
                 for (size_t d = 0; ix && d < nidx; d++) {
-                    PyObject *a = vec_array(&outs[ci].index[d], SF_KIND_INT64, 0);
+                    PyObject *a = vec_array(&j->outs[ci].index[d], SF_KIND_INT64, 0);
                     if (!a) {
                         Py_CLEAR(ix);
                         break;
                     }
                     PyList_SET_ITEM(ix, (Py_ssize_t)d, a);
                 }
-                item = ix ? Py_BuildValue("NON", vals, fixed_arrays[ci], ix) : NULL;
+                item = ix ? Py_BuildValue("NON", vals, j->fixed_arrays[ci], ix) : NULL;
                 if (!ix) Py_DECREF(vals);
             }
         }
         if (!item) {
             Py_DECREF(cols_out);
-            goto done;
+            return result;
         }
         PyList_SET_ITEM(cols_out, (Py_ssize_t)ci, item);
     }
     result = Py_BuildValue("NO", cols_out, Py_None);
 
-done:
-    if (outs) {
-        sf_out_free(spec, outs);
-        for (size_t ci = 0; ci < ncols; ci++) {
-            PyObject *t = PyTuple_GET_ITEM(columns, ci);
+    return result;
+}
+
+/* Free a job and what it holds (with the GIL), whatever phase it reached. */
+static void pjob_free(pjob *j) {
+    if (!j) return;
+    if (j->outs) {
+        sf_out_free(j->spec, j->outs);
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
             if (PyLong_AsLong(PyTuple_GET_ITEM(t, 0)) == SF_COL_FIXED &&
                 PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) == SF_KIND_BYTES)
-                PyMem_Free(outs[ci].fixed);
+                PyMem_Free(j->outs[ci].fixed);
         }
-        PyMem_Free(outs);
+        PyMem_Free(j->outs);
     }
-    if (fixed_arrays) {
-        for (size_t ci = 0; ci < ncols; ci++) Py_XDECREF(fixed_arrays[ci]);
-        PyMem_Free(fixed_arrays);
+    if (j->fixed_arrays) {
+        for (size_t ci = 0; ci < j->ncols; ci++) Py_XDECREF(j->fixed_arrays[ci]);
+        PyMem_Free(j->fixed_arrays);
     }
-    if (fc) {
-        for (size_t c = 0; c < nfc; c++) {
-            Py_XDECREF(fc[c].data);
-            Py_XDECREF(fc[c].offs);
+    if (j->fc) {
+        for (size_t c = 0; c < j->nfc; c++) {
+            Py_XDECREF(j->fc[c].data);
+            Py_XDECREF(j->fc[c].offs);
         }
-        PyMem_Free(fc);
+        PyMem_Free(j->fc);
     }
-    PyMem_Free(segs);
-    if (have_crcs) PyBuffer_Release(&crcv);
-    for (Py_ssize_t v = 0; v < views_held; v++) PyBuffer_Release(&views[v]);
-    PyMem_Free(views);
-    Py_XDECREF(whicha);
-    PyMem_Free(recs);
-    if (have_view) PyBuffer_Release(&view);
-    Py_XDECREF(offs);
-    Py_XDECREF(lens);
-    Py_XDECREF(tup);
-    Py_XDECREF(keep);
-    Py_XDECREF(type_err_name);
-    Py_DECREF(columns);
+    PyMem_Free(j->segs);
+    if (j->have_crcs) PyBuffer_Release(&j->crcv);
+    for (Py_ssize_t v = 0; v < j->views_held; v++) PyBuffer_Release(&j->views[v]);
+    PyMem_Free(j->views);
+    Py_XDECREF(j->whicha);
+    PyMem_Free(j->recs);
+    if (j->have_view) PyBuffer_Release(&j->view);
+    Py_XDECREF(j->offs);
+    Py_XDECREF(j->lens);
+    Py_XDECREF(j->tup);
+    Py_XDECREF(j->keep);
+    Py_XDECREF(j->type_err_name);
+    Py_XDECREF(j->columns);
+    Py_XDECREF(j->cso);
+    PyMem_Free(j);
+}
+
+static PyObject *parse_common(PyObject *args, int sequence) {
+    pjob *j = pjob_new();
+    if (!j) return NULL;
+    PyObject *result = NULL;
+    if (pjob_prepare(j, args, sequence) == 0) {
+        Py_BEGIN_ALLOW_THREADS
+        pjob_run(j);
+        Py_END_ALLOW_THREADS
+        result = pjob_finish(j);
+    }
+    pjob_free(j);
     return result;
 }
 
 static PyObject *py_parse_batch(PyObject *self, PyObject *args) { return parse_common(args, 0); }
 
 static PyObject *py_parse_sequence_batch(PyObject *self, PyObject *args) { return parse_common(args, 1); }
+
+/* ------------------------------------------------------------------ parse pool
+ *
+ * ParsePool(threads): batches parsed on native threads that never take the GIL. submit()
+ * prepares a batch with the GIL (pjob_prepare) and queues it; a pool thread runs the parse
+ * and the CRCs (pjob_run); take() builds the oldest batch's result (pjob_finish) in the
+ * caller's thread, after waiting for its parse (GIL released), or after parsing it itself
+ * when no pool thread has started it. So the caller keeps the GIL and makes every batch's
+ * objects (the serial part) while the pool parses the batches behind, and the caller parses
+ * too when it has time. Sized one thread fewer than the cores: a third busy thread on two
+ * cores took the caller's core away from it about a third of the time. */
+typedef struct pslot {
+    pjob *job;
+    int state; /* 0 queued, 1 running, 2 parsed */
+    struct pslot *next;
+} pslot;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* a batch was queued, or stop */
+    pthread_cond_t done; /* a batch was parsed */
+    pslot *head, *tail;  /* batches not taken yet, in submission order */
+    size_t queued;       /* of them, not yet picked up by a thread */
+    int nthreads, started, stop, closed, inited;
+    int taking; /* a take() is waiting or parsing (GIL released): it frees what close() left */
+    int joined; /* close() has joined the threads: nothing is parsed any more */
+    pthread_t *threads;
+    pid_t pid; /* the process whose threads these are */
+} ParsePoolObject;
+
+static void *pool_thread(void *arg) {
+    ParsePoolObject *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stop && !p->queued) pthread_cond_wait(&p->work, &p->mu);
+        if (p->stop) break;
+        pslot *s = p->head;
+        while (s->state != 0) s = s->next;
+        s->state = 1;
+        p->queued--;
+        pthread_mutex_unlock(&p->mu);
+        pjob_run(s->job);
+        pthread_mutex_lock(&p->mu);
+        s->state = 2;
+        pthread_cond_broadcast(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static int pp_init(ParsePoolObject *p, PyObject *args, PyObject *kw) {
+    int n;
+    static char *names[] = {"threads", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i:ParsePool", names, &n)) return -1;
+    if (p->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "ParsePool is already initialised");
+        return -1;
+    }
+    if (n < 1 || n > 256) {
+        PyErr_Format(PyExc_ValueError, "threads must be 1 to 256, got %d", n);
+        return -1;
+    }
+    p->threads = PyMem_Calloc((size_t)n, sizeof(pthread_t));
+    if (!p->threads) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (pthread_mutex_init(&p->mu, NULL) || pthread_cond_init(&p->work, NULL) || pthread_cond_init(&p->done, NULL)) {
+        PyErr_SetString(PyExc_OSError, "ParsePool: cannot make its lock");
+        return -1;
+    }
+    p->nthreads = n;
+    p->pid = getpid();
+    p->inited = 1;
+    return 0;
+}
+
+static int pp_usable(ParsePoolObject *p) {
+    if (!p->inited) {
+        PyErr_SetString(PyExc_RuntimeError, "ParsePool is not initialised");
+        return 0;
+    }
+    if (p->pid != getpid()) { /* its threads stayed in the parent */
+        PyErr_SetString(PyExc_RuntimeError, "a ParsePool cannot be used in a forked child; make one there");
+        return 0;
+    }
+    if (p->closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the ParsePool is closed");
+        return 0;
+    }
+    return 1;
+}
+
+/* submit(spec, records, offsets, lengths, bytes_as_buffer, crcs=None, which=None): parse_batch's
+ * arguments; the batch is parsed behind, take() returns its result. */
+static PyObject *pp_submit(ParsePoolObject *p, PyObject *args) {
+    if (!pp_usable(p)) return NULL;
+    pslot *s = PyMem_Calloc(1, sizeof(pslot));
+    pjob *j = s ? pjob_new() : NULL;
+    if (!j) {
+        PyMem_Free(s);
+        return s ? NULL : PyErr_NoMemory();
+    }
+    if (pjob_prepare(j, args, 0) < 0) {
+        pjob_free(j);
+        PyMem_Free(s);
+        return NULL;
+    }
+    s->job = j;
+    for (; p->started < p->nthreads; p->started++) {
+        if (pthread_create(&p->threads[p->started], NULL, pool_thread, p) != 0) {
+            if (p->started) break; /* fewer threads than asked: still correct */
+            pjob_free(j);
+            PyMem_Free(s);
+            PyErr_SetString(PyExc_OSError, "ParsePool: cannot start a thread");
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    if (p->tail) p->tail->next = s;
+    else p->head = s;
+    p->tail = s;
+    p->queued++;
+    pthread_cond_signal(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    Py_RETURN_NONE;
+}
+
+static void pp_drop(ParsePoolObject *p);
+
+/* take() -> (columns, error): the oldest submitted batch's result, as parse_batch returns it. */
+static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
+    if (!pp_usable(p)) return NULL;
+    pslot *s = p->head;
+    if (!s) {
+        PyErr_SetString(PyExc_IndexError, "take: no batch was submitted");
+        return NULL;
+    }
+    /* The GIL is never waited for with the lock held (the lock is held with the GIL only
+     * briefly, and pool threads never take the GIL). While the oldest batch is not parsed,
+     * this thread parses the oldest one no thread has started (that batch or a later one)
+     * rather than wait: the caller's thread is one of the parsers. */
+    pthread_mutex_lock(&p->mu);
+    int ready = s->state == 2;
+    pthread_mutex_unlock(&p->mu);
+    if (!ready) {
+        p->taking = 1;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&p->mu);
+        while (s->state != 2) {
+            pslot *q = NULL; /* the oldest batch no thread has started: this one, or one behind it */
+            if (p->queued)
+                for (q = s; q->state != 0; q = q->next) {
+                }
+            if (!q) {
+                pthread_cond_wait(&p->done, &p->mu);
+                continue;
+            }
+            q->state = 1;
+            p->queued--;
+            pthread_mutex_unlock(&p->mu);
+            pjob_run(q->job);
+            pthread_mutex_lock(&p->mu);
+            q->state = 2;
+            pthread_cond_broadcast(&p->done);
+        }
+        pthread_mutex_unlock(&p->mu);
+        Py_END_ALLOW_THREADS
+        p->taking = 0;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->head = s->next;
+    if (!p->head) p->tail = NULL;
+    pthread_mutex_unlock(&p->mu);
+    PyObject *result = pjob_finish(s->job);
+    pjob_free(s->job);
+    PyMem_Free(s);
+    if (p->joined) pp_drop(p); /* closed from another thread while this one waited */
+    return result;
+}
+
+/* Free every batch not taken (with the GIL; no thread is parsing any of them). */
+static void pp_drop(ParsePoolObject *p) {
+    for (pslot *s = p->head; s;) {
+        pslot *next = s->next;
+        pjob_free(s->job);
+        PyMem_Free(s);
+        s = next;
+    }
+    p->head = p->tail = NULL;
+    p->queued = 0;
+}
+
+/* Stop and join the threads (a batch being parsed is finished first), drop every batch not
+ * taken: now, or, when another thread's take() is waiting or parsing, once it is done (it
+ * parses its batch itself if no thread had started it). Idempotent. */
+static void pp_stop(ParsePoolObject *p) {
+    if (!p->inited || p->closed) return;
+    p->closed = 1;
+    if (p->pid == getpid()) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        pthread_cond_broadcast(&p->work);
+        pthread_mutex_unlock(&p->mu);
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; i < p->started; i++) pthread_join(p->threads[i], NULL);
+        Py_END_ALLOW_THREADS
+        /* a take() in another thread may have ended while these were joined: it left the
+         * batches to this (it cannot free what a pool thread may still be parsing) */
+    } else {
+        /* a forked child: the threads are the parent's; the jobs' buffers are copies, freed */
+        pthread_mutex_init(&p->mu, NULL);
+    }
+    p->joined = 1;
+    if (!p->taking) pp_drop(p);
+}
+
+static PyObject *pp_close(ParsePoolObject *p, PyObject *noargs) {
+    pp_stop(p);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pp_pending(ParsePoolObject *p, void *closure) {
+    size_t k = 0;
+    for (pslot *s = p->head; s; s = s->next) k++;
+    return PyLong_FromSize_t(k);
+}
+
+static PyObject *pp_threads(ParsePoolObject *p, void *closure) { return PyLong_FromLong(p->nthreads); }
+
+static void pp_dealloc(ParsePoolObject *p) {
+    pp_stop(p);
+    if (p->inited && p->pid == getpid()) {
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->work);
+        pthread_cond_destroy(&p->done);
+    }
+    PyMem_Free(p->threads);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef pp_methods[] = {
+    {"submit", (PyCFunction)pp_submit, METH_VARARGS,
+     "submit(spec, records, offsets, lengths, bytes_as_buffer, crcs=None, which=None) -> None: parse_batch's "
+     "arguments; the batch is parsed on a pool thread."},
+    {"take", (PyCFunction)pp_take, METH_NOARGS,
+     "take() -> (columns, error): the oldest submitted batch's result, as parse_batch gives it (waits for it)."},
+    {"close", (PyCFunction)pp_close, METH_NOARGS, "close() -> None: join the threads, drop batches not taken."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef pp_getset[] = {
+    {"pending", (getter)pp_pending, NULL, "batches submitted and not taken yet", NULL},
+    {"threads", (getter)pp_threads, NULL, "the pool's threads", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ParsePoolType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfeed._native.ParsePool",
+    .tp_basicsize = sizeof(ParsePoolObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ParsePool(threads): Example batches parsed on native threads that never take the GIL; results "
+              "taken in submission order. Not thread-safe: one consumer thread uses it.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)pp_init,
+    .tp_dealloc = (destructor)pp_dealloc,
+    .tp_methods = pp_methods,
+    .tp_getset = pp_getset,
+};
 
 static PyObject *validate(PyObject *arg, int (*check)(const uint8_t *, size_t, sf_error *)) {
     Py_buffer view;
@@ -1361,12 +1685,18 @@ PyMODINIT_FUNC PyInit__native(void) {
     import_array();
     sf_crc32c_init();
     sf_imgcheck_init();
-    if (PyType_Ready(&CompiledSpecType) < 0 || sf_pool_init() < 0) return NULL;
+    if (PyType_Ready(&CompiledSpecType) < 0 || PyType_Ready(&ParsePoolType) < 0 || sf_pool_init() < 0) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     Py_INCREF(&CompiledSpecType);
     if (PyModule_AddObject(m, "CompiledSpec", (PyObject *)&CompiledSpecType) < 0) {
         Py_DECREF(&CompiledSpecType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ParsePoolType);
+    if (PyModule_AddObject(m, "ParsePool", (PyObject *)&ParsePoolType) < 0) {
+        Py_DECREF(&ParsePoolType);
         Py_DECREF(m);
         return NULL;
     }

@@ -17,6 +17,8 @@ Typical use, from a large read or an ``mmap`` to numpy columns with no per-recor
 
 from __future__ import annotations
 
+import collections
+import os
 import struct
 import threading
 from collections.abc import Mapping, Sequence
@@ -59,7 +61,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "gather",
     "native_available", "native_info", "scan_frames", "scan_frames_deferred", "Buffers", "crc32c", "masked_crc32c",
-    "parse_example_batch",
+    "parse_example_batch", "ParsePool", "parse_pool_available",
     "compile_spec", "CompiledSpec", "BytesBuffer", "pack_bytes", "release_pooled_memory", "validate_example",
     "validate_sequence_example", "image_check", "ImageHeader", "image_rows",
     "FRAME_CHECKS",
@@ -478,21 +480,30 @@ def parse_example_batch(
         if crcs is not None:
             _check_crcs_py(records, crcs)
         return _parse_py(records, cs, triple, as_buffer)
+    args, n, offsets = _native_args(records, cs, triple, as_buffer, crcs)
+    return _native_columns(_ext.parse_batch(*args), cs, n, offsets, as_buffer)
+
+
+def _native_args(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool,
+                 crcs: np.ndarray | None) -> tuple[tuple, int, Any]:
+    """The native ``parse_batch``'s arguments for ``records``: ``(args, n, offsets)``."""
     if triple:
         buf, offsets, lengths = records
-        n = len(offsets)
         if isinstance(buf, Buffers):
-            cols, err = _ext.parse_batch(cs._native, tuple(buf.buffers), offsets, lengths, as_buffer, crcs,
-                                         np.ascontiguousarray(buf.which, dtype=np.int64))
-        else:
-            cols, err = _ext.parse_batch(cs._native, buf, offsets, lengths, as_buffer, crcs)
-        if err is not None and err[0] == "crc":
-            ri = err[2]
-            raise CorruptRecordError("data crc", None, int(offsets[ri]) - 12, ri)
-    else:
-        _check_records(records)
-        n = len(records)
-        cols, err = _ext.parse_batch(cs._native, records, None, None, as_buffer)
+            return ((cs._native, tuple(buf.buffers), offsets, lengths, as_buffer, crcs,
+                     np.ascontiguousarray(buf.which, dtype=np.int64)), len(offsets), offsets)
+        return (cs._native, buf, offsets, lengths, as_buffer, crcs), len(offsets), offsets
+    _check_records(records)
+    return (cs._native, records, None, None, as_buffer), len(records), None
+
+
+def _native_columns(parsed: tuple, cs: CompiledSpec, n: int, offsets: Any,
+                    as_buffer: bool) -> dict[str, np.ndarray | RaggedColumn | SparseColumn | BytesBuffer]:
+    """The columns of a native ``parse_batch`` result ``(cols, err)``, or its error raised."""
+    cols, err = parsed
+    if err is not None and err[0] == "crc":
+        ri = err[2]
+        raise CorruptRecordError("data crc", None, int(offsets[ri]) - 12, ri)
     if err is not None:
         _raise(err, cs)
     out: dict[str, Any] = {}
@@ -518,6 +529,66 @@ def parse_example_batch(
             out[name] = _sparse_column(s, n, values, splits, idx, as_buffer)
     return out
 
+
+
+class ParsePool:
+    """Example batches parsed on ``threads`` native threads that never take the GIL, results
+    taken in submission order: :meth:`submit` hands a batch over (what
+    :func:`parse_example_batch` takes), :meth:`take` returns the oldest batch's columns, or
+    raises its error, exactly as :func:`parse_example_batch` would. The values' Python
+    objects are made by the thread that takes, which keeps the GIL while the pool parses
+    the batches behind: no batch hands the GIL between threads. One consumer thread; not
+    across ``fork``. Needs the C core (:func:`parse_pool_available`)."""
+
+    def __init__(self, threads: int) -> None:
+        if _ext is None or not hasattr(_ext, "ParsePool"):
+            raise RuntimeError(f"ParsePool needs the C core: {_WHY_NOT or 'this build has no ParsePool'}")
+        self._pool = _ext.ParsePool(int(threads))
+        self._meta: collections.deque[tuple[CompiledSpec, int, Any, bool]] = collections.deque()
+
+    def submit(self, records: Any, spec: Mapping[str, FeatureSpec] | CompiledSpec, *, bytes_as: str = "object",
+               crcs: np.ndarray | None = None) -> None:
+        """Queue ``records`` (a FrameChunk's triple, a ``(buffer, offsets, lengths)`` triple,
+        or a sequence of records) for parsing. Bad arguments raise here, as
+        :func:`parse_example_batch` raises them."""
+        if bytes_as not in ("object", "buffer"):
+            raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
+        as_buffer = bytes_as == "buffer"
+        triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
+        cs = compile_spec(spec)
+        if crcs is not None:
+            if not triple:
+                raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
+            crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
+        args, n, offsets = _native_args(records, cs, triple, as_buffer, crcs)
+        self._pool.submit(*args)
+        self._meta.append((cs, n, offsets, as_buffer))
+
+    def take(self) -> dict[str, Any]:
+        """The oldest submitted batch's columns (waits for its parse); its error raised."""
+        if not self._meta:
+            raise IndexError("take: no batch was submitted")
+        cs, n, offsets, as_buffer = self._meta.popleft()
+        return _native_columns(self._pool.take(), cs, n, offsets, as_buffer)
+
+    @property
+    def pending(self) -> int:
+        """Batches submitted and not taken yet."""
+        return len(self._meta)
+
+    def close(self) -> None:
+        """Join the threads (a batch being parsed is finished first); drop batches not taken.
+        Idempotent."""
+        self._pool.close()
+        self._meta.clear()
+
+
+def parse_pool_available() -> bool:
+    """Whether :class:`ParsePool` can run here (the C core is built, with it), and is not
+    turned off by ``SHARDFEED_PARSE_POOL=0`` (then parse threads are Python threads)."""
+    if _ext is None or not hasattr(_ext, "ParsePool"):
+        return False
+    return os.environ.get("SHARDFEED_PARSE_POOL", "1").strip().lower() not in ("0", "false", "no", "off")
 
 def _records_of(triple: tuple) -> list[bytes]:
     buf, offsets, lengths = triple
