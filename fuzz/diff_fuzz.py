@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, check_same, ctr_record  # noqa: E402
+from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, _outcome, _same_values, check_same, ctr_record  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
 from shardfeed.formats import native as nv  # noqa: E402
@@ -90,6 +90,25 @@ def sequence_case(rng: random.Random, pool: list[bytes], valid: list[bytes], n: 
         pool.append(recs[0])
 
 
+def pool_case(ppool: nv.ParsePool, batches: list[list[bytes]], spec) -> None:
+    """The batches through a ParsePool (submitted together, taken in order) against
+    ``parse_example_batch`` one by one: the same columns or the same error."""
+    want = [_outcome(lambda b=b: nv.parse_example_batch(b, spec)) for b in batches]
+    queued = []
+    for b in batches:
+        out = _outcome(lambda b=b: ppool.submit(b, spec))
+        queued.append(out if out[0] == "err" else None)  # None: taken below, in turn
+    for w, q in zip(want, queued):
+        got = q if q is not None else _outcome(ppool.take)
+        assert w[0] == got[0], (w, got)
+        if w[0] == "err":
+            assert w[1] == got[1], (w, got)
+        else:
+            assert list(w[1]) == list(got[1])
+            for k in w[1]:
+                _same_values(w[1][k], got[1][k])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60)
@@ -105,7 +124,8 @@ def main() -> int:
     seq_pool = seq_valid + list(HOSTILE_SEQ.values())
     specs = ODD_SPECS + [CTR_SPEC]
     deadline = time.monotonic() + args.seconds
-    n = n_seq = 0
+    n = n_seq = n_pool = 0
+    ppool = nv.ParsePool(2) if nv.parse_pool_available() else None
     while time.monotonic() < deadline:
         if args.kind == "sequence" or (args.kind == "both" and n % 2):
             try:
@@ -126,13 +146,18 @@ def main() -> int:
         spec = rng.choice(specs)
         try:
             check_same(recs, spec, triple=True, buffer=n % 10 == 0)
+            if ppool is not None and n % 5 == 1:  # several batches in flight on the native pool
+                batches = [recs] + [[mutate(rng, r, pool) for r in recs] for _ in range(rng.randrange(0, 4))]
+                pool_case(ppool, batches, spec)
+                n_pool += 1
         except AssertionError as e:
             print(f"DISAGREEMENT after {n} cases: records={recs!r} spec={spec!r}\n{e}")
             return 1
         n += 1
         if rng.random() < 0.02:
             pool.append(recs[0])
-    print(f"ok: {n} cases ({n - n_seq} Example batches, {n_seq} SequenceExample batches), no disagreement")
+    print(f"ok: {n} cases ({n - n_seq} Example batches, {n_seq} SequenceExample batches, {n_pool} of them "
+          "also through the native parse pool), no disagreement")
     return 0
 
 
