@@ -266,3 +266,88 @@ def test_breaking_off_a_pooled_pass_stops_its_threads(shards):
         assert threads() > before  # the pool's threads run
         it.close()
     assert threads() <= before
+
+
+# ----------------------------------------------------------------------------- large values
+
+BIG = {"img": sf.FixedLen("bytes"), "pair": sf.FixedLen("bytes", shape=[2]), "parts": sf.VarLen("bytes"),
+       "dflt": sf.FixedLen("bytes", default=b"d" * 700)}
+
+
+def big_example(i: int) -> bytes:
+    n = [0, 1, 2, 478, 479, 511, 512, 513, 4096, 114_680][i % 10]
+    feats = {"img": [bytes([i % 251]) * n], "pair": [b"p" * (n // 2), b"q" * 600],
+             "parts": [b"r" * (k * 300) for k in range(i % 4)]}
+    if i % 3:
+        feats["dflt"] = [b"e" * (i % 7)]
+    return sf.encode_example(feats)
+
+
+def _reference_big(records: list[bytes]) -> dict:
+    from shardfeed.formats import example as ex  # the pure-Python reference
+    return ex.parse_example(records, BIG)
+
+
+@pytest.mark.parametrize("how", ["parse_example_batch", "pool"])
+def test_large_values_made_off_the_gil_are_plain_bytes_equal_to_the_reference(how):
+    records = [big_example(i) for i in range(40)]
+    if how == "pool":
+        pool = nv.ParsePool(2)
+        pool.submit(records, BIG)
+        got = pool.take()
+        pool.close()
+    else:
+        got = nv.parse_example_batch(records, BIG)
+    _same_batch(_reference_big(records), got)
+    import sys
+
+    for col in (got["img"], got["pair"], got["dflt"], got["parts"].values):
+        for v in np.ravel(col):
+            assert type(v) is bytes and hash(v) == hash(bytes(bytearray(v)))
+            if len(v) > 1:  # (0 and 1 bytes: CPython's shared objects)
+                assert sys.getrefcount(v) == 3  # the array, the loop variable, getrefcount's argument
+    del got  # every object freed by PyObject_Free, whoever made it: no crash, no leak below
+
+
+def test_large_values_do_not_leak():
+    import tracemalloc
+
+    records = [big_example(9)] * 64  # 114,680-byte images
+    nv.parse_example_batch(records, BIG)  # warm
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(200):  # 1.5 GB made and freed
+        nv.parse_example_batch(records, BIG)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 200, grown_mb
+    tracemalloc.start()  # hooked allocators: the large objects are made with the GIL again, traced
+    try:
+        snap0 = tracemalloc.get_traced_memory()[0]
+        kept = nv.parse_example_batch(records, BIG)
+        assert tracemalloc.get_traced_memory()[0] - snap0 > 64 * 114_680
+    finally:
+        tracemalloc.stop()
+    _same_batch(_reference_big(records), kept)
+
+
+@pytest.mark.parametrize("env", [{"PYTHONMALLOC": "debug"}, {"PYTHONDEVMODE": "1"},
+                                 {"SHARDFEED_LARGE_OBJECTS_OFF_GIL": "0"}, {"PYTHONMALLOC": "malloc"}, {}])
+def test_large_objects_are_made_off_the_gil_only_under_the_default_allocators(env):
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, shardfeed as sf\n"
+            "from shardfeed.formats import native as nv\n"
+            "from tests.test_parse_pool import BIG, big_example, _reference_big, _same_batch\n"
+            "recs = [big_example(i) for i in range(30)]\n"
+            "for _ in range(3):\n"
+            "    _same_batch(_reference_big(recs), nv.parse_example_batch(recs, BIG))\n"
+            "print('on' if nv._large_objects_off_gil_allowed() else 'off')\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, **env}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    on = env.get("PYTHONMALLOC", "malloc") == "malloc" and not env.get("PYTHONDEVMODE") \
+        and env.get("SHARDFEED_LARGE_OBJECTS_OFF_GIL") != "0"
+    assert out.stdout.strip() == ("on" if on else "off")

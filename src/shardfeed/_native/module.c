@@ -492,8 +492,117 @@ static inline PyObject *new_bytes(const uint8_t *p, size_t n) {
     return PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n);
 }
 
+/* ------------------------------------------- large bytes objects made off the GIL
+ *
+ * A `bytes` object over 512 bytes (an image, an audio clip) is not pymalloc's: PyObject_Malloc
+ * hands it to PyMem_RawMalloc, which needs no GIL, and PyObject_Free hands it back to
+ * PyMem_RawFree. So a parse thread can make such objects itself, copy included, as
+ * PyObject_Malloc would have, and the thread that takes the batch only puts them in their
+ * arrays. That holds while the object domain is pymalloc (or malloc) and neither domain is
+ * hooked (debug hooks, tracemalloc: a non-NULL ctx): checked on every batch against the
+ * allocators seen when Python turned this on (formats/native.py: only under the default
+ * PYTHONMALLOC, pymalloc or malloc, outside development mode). Not in builds whose object
+ * header or reference counts differ (free-threaded, Py_TRACE_REFS, Py_REF_DEBUG). One visible
+ * difference: these blocks are not counted in sys.getallocatedblocks(), which goes down by one
+ * as each is freed. */
+#if defined(SF_INLINE_BYTES) && !defined(Py_GIL_DISABLED) && !defined(Py_REF_DEBUG)
+#define SF_OFF_GIL_BYTES 1
+#endif
+#define SF_OFF_GIL_MIN 512 /* values this long or longer: their objects are over pymalloc's 512 bytes */
+
+static int off_gil_on = 0;
+static PyMemAllocatorEx off_gil_obj, off_gil_raw; /* the allocators seen when it was turned on */
+
+/* set_large_objects_off_gil(on) -> bool: turn it on (when this build and the allocators allow)
+ * or off; whether it is on now. */
+static PyObject *py_set_large_objects_off_gil(PyObject *self, PyObject *arg) {
+    int want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    off_gil_on = 0;
+#ifdef SF_OFF_GIL_BYTES
+    if (want) {
+        PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &off_gil_obj);
+        PyMem_GetAllocator(PYMEM_DOMAIN_RAW, &off_gil_raw);
+        off_gil_on = off_gil_obj.ctx == NULL && off_gil_raw.ctx == NULL;
+    }
+#endif
+    return PyBool_FromLong(off_gil_on);
+}
+
+/* Whether this batch may make its large objects off the GIL (called with the GIL). */
+static int off_gil_ok(void) {
+    if (!off_gil_on) return 0;
+    PyMemAllocatorEx o, r;
+    PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &o);
+    PyMem_GetAllocator(PYMEM_DOMAIN_RAW, &r);
+    return o.ctx == NULL && r.ctx == NULL && o.malloc == off_gil_obj.malloc && o.free == off_gil_obj.free &&
+           r.malloc == off_gil_raw.malloc && r.free == off_gil_raw.free;
+}
+
+/* A column's large values as objects made off the GIL (NULL entries: made with the GIL). */
+typedef struct {
+    PyObject **objs;
+    size_t count;
+    int what;   /* 0: not an object-form bytes column; SF_COL_FIXED or SF_COL_VAR */
+    size_t per; /* FIXED: values per record */
+} made_col;
+
+#ifdef SF_OFF_GIL_BYTES
+static PyObject *raw_bytes(const uint8_t *p, size_t n) {
+    PyBytesObject *op = (PyBytesObject *)PyMem_RawMalloc(offsetof(PyBytesObject, ob_sval) + n + 1);
+    if (!op) return NULL;
+    /* what PyObject_InitVar does in these builds, without its hooks (which want the GIL) */
+    op->ob_base.ob_base.ob_refcnt = 1;
+    op->ob_base.ob_base.ob_type = &PyBytes_Type;
+    op->ob_base.ob_size = (Py_ssize_t)n;
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    op->ob_shash = -1;
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+    memcpy(op->ob_sval, p, n);
+    op->ob_sval[n] = 0;
+    return (PyObject *)op;
+}
+#endif
+
+/* Free what is left of a made column (objects no array holds): no GIL needed. */
+static void made_drop(made_col *m) {
+    if (!m->objs) return;
+    for (size_t k = 0; k < m->count; k++) PyMem_RawFree(m->objs[k]);
+    PyMem_RawFree(m->objs);
+    m->objs = NULL;
+}
+
+/* Make a column's large objects off the GIL (no GIL held). None when it has no large value; on
+ * running out of memory, none (made with the GIL later, which raises MemoryError then). */
+static void made_fill(made_col *m, const sf_bytes *vals, size_t count) {
+#ifdef SF_OFF_GIL_BYTES
+    size_t k = 0;
+    while (k < count && vals[k].n < SF_OFF_GIL_MIN) k++;
+    if (k == count) return;
+    m->objs = PyMem_RawCalloc(count, sizeof(PyObject *));
+    if (!m->objs) return;
+    m->count = count;
+    for (; k < count; k++) {
+        if (vals[k].n < SF_OFF_GIL_MIN) continue;
+        if (!(m->objs[k] = raw_bytes(vals[k].p, vals[k].n))) {
+            made_drop(m);
+            return;
+        }
+    }
+#else
+    (void)m;
+    (void)vals;
+    (void)count;
+#endif
+}
+
 static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, npy_intp rows, npy_intp cols,
-                             int fixed) {
+                             int fixed, made_col *made) {
     if (as_buffer) {
         size_t total = 0;
         for (size_t k = 0; k < count; k++) total += vals[k].n;
@@ -523,22 +632,29 @@ static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, 
     PyObject *arr = PyArray_SimpleNew(fixed ? 2 : 1, dims, NPY_OBJECT);
     if (!arr) return NULL;
     PyObject **items = PyArray_DATA((PyArrayObject *)arr);
+    PyObject **ready = made && made->objs && made->count == count ? made->objs : NULL;
     for (size_t k = 0; k < count; k++) {
-        /* The values lie in records a batch apart, out of cache by now: ask for them ahead
-         * (about 7% of the time of a batch of CTR records went to these misses). */
-        if (k + 16 < count) __builtin_prefetch(vals[k + 16].p);
-        PyObject *b = new_bytes(vals[k].p, vals[k].n);
-        if (!b) {
-            Py_DECREF(arr);
-            return NULL;
+        PyObject *b;
+        if (ready && ready[k]) {
+            b = ready[k];
+            ready[k] = NULL; /* the array holds it now */
+        } else {
+            /* The values lie in records a batch apart, out of cache by now: ask for them ahead
+             * (about 7% of the time of a batch of CTR records went to these misses). */
+            if (k + 16 < count) __builtin_prefetch(vals[k + 16].p);
+            b = new_bytes(vals[k].p, vals[k].n);
+            if (!b) {
+                Py_DECREF(arr);
+                return NULL;
+            }
         }
         Py_XSETREF(items[k], b);
     }
     return arr;
 }
 
-static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer) {
-    if (kind == SF_KIND_BYTES) return bytes_array(v->data, v->len, as_buffer, 0, 0, 0);
+static PyObject *vec_array(const sf_vec *v, int kind, int as_buffer, made_col *made) {
+    if (kind == SF_KIND_BYTES) return bytes_array(v->data, v->len, as_buffer, 0, 0, 0, made);
     npy_intp n = (npy_intp)v->len;
     PyObject *arr = PyArray_SimpleNew(1, &n, kind == SF_KIND_INT64 ? NPY_INT64 : NPY_FLOAT32);
     if (arr && v->len) memcpy(PyArray_DATA((PyArrayObject *)arr), v->data, v->len * v->elem);
@@ -646,6 +762,7 @@ typedef struct {
     fused_col *fc;
     size_t nfc;
     sf_seg *segs;
+    made_col *made; /* object-form bytes columns whose large values the run makes (off the GIL) */
     size_t n, type_err_at;
     /* the run's outcome */
     sf_error err;
@@ -823,7 +940,24 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence) {
             memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
         }
     }
-
+    if (!j->as_buffer && !j->sequence && off_gil_ok()) {
+        j->made = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(made_col));
+        if (!j->made) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
+            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+            if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) != SF_KIND_BYTES) continue;
+            if (col == SF_COL_FIXED) {
+                j->made[ci].what = col;
+                j->made[ci].per = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+            } else if (col == SF_COL_VAR) {
+                j->made[ci].what = col;
+            }
+        }
+    }
     return 0;
 }
 
@@ -838,6 +972,13 @@ static void pjob_run(pjob *j) {
         if (bad < upto) j->crc_bad = bad;
     } else if (j->want && !j->rc && !j->fuse) {
         j->crc_bad = sf_first_bad_crc(j->recs, j->want, j->n);
+    }
+    if (j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            made_col *m = &j->made[ci];
+            if (m->what == SF_COL_FIXED) made_fill(m, j->outs[ci].fixed, j->n * m->per);
+            else if (m->what == SF_COL_VAR) made_fill(m, j->outs[ci].values.data, j->outs[ci].values.len);
+        }
     }
 }
 
@@ -933,24 +1074,26 @@ static PyObject *pjob_finish(pjob *j) {
             if (fused) {
                 item = fused;
             } else if (kind == SF_KIND_BYTES) {
-                item = bytes_array(j->outs[ci].fixed, j->n * (size_t)size, j->as_buffer, (npy_intp)j->n, size, 1);
+                item = bytes_array(j->outs[ci].fixed, j->n * (size_t)size, j->as_buffer, (npy_intp)j->n, size, 1,
+                                   j->made ? &j->made[ci] : NULL);
             } else {
                 item = j->fixed_arrays[ci];
                 j->fixed_arrays[ci] = NULL;
             }
         } else {
-            PyObject *vals = fused ? fused : vec_array(&j->outs[ci].values, kind, j->as_buffer);
+            PyObject *vals = fused ? fused : vec_array(&j->outs[ci].values, kind, j->as_buffer,
+                                                       j->made ? &j->made[ci] : NULL);
             if (vals && col == SF_COL_VAR) {
                 item = Py_BuildValue("NO", vals, j->fixed_arrays[ci]);
             } else if (vals && (col == SF_COL_SEQ_FIXED || col == SF_COL_SEQ_VAR)) {
-                PyObject *steps = vec_array(&j->outs[ci].steps, SF_KIND_INT64, 0);
+                PyObject *steps = vec_array(&j->outs[ci].steps, SF_KIND_INT64, 0, NULL);
                 item = steps ? Py_BuildValue("NON", vals, j->fixed_arrays[ci], steps) : NULL;
                 if (!steps) Py_DECREF(vals);
             } else if (vals) {
                 size_t nidx = (size_t)PySequence_Size(PyTuple_GET_ITEM(t, 5));
                 PyObject *ix = PyList_New((Py_ssize_t)nidx);
                 for (size_t d = 0; ix && d < nidx; d++) {
-                    PyObject *a = vec_array(&j->outs[ci].index[d], SF_KIND_INT64, 0);
+                    PyObject *a = vec_array(&j->outs[ci].index[d], SF_KIND_INT64, 0, NULL);
                     if (!a) {
                         Py_CLEAR(ix);
                         break;
@@ -997,6 +1140,10 @@ static void pjob_free(pjob *j) {
         PyMem_Free(j->fc);
     }
     PyMem_Free(j->segs);
+    if (j->made) {
+        for (size_t ci = 0; ci < j->ncols; ci++) made_drop(&j->made[ci]);
+        PyMem_Free(j->made);
+    }
     if (j->have_crcs) PyBuffer_Release(&j->crcv);
     for (Py_ssize_t v = 0; v < j->views_held; v++) PyBuffer_Release(&j->views[v]);
     PyMem_Free(j->views);
@@ -1642,6 +1789,9 @@ static PyMethodDef methods[] = {
     {"scan_frames", py_scan_frames, METH_VARARGS,
      "scan_frames(buf, verify_crc=True, max_record_bytes=2**31-1, defer_data_crc=False) -> (offsets, lengths, "
      "consumed, error, error_offset[, crcs])"},
+    {"set_large_objects_off_gil", py_set_large_objects_off_gil, METH_O,
+     "set_large_objects_off_gil(on) -> bool: parse threads make object-form bytes values of 512 bytes or more "
+     "themselves, without the GIL, where this build and the allocators allow; whether it is on now."},
     {"parse_batch", py_parse_batch, METH_VARARGS,
      "parse_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None, which=None) -> (columns, error)"},
     {"parse_sequence_batch", py_parse_sequence_batch, METH_VARARGS,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import struct
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -57,6 +58,22 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
     _logging.getLogger(__name__).warning(
         "shardfeed: %s; using the pure-Python path (same results, slower framing and parsing). "
         "Reinstall with a C compiler and the Python headers to build it.", _WHY_NOT)
+
+
+def _large_objects_off_gil_allowed() -> bool:
+    """Whether parse threads may make object-form ``bytes`` values of 512 bytes or more
+    without the GIL (the native module also checks the allocators on every batch): not under
+    a non-default ``PYTHONMALLOC`` (debug hooks, mimalloc), in development mode, in a debug
+    build, or with ``SHARDFEED_LARGE_OBJECTS_OFF_GIL=0``."""
+    if os.environ.get("SHARDFEED_LARGE_OBJECTS_OFF_GIL", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    if os.environ.get("PYTHONMALLOC", "") not in ("", "pymalloc", "malloc"):
+        return False
+    return not sys.flags.dev_mode and not hasattr(sys, "gettotalrefcount")
+
+
+if _ext is not None and hasattr(_ext, "set_large_objects_off_gil"):
+    _ext.set_large_objects_off_gil(_large_objects_off_gil_allowed())
 
 __all__ = [
     "gather",
