@@ -1,6 +1,9 @@
 """How parse threads scale on the default read path: ``num_parallel_reads`` 1, 2 and 3
 (one thread per core is the default), bytes features as numpy object arrays and as
 buffers, interleaved in one process so that the machine's drift hits every row alike.
+Object batches are parsed on the native parse pool (``num_parallel_reads - 1`` threads that
+never take the GIL, and the consumer); the rows "object (Python threads)" parse them the way
+they were before it, on Python threads (``SHARDFEED_PARSE_POOL=0``), as the anchor for it.
 
 Same CTR-like files as ``benchmarks/read_tfrecord.py`` (page cache), batch 1024::
 
@@ -24,12 +27,16 @@ from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 import shardfeed as sf  # noqa: E402
 
 
-def run(files, threads: int, bytes_as: str) -> float:
+def run(files, threads: int, bytes_as: str, pool: bool = True) -> float:
     reads = None if threads == 1 else threads
-    t0 = time.perf_counter()
-    n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
-            .batch(BATCH, bytes_as=bytes_as))
-    return n / (time.perf_counter() - t0)
+    os.environ["SHARDFEED_PARSE_POOL"] = "1" if pool else "0"
+    try:
+        t0 = time.perf_counter()
+        n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
+                .batch(BATCH, bytes_as=bytes_as))
+        return n / (time.perf_counter() - t0)
+    finally:
+        os.environ.pop("SHARDFEED_PARSE_POOL", None)
 
 
 def table_rows(res: dict) -> list[_rows.Row]:
@@ -58,13 +65,19 @@ def main(argv=None) -> int:
         for bytes_as in ("object", "buffer"):
             for threads in (1, 2, 3):
                 rates.setdefault(f"{bytes_as}, {threads} thread(s)", []).append(run(files, threads, bytes_as))
+        for threads in (1, 2, 3):
+            rates.setdefault(f"object (Python threads), {threads} thread(s)", []).append(
+                run(files, threads, "object", pool=False))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"\n{args.records} CTR-like records, batch {BATCH}, {os.cpu_count()} cores, median of {args.rounds}")
-    print(f"{'configuration':<28} {'records/s':>12} {'vs 1 thread':>12}")
+    print(f"{'configuration':<46} {'records/s':>12} {'vs 1 thread':>12}")
     for k, v in med.items():
         one = med[k.split(",")[0] + ", 1 thread(s)"]
-        print(f"{k:<28} {v:>12,.0f} {v / one:>11.2f}x")
+        print(f"{k:<46} {v:>12,.0f} {v / one:>11.2f}x")
+    two, py_two = med["object, 2 thread(s)"], med["object (Python threads), 2 thread(s)"]
+    print(f"\nobjects, 2 threads: the native pool {two:,.0f} records/s, Python threads {py_two:,.0f}: "
+          f"{two / py_two:.2f}x")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     result = {"records": args.records, "rounds": args.rounds, "rates": rates, "median": med}
     result["rows"] = table_rows(result)
