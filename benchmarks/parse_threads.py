@@ -27,12 +27,12 @@ from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 import shardfeed as sf  # noqa: E402
 
 
-def run(files, threads: int, bytes_as: str, pool: bool = True) -> float:
+def run(files, threads: int, bytes_as: str, pool: bool = True, spec=SPEC) -> float:
     reads = None if threads == 1 else threads
     os.environ["SHARDFEED_PARSE_POOL"] = "1" if pool else "0"
     try:
         t0 = time.perf_counter()
-        n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads)
+        n = sum(len(b["label"]) for b in sf.read_tfrecord(files, spec=spec, num_parallel_reads=reads)
                 .batch(BATCH, bytes_as=bytes_as))
         return n / (time.perf_counter() - t0)
     finally:
@@ -58,19 +58,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default=os.path.join("bench-out", "ctr"))
     ap.add_argument("--json", default=os.path.join("bench-out", "parse_threads.json"))
+    ap.add_argument("--no-bytes", action="store_true", help="the spec without its bytes features (numbers only)")
     args = ap.parse_args(argv)
+    spec = {k: v for k, v in SPEC.items() if v.dtype != "bytes"} if args.no_bytes else SPEC
     files = make_dataset(args.dir, args.records)
     rates: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for bytes_as in ("object", "buffer"):
             for threads in (1, 2, 3):
-                rates.setdefault(f"{bytes_as}, {threads} thread(s)", []).append(run(files, threads, bytes_as))
+                rates.setdefault(f"{bytes_as}, {threads} thread(s)", []).append(
+                    run(files, threads, bytes_as, spec=spec))
         for threads in (1, 2, 3):
             rates.setdefault(f"object (Python threads), {threads} thread(s)", []).append(
-                run(files, threads, "object", pool=False))
+                run(files, threads, "object", pool=False, spec=spec))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"\n{args.records} CTR-like records, batch {BATCH}, {os.cpu_count()} cores, median of {args.rounds}")
+    print(f"\n{args.records} CTR-like records{' (no bytes features)' if args.no_bytes else ''}, batch {BATCH}, "
+          f"{os.cpu_count()} cores, median of {args.rounds}")
     print(f"{'configuration':<46} {'records/s':>12} {'vs 1 thread':>12}")
     for k, v in med.items():
         one = med[k.split(",")[0] + ", 1 thread(s)"]
