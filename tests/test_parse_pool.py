@@ -351,3 +351,27 @@ def test_large_objects_are_made_off_the_gil_only_under_the_default_allocators(en
     on = env.get("PYTHONMALLOC", "malloc") == "malloc" and not env.get("PYTHONDEVMODE") \
         and env.get("SHARDFEED_LARGE_OBJECTS_OFF_GIL") != "0"
     assert out.stdout.strip() == ("on" if on else "off")
+
+
+def test_buffer_values_copied_out_on_the_pool_match_and_long_defaults_take_the_other_way():
+    # values copied by the parsing thread into one block, and (long defaults: more bytes
+    # than the records hold) a batch copied out by the taking thread, as parse_batch does
+    spec = {"img": sf.FixedLen("bytes"), "dflt": sf.FixedLen("bytes", default=b"d" * 5000),
+            "parts": sf.VarLen("bytes")}
+    fits = [sf.encode_example({"img": [bytes([i]) * (i * 37)], "dflt": [b"x" * i], "parts": [b"p"] * (i % 3)})
+            for i in range(50)]
+    spills = [sf.encode_example({"img": [b"i"]}) for _ in range(20)]  # the 5,000-byte default each
+    pool = nv.ParsePool(2)
+    for records in (fits, spills, fits):
+        buf, offs, lens, crcs = framed(records)
+        pool.submit((buf, offs, lens), spec, bytes_as="buffer", crcs=crcs)
+    for records in (fits, spills, fits):
+        buf, offs, lens, crcs = framed(records)
+        want = nv.parse_example_batch((buf, offs, lens), spec, bytes_as="buffer", crcs=crcs)
+        got = pool.take()
+        for key in want:
+            assert repr(got[key]) == repr(want[key]), key
+        assert got["img"].to_list() == [bytes([i]) * (i * 37) for i in range(len(records))] or records is spills
+        got["img"].data[:] = 0  # writable, and the other columns' values are not touched
+        assert got["dflt"].to_list() == want["dflt"].to_list()
+    pool.close()

@@ -540,10 +540,15 @@ static int off_gil_ok(void) {
 }
 
 /* A column's large values as objects made off the GIL (NULL entries: made with the GIL). */
+/* what a column is to the runs that make or copy out its values (SF_COL_FIXED is 0) */
+#define BYTES_NONE 0
+#define BYTES_FIXED 1
+#define BYTES_VAR 2
+
 typedef struct {
     PyObject **objs;
     size_t count;
-    int what;   /* 0: not an object-form bytes column; SF_COL_FIXED or SF_COL_VAR */
+    int what;   /* BYTES_NONE: not an object-form bytes column; BYTES_FIXED or BYTES_VAR */
     size_t per; /* FIXED: values per record */
 } made_col;
 
@@ -669,6 +674,8 @@ typedef struct {
     size_t size;       /* FIXED: values per record; 0 for VAR */
     const int64_t *splits; /* VAR: per-record value offsets */
     PyObject *data, *offs;
+    uint8_t *dst;  /* where the values go: data's bytes */
+    int64_t *offp; /* their offsets: offs's (or, made off the GIL, raw memory that offs takes over) */
 } fused_col;
 
 /* Allocate a fused column's arrays and its offsets (with the GIL). 0 or -1. */
@@ -686,6 +693,8 @@ static int fused_alloc(fused_col *f) {
         pos += f->vals[k].n;
         o[k + 1] = (int64_t)pos;
     }
+    f->dst = PyArray_DATA((PyArrayObject *)f->data);
+    f->offp = o;
     return 0;
 }
 
@@ -701,8 +710,8 @@ static size_t fused_pass(const sf_bytes *recs, size_t n, const uint8_t *want, fu
             fused_col *f = &fc[c];
             size_t lo = f->splits ? (size_t)f->splits[k] : k * f->size;
             size_t hi = f->splits ? (size_t)f->splits[k + 1] : lo + f->size;
-            uint8_t *d = PyArray_DATA((PyArrayObject *)f->data);
-            const int64_t *o = PyArray_DATA((PyArrayObject *)f->offs);
+            uint8_t *d = f->dst;
+            const int64_t *o = f->offp;
             for (size_t v = lo; v < hi; v++) {
                 segs[nseg].src = f->vals[v].p;
                 segs[nseg].n = f->vals[v].n;
@@ -763,6 +772,13 @@ typedef struct {
     size_t nfc;
     sf_seg *segs;
     made_col *made; /* object-form bytes columns whose large values the run makes (off the GIL) */
+    /* buffer form on a pool: the values are copied out by the run, into one block made here */
+    PyObject *fblock; /* a uint8 array of the records' total length, or NULL */
+    uint8_t *fbase;
+    size_t flen;
+    int *fcol;     /* per column: BYTES_FIXED or BYTES_VAR for a buffer-form bytes column, else BYTES_NONE */
+    size_t *fsize; /* per column: FIXED values per record */
+    int prefused;  /* the run copied the values out (fc, segs and the offsets are raw memory) */
     size_t n, type_err_at;
     /* the run's outcome */
     sf_error err;
@@ -778,7 +794,7 @@ static pjob *pjob_new(void) {
 
 /* Everything a batch parse does with the GIL before the parse: the arguments read, the
  * records located, the output columns allocated. 0, or -1 with an exception set. */
-static int pjob_prepare(pjob *j, PyObject *args, int sequence) {
+static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
     PyObject *records, *offsets_obj, *lengths_obj;
     PyObject *crcs_obj = Py_None, *which_obj = Py_None;
     CompiledSpecObject *cso;
@@ -940,6 +956,28 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence) {
             memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
         }
     }
+    if (pooled && j->fuse && j->n) {
+        /* the values the run copies out lie inside the records (defaults aside: a batch whose
+         * values do not fit is copied out by pjob_finish, as parse_batch does) */
+        size_t total = 0;
+        for (size_t i = 0; i < j->n; i++) total += j->recs[i].n;
+        j->fcol = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(int));
+        j->fsize = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(size_t));
+        j->fblock = j->fcol && j->fsize ? sf_pool_array(total ? total : 1) : NULL;
+        if (!j->fblock) {
+            if (!j->fcol || !j->fsize) PyErr_NoMemory();
+            return -1;
+        }
+        j->fbase = PyArray_DATA((PyArrayObject *)j->fblock);
+        j->flen = total;
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
+            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
+            if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR))
+                j->fcol[ci] = col == SF_COL_FIXED ? BYTES_FIXED : BYTES_VAR;
+            if (col == SF_COL_FIXED) j->fsize[ci] = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+        }
+    }
     if (!j->as_buffer && !j->sequence && off_gil_ok()) {
         j->made = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(made_col));
         if (!j->made) {
@@ -951,14 +989,80 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence) {
             int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
             if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) != SF_KIND_BYTES) continue;
             if (col == SF_COL_FIXED) {
-                j->made[ci].what = col;
+                j->made[ci].what = BYTES_FIXED;
                 j->made[ci].per = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
             } else if (col == SF_COL_VAR) {
-                j->made[ci].what = col;
+                j->made[ci].what = BYTES_VAR;
             }
         }
     }
     return 0;
+}
+
+static void prefused_free(fused_col *fc, size_t nfc, sf_seg *segs) {
+    if (fc)
+        for (size_t c = 0; c < nfc; c++) PyMem_RawFree(fc[c].offp);
+    PyMem_RawFree(fc);
+    PyMem_RawFree(segs);
+}
+
+/* The buffer form's copy and CRC pass, in the run (no GIL): the values into the block made by
+ * pjob_prepare, their offsets into raw memory. Leaves the job as it was when they do not fit
+ * (values from defaults) or memory runs out: pjob_finish then does it as parse_batch does. */
+static void pjob_prefuse(pjob *j) {
+    size_t nfc = 0, most = 0, total = 0;
+    for (size_t ci = 0; ci < j->ncols; ci++) nfc += j->fcol[ci] != BYTES_NONE;
+    fused_col *fc = PyMem_RawCalloc(nfc ? nfc : 1, sizeof(fused_col));
+    if (!fc) return;
+    size_t c = 0;
+    for (size_t ci = 0; ci < j->ncols; ci++) {
+        if (j->fcol[ci] == BYTES_NONE) continue;
+        fused_col *f = &fc[c++];
+        if (j->fcol[ci] == BYTES_FIXED) {
+            f->vals = j->outs[ci].fixed;
+            f->size = j->fsize[ci];
+            f->count = j->n * f->size;
+            most += f->size;
+        } else {
+            f->vals = j->outs[ci].values.data;
+            f->count = j->outs[ci].values.len;
+            f->splits = j->outs[ci].splits;
+            size_t m = 0;
+            for (size_t k = 0; k < j->n; k++) {
+                size_t r = (size_t)(f->splits[k + 1] - f->splits[k]);
+                if (r > m) m = r;
+            }
+            most += m;
+        }
+        for (size_t k = 0; k < f->count; k++) total += f->vals[k].n;
+    }
+    sf_seg *segs = total <= j->flen ? PyMem_RawMalloc((most ? most : 1) * sizeof(sf_seg)) : NULL;
+    if (!segs) {
+        PyMem_RawFree(fc);
+        return;
+    }
+    size_t pos = 0;
+    for (c = 0; c < nfc; c++) {
+        fused_col *f = &fc[c];
+        f->dst = j->fbase + pos;
+        f->offp = PyMem_RawMalloc((f->count + 1) * sizeof(int64_t));
+        if (!f->offp) {
+            prefused_free(fc, nfc, segs);
+            return;
+        }
+        size_t at = 0;
+        f->offp[0] = 0;
+        for (size_t k = 0; k < f->count; k++) {
+            at += f->vals[k].n;
+            f->offp[k + 1] = (int64_t)at;
+        }
+        pos += at;
+    }
+    j->crc_bad = fused_pass(j->recs, j->n, j->want, fc, nfc, segs);
+    j->fc = fc;
+    j->nfc = nfc;
+    j->segs = segs;
+    j->prefused = 1;
 }
 
 /* The parse itself and the records' CRCs: no GIL, no Python object touched. */
@@ -976,10 +1080,34 @@ static void pjob_run(pjob *j) {
     if (j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
         for (size_t ci = 0; ci < j->ncols; ci++) {
             made_col *m = &j->made[ci];
-            if (m->what == SF_COL_FIXED) made_fill(m, j->outs[ci].fixed, j->n * m->per);
-            else if (m->what == SF_COL_VAR) made_fill(m, j->outs[ci].values.data, j->outs[ci].values.len);
+            if (m->what == BYTES_FIXED) made_fill(m, j->outs[ci].fixed, j->n * m->per);
+            else if (m->what == BYTES_VAR) made_fill(m, j->outs[ci].values.data, j->outs[ci].values.len);
         }
     }
+    if (j->fblock && !j->rc && !j->type_err_name) pjob_prefuse(j);
+}
+
+static void raw_capsule_free(PyObject *cap) { PyMem_RawFree(PyCapsule_GetPointer(cap, NULL)); }
+
+/* A prefused column's arrays (with the GIL): its values, a view of the job's block (which
+ * keeps the block alive), and its offsets, an array over the raw memory the run filled (freed
+ * with the array). 0, or -1 with an exception set. */
+static int prefused_arrays(pjob *j, fused_col *f) {
+    npy_intp len = (npy_intp)f->offp[f->count], on = (npy_intp)f->count + 1;
+    f->data = PyArray_New(&PyArray_Type, 1, &len, NPY_UINT8, NULL, f->dst, 0, NPY_ARRAY_CARRAY, NULL);
+    if (!f->data) return -1;
+    Py_INCREF(j->fblock);
+    if (PyArray_SetBaseObject((PyArrayObject *)f->data, j->fblock) < 0) return -1;
+    PyObject *cap = PyCapsule_New(f->offp, NULL, raw_capsule_free);
+    if (!cap) return -1;
+    f->offs = PyArray_New(&PyArray_Type, 1, &on, NPY_INT64, NULL, f->offp, 0, NPY_ARRAY_CARRAY, NULL);
+    if (!f->offs) {
+        PyCapsule_SetDestructor(cap, NULL); /* the raw memory stays the job's */
+        Py_DECREF(cap);
+        return -1;
+    }
+    f->offp = NULL; /* the capsule frees it, with the array */
+    return PyArray_SetBaseObject((PyArrayObject *)f->offs, cap);
 }
 
 /* Everything after the parse, with the GIL: the fused copy of buffer-form columns, the
@@ -990,7 +1118,7 @@ static PyObject *pjob_finish(pjob *j) {
         PyErr_NoMemory();
         return result;
     }
-    if (j->crc_bad == j->n && j->fuse && !j->rc && !j->type_err_name) {
+    if (j->crc_bad == j->n && j->fuse && !j->rc && !j->type_err_name && !j->prefused) {
         j->fc = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(fused_col));
         if (!j->fc) {
             PyErr_NoMemory();
@@ -1063,6 +1191,10 @@ static PyObject *pjob_finish(pjob *j) {
         PyObject *item = NULL;
         PyObject *fused = NULL; /* (data, offsets) of a fused column */
         if (j->fc && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
+            if (j->prefused && prefused_arrays(j, &j->fc[fi]) < 0) {
+                Py_DECREF(cols_out);
+                return result;
+            }
             fused = Py_BuildValue("OO", j->fc[fi].data, j->fc[fi].offs);
             fi++;
             if (!fused) {
@@ -1137,9 +1269,16 @@ static void pjob_free(pjob *j) {
             Py_XDECREF(j->fc[c].data);
             Py_XDECREF(j->fc[c].offs);
         }
-        PyMem_Free(j->fc);
     }
-    PyMem_Free(j->segs);
+    if (j->prefused) {
+        prefused_free(j->fc, j->nfc, j->segs);
+    } else {
+        PyMem_Free(j->fc);
+        PyMem_Free(j->segs);
+    }
+    Py_XDECREF(j->fblock);
+    PyMem_Free(j->fcol);
+    PyMem_Free(j->fsize);
     if (j->made) {
         for (size_t ci = 0; ci < j->ncols; ci++) made_drop(&j->made[ci]);
         PyMem_Free(j->made);
@@ -1164,7 +1303,7 @@ static PyObject *parse_common(PyObject *args, int sequence) {
     pjob *j = pjob_new();
     if (!j) return NULL;
     PyObject *result = NULL;
-    if (pjob_prepare(j, args, sequence) == 0) {
+    if (pjob_prepare(j, args, sequence, 0) == 0) {
         Py_BEGIN_ALLOW_THREADS
         pjob_run(j);
         Py_END_ALLOW_THREADS
@@ -1281,7 +1420,7 @@ static PyObject *pp_submit(ParsePoolObject *p, PyObject *args) {
         PyMem_Free(s);
         return s ? NULL : PyErr_NoMemory();
     }
-    if (pjob_prepare(j, args, 0) < 0) {
+    if (pjob_prepare(j, args, 0, 1) < 0) {
         pjob_free(j);
         PyMem_Free(s);
         return NULL;
