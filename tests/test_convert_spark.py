@@ -284,6 +284,25 @@ def test_an_image_conversion_runs_two_spark_jobs_and_leaves_the_sessions_setting
     spark.conf.set(ADAPTIVE, before)
 
 
+def test_a_session_shardfeed_starts_runs_its_driver_and_executor_jvms_with_the_jit_of_short_jobs(spark):
+    from shardfeed.convert.spark_session import JVM_OPTIONS
+
+    conf = spark.sparkContext.getConf()
+    # Spark's default Java options, so a user's extraJavaOptions come after them and win
+    assert conf.get("spark.driver.defaultJavaOptions") == conf.get("spark.executor.defaultJavaOptions") == JVM_OPTIONS
+    with open(f"/proc/{spark.sparkContext._gateway.proc.pid}/cmdline", "rb") as f:
+        assert JVM_OPTIONS.encode() in f.read().split(b"\0")
+
+    def executor_args(_):
+        from tests.spark_helpers import executor_jvm_pid
+
+        with open(f"/proc/{executor_jvm_pid()}/cmdline", "rb") as f:
+            yield f.read().split(b"\0")
+
+    got = spark.sparkContext.parallelize(range(2), 2).mapPartitions(executor_args).collect()
+    assert len(got) == 2 and all(JVM_OPTIONS.encode() in args for args in got)
+
+
 def test_spark_byte_sizes_are_read_as_spark_writes_them():
     from shardfeed.convert.spark_session import byte_size
 
