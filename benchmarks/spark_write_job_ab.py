@@ -54,19 +54,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from shardfeed.convert import api as sc
     from shardfeed.convert import runner_spark as rs
+    from shardfeed.convert import spark_write as sw
 
     os.makedirs(args.dir, exist_ok=True)
     inp = make_images(args.dir, args.images)
     rs.spark_session(args.master)
     kw = {"max_image_size": 128, "test_ratio": 0.1, "num_samples_per_tfrecord": 64, "progress": False}
-    new = (rs.session_conf, rs.SQL_PLACE_MAX, rs.WRITE_TASK_ROWS)
+    new = (rs.session_conf, sw.SQL_PLACE_MAX, sw.WRITE_TASK_ROWS)
 
     def mode(m: str) -> None:
         if m == "old":
             rs.session_conf = lambda spark, settings: contextlib.nullcontext()
-            rs.SQL_PLACE_MAX, rs.WRITE_TASK_ROWS = 0, 1
+            sw.SQL_PLACE_MAX, sw.WRITE_TASK_ROWS = 0, 1
         else:
-            rs.session_conf, rs.SQL_PLACE_MAX, rs.WRITE_TASK_ROWS = new
+            rs.session_conf, sw.SQL_PLACE_MAX, sw.WRITE_TASK_ROWS = new
 
     out_base = tempfile.mkdtemp(prefix="spark-ab-")
     sc.convert(inp, os.path.join(out_base, "warm"), runner="spark", **kw)

@@ -223,7 +223,7 @@ def test_a_small_one_file_csv_is_read_in_a_partition_per_core_and_gives_the_loca
 
 
 def test_write_tasks_are_one_per_core_at_least_and_more_only_while_each_keeps_enough_rows():
-    from shardfeed.convert.runner_spark import WRITE_TASK_ROWS, WRITE_TASKS_PER_CORE, write_tasks
+    from shardfeed.convert.spark_write import WRITE_TASK_ROWS, WRITE_TASKS_PER_CORE, write_tasks
 
     assert write_tasks(79, 2, 5_000) == 5_000 // WRITE_TASK_ROWS == 4  # 5,000 images: 2 a core, not 8
     assert write_tasks(79, 2, 300) == 2  # a small input: still one per core
@@ -233,7 +233,7 @@ def test_write_tasks_are_one_per_core_at_least_and_more_only_while_each_keeps_en
 
 
 def test_write_task_chunks_never_span_two_shards_and_keep_every_item_in_order():
-    from shardfeed.convert.runner_spark import _chunked
+    from shardfeed.convert.spark_write import _chunked
 
     items = [("shard", 0), *[("row", p, f"a{p}") for p in range(5)], ("shard", 1), ("row", 0, "b0"),
              ("conv", 1, None, ([b"r"], None)), ("row", 2, "b2"), ("shard", 2), ("row", 0, None)]
@@ -245,15 +245,16 @@ def test_write_task_chunks_never_span_two_shards_and_keep_every_item_in_order():
 
 def test_an_image_conversion_runs_two_spark_jobs_and_leaves_the_sessions_settings_as_they_were(spark, tmp_path,
                                                                                                monkeypatch):
-    from shardfeed.convert import runner_spark
-    from shardfeed.convert.runner_spark import ADAPTIVE, session_conf, write_tasks
+    from shardfeed.convert import spark_write
+    from shardfeed.convert.spark_session import ADAPTIVE, session_conf
+    from shardfeed.convert.spark_write import write_tasks
 
     src = dataset(tmp_path, n=14, bad=(3,))
     ctx = spark.sparkContext
     before = spark.conf.get(ADAPTIVE)
     for setting in (None, "true"):  # unset (Spark's default: on), then set by the user
         # job 2's map side places the rows in SQL, then (too many constants) in Python
-        monkeypatch.setattr(runner_spark, "SQL_PLACE_MAX", 4096 if setting is None else 0)
+        monkeypatch.setattr(spark_write, "SQL_PLACE_MAX", 4096 if setting is None else 0)
         if setting is None:
             spark.conf.unset(ADAPTIVE)
         else:
@@ -283,8 +284,27 @@ def test_an_image_conversion_runs_two_spark_jobs_and_leaves_the_sessions_setting
     spark.conf.set(ADAPTIVE, before)
 
 
+def test_a_session_shardfeed_starts_runs_its_driver_and_executor_jvms_with_the_jit_of_short_jobs(spark):
+    from shardfeed.convert.spark_session import JVM_OPTIONS
+
+    conf = spark.sparkContext.getConf()
+    # Spark's default Java options, so a user's extraJavaOptions come after them and win
+    assert conf.get("spark.driver.defaultJavaOptions") == conf.get("spark.executor.defaultJavaOptions") == JVM_OPTIONS
+    with open(f"/proc/{spark.sparkContext._gateway.proc.pid}/cmdline", "rb") as f:
+        assert JVM_OPTIONS.encode() in f.read().split(b"\0")
+
+    def executor_args(_):
+        from tests.spark_helpers import executor_jvm_pid
+
+        with open(f"/proc/{executor_jvm_pid()}/cmdline", "rb") as f:
+            yield f.read().split(b"\0")
+
+    got = spark.sparkContext.parallelize(range(2), 2).mapPartitions(executor_args).collect()
+    assert len(got) == 2 and all(JVM_OPTIONS.encode() in args for args in got)
+
+
 def test_spark_byte_sizes_are_read_as_spark_writes_them():
-    from shardfeed.convert.runner_spark import byte_size
+    from shardfeed.convert.spark_session import byte_size
 
     assert [byte_size(t) for t in ("4194304", "4MB", "4m", "128k", "128KB", "1g", "0")] == [
         4 << 20, 4 << 20, 4 << 20, 128 << 10, 128 << 10, 1 << 30, 0]

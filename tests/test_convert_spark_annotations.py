@@ -14,7 +14,7 @@ pytest.importorskip("PIL")
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
-from shardfeed.convert import annotations, runner_spark
+from shardfeed.convert import annotations, runner_spark, spark_source
 from shardfeed.convert import api as sc
 
 from .test_annotation_spans import cell, itag, pai_line
@@ -43,8 +43,8 @@ def test_an_annotation_csv_and_an_itag_manifest_are_parsed_by_the_executors_in_b
                                                                                             monkeypatch, caplog):
     # ranges of 160 bytes: a small file cut into many (a line longer than a range, ranges
     # in which no line starts)
-    monkeypatch.setattr(runner_spark, "ANNOTATION_MIN_RANGE", 160)
-    monkeypatch.setattr(runner_spark, "ANNOTATION_MAX_RANGE", 160)
+    monkeypatch.setattr(spark_source, "ANNOTATION_MIN_RANGE", 160)
+    monkeypatch.setattr(spark_source, "ANNOTATION_MAX_RANGE", 160)
     imgs = [jpeg(tmp_path / f"{i}.jpg", w=60 + 10 * i, h=40) for i in range(6)]
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 truncated")
     # a PAI annotation CSV: a BOM, a comment and a header, blank records, \r\n and lone \r,
@@ -92,7 +92,7 @@ def test_an_annotation_csv_and_an_itag_manifest_are_parsed_by_the_executors_in_b
 
     # the quoted cells: detected, and the file read again in one task, giving the local
     # runner's output all the same
-    with caplog.at_level(logging.WARNING, logger="shardfeed.convert.runner_spark"):
+    with caplog.at_level(logging.WARNING, logger="shardfeed.convert.spark_source"):
         got = sc.convert_annotations(str(quoted), str(tmp_path / "spark_q"), model_type="DETECTION", runner="spark",
                                      **OPTS)
     assert got.records_written == 3 and "quoted CSV cell holds a line break across byte offset" in caplog.text
@@ -110,8 +110,8 @@ def test_an_annotation_csv_and_an_itag_manifest_are_parsed_by_the_executors_in_b
 def test_an_annotation_csv_on_s3_is_read_by_the_executors_in_byte_ranges(spark, tmp_path, monkeypatch, s3_bucket):
     import boto3
 
-    monkeypatch.setattr(runner_spark, "ANNOTATION_MIN_RANGE", 200)
-    monkeypatch.setattr(runner_spark, "ANNOTATION_MAX_RANGE", 200)
+    monkeypatch.setattr(spark_source, "ANNOTATION_MIN_RANGE", 200)
+    monkeypatch.setattr(spark_source, "ANNOTATION_MAX_RANGE", 200)
     bucket, so = s3_bucket
     imgs = [jpeg(tmp_path / f"{i}.jpg", w=50 + 10 * i, h=40) for i in range(4)]
     body = "id,raw,answer\r\n" + "".join(pai_line(i, imgs[i % 4], box(f"c{i % 2}")) + "\n" for i in range(9))
