@@ -284,6 +284,18 @@ def test_an_image_conversion_runs_two_spark_jobs_and_leaves_the_sessions_setting
     spark.conf.set(ADAPTIVE, before)
 
 
+def test_only_a_local_master_gets_the_jit_of_short_jobs():
+    from shardfeed.convert.spark_session import JVM_OPTIONS, session_settings
+
+    for master in ("local", "local[*]", "local[2]", "local-cluster[2,1,1024]"):
+        got = session_settings(master, "python3")
+        assert got["spark.driver.defaultJavaOptions"] == got["spark.executor.defaultJavaOptions"] == JVM_OPTIONS
+    for master in ("spark://10.0.0.1:7077", "yarn", "k8s://https://k8s.example:443", "mesos://m:5050"):
+        got = session_settings(master, "python3")  # a cluster admin's default Java options stay
+        assert not any("JavaOptions" in k for k in got), got
+        assert got["spark.pyspark.python"] == "python3"
+
+
 def test_a_session_shardfeed_starts_runs_its_driver_and_executor_jvms_with_the_jit_of_short_jobs(spark):
     from shardfeed.convert.spark_session import JVM_OPTIONS
 

@@ -50,7 +50,10 @@ _MASTER_FORMS = ("local", "local[", "local-cluster[", "spark://", "yarn", "k8s:/
 # the second conversion of 5,000 images: 1.9 s of the JVMs' 3.0 s of CPU in C1/C2
 # compiler threads; with C1 only, 0.4 s of 1.3 s). Set as Spark's *default* Java options,
 # so a user's ``spark.driver.extraJavaOptions`` / ``spark.executor.extraJavaOptions``
-# (e.g. ``-XX:TieredStopAtLevel=4``) come after them and win.
+# (e.g. ``-XX:TieredStopAtLevel=4``) come after them and win. Only on a local master
+# (``local[N]``, ``local-cluster[...]``), where the JVMs and the Python workers share one
+# machine's cores and that was measured: on a cluster an executor converts for long, its
+# JIT cost is paid once, and its admin's default Java options are not replaced.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
@@ -67,13 +70,24 @@ def _check_master(master: str) -> None:
                 raise RuntimeError(f"cannot reach the Spark master {master!r} at {hostport}: {exc}") from None
 
 
+def session_settings(master: str, python: str) -> dict[str, str]:
+    """The settings of a session :func:`spark_session` starts on ``master``: the executors'
+    Python and import path, and on a local master the JIT of short jobs (:data:`JVM_OPTIONS`)."""
+    settings = {"spark.pyspark.python": python, "spark.executorEnv.PYTHONPATH": executor_pythonpath(),
+                "spark.ui.showConsoleProgress": "false"}
+    if master.startswith("local"):
+        settings["spark.driver.defaultJavaOptions"] = JVM_OPTIONS
+        settings["spark.executor.defaultJavaOptions"] = JVM_OPTIONS
+    return settings
+
+
 def spark_session(master: str | None = None, app_name: str = "shardfeed-convert") -> Any:
     """The ``SparkSession`` to convert with: the running one (``spark-submit``, Databricks,
     a notebook) when ``master`` is None or names it, else a new one on ``master``
     (default ``local[*]``) whose executors run this interpreter with this process's import
-    path (``spark.executorEnv.PYTHONPATH``, see :func:`executor_pythonpath`) and the JIT
-    settings of short jobs (:data:`JVM_OPTIONS`, as Spark's default Java options of the
-    driver and the executors; ``spark.driver.extraJavaOptions`` /
+    path (``spark.executorEnv.PYTHONPATH``, see :func:`executor_pythonpath`) and, on a local
+    master, the JIT settings of short jobs (:data:`JVM_OPTIONS`, as Spark's default Java
+    options of the driver and the executors; ``spark.driver.extraJavaOptions`` /
     ``spark.executor.extraJavaOptions``, which the JVMs read after them, override them).
 
     Raises ``ImportError`` without pyspark, ``RuntimeError`` naming the cause when Java is
@@ -101,12 +115,9 @@ def spark_session(master: str | None = None, app_name: str = "shardfeed-convert"
     os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
     # pyspark starts the executors' Python workers with PYSPARK_PYTHON (default: python3 on PATH)
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (SparkSession.builder.appName(app_name).master(master)
-               .config("spark.pyspark.python", python)
-               .config("spark.executorEnv.PYTHONPATH", executor_pythonpath())
-               .config("spark.driver.defaultJavaOptions", JVM_OPTIONS)
-               .config("spark.executor.defaultJavaOptions", JVM_OPTIONS)
-               .config("spark.ui.showConsoleProgress", "false"))
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in session_settings(master, python).items():
+        builder = builder.config(key, value)
     try:
         return builder.getOrCreate()
     except Exception as exc:
