@@ -461,20 +461,27 @@ static PyTypeObject CompiledSpecType = {
 #if !defined(Py_LIMITED_API) && !defined(Py_TRACE_REFS) && PY_VERSION_HEX >= 0x03080000 && PY_VERSION_HEX < 0x030E0000
 #define SF_INLINE_BYTES 1
 #endif
+#ifdef SF_INLINE_BYTES
+/* A new bytes object's hash: not computed yet (ob_shash is deprecated, still there until 3.14). */
+static inline void bytes_unhashed(PyBytesObject *op) {
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    op->ob_shash = -1;
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+}
+#endif
+
 static inline PyObject *new_bytes(const uint8_t *p, size_t n) {
 #ifdef SF_INLINE_BYTES
     if (n > 1 && n <= (size_t)PY_SSIZE_T_MAX - offsetof(PyBytesObject, ob_sval) - 1) {
         PyBytesObject *op = (PyBytesObject *)PyObject_Malloc(offsetof(PyBytesObject, ob_sval) + n + 1);
         if (!op) return PyErr_NoMemory();
         PyObject_InitVar((PyVarObject *)op, &PyBytes_Type, (Py_ssize_t)n);
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-        op->ob_shash = -1;
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+        bytes_unhashed(op);
         char *d = op->ob_sval;
         if (n <= 16 && n >= 8) { /* short values (categorical strings): two overlapping words, no call */
             uint64_t a, b;
@@ -548,8 +555,6 @@ static int off_gil_ok(void) {
 typedef struct {
     PyObject **objs;
     size_t count;
-    int what;   /* BYTES_NONE: not an object-form bytes column; BYTES_FIXED or BYTES_VAR */
-    size_t per; /* FIXED: values per record */
 } made_col;
 
 #ifdef SF_OFF_GIL_BYTES
@@ -560,14 +565,7 @@ static PyObject *raw_bytes(const uint8_t *p, size_t n) {
     op->ob_base.ob_base.ob_refcnt = 1;
     op->ob_base.ob_base.ob_type = &PyBytes_Type;
     op->ob_base.ob_size = (Py_ssize_t)n;
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-#endif
-    op->ob_shash = -1;
-#if defined(__GNUC__) || defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+    bytes_unhashed(op);
     memcpy(op->ob_sval, p, n);
     op->ob_sval[n] = 0;
     return (PyObject *)op;
@@ -776,7 +774,7 @@ typedef struct {
     PyObject *fblock; /* a uint8 array of the records' total length, or NULL */
     uint8_t *fbase;
     size_t flen;
-    int *fcol;     /* per column: BYTES_FIXED or BYTES_VAR for a buffer-form bytes column, else BYTES_NONE */
+    int *fcol;     /* per column: BYTES_FIXED or BYTES_VAR for a FixedLen or VarLen bytes column, else BYTES_NONE */
     size_t *fsize; /* per column: FIXED values per record */
     int prefused;  /* the run copied the values out (fc, segs and the offsets are raw memory) */
     size_t n, type_err_at;
@@ -956,31 +954,11 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
         }
     }
-    if (pooled && j->fuse && j->n) {
-        /* the values the run copies out lie inside the records (defaults aside: a batch whose
-         * values do not fit is copied out by pjob_finish, as parse_batch does) */
-        size_t total = 0;
-        for (size_t i = 0; i < j->n; i++) total += j->recs[i].n;
+    int make = !j->as_buffer && !j->sequence && off_gil_ok(); /* large objects made by the run */
+    if (j->fuse || make) { /* the FixedLen and VarLen bytes columns: what the run copies out or makes */
         j->fcol = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(int));
         j->fsize = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(size_t));
-        j->fblock = j->fcol && j->fsize ? sf_pool_array(total ? total : 1) : NULL;
-        if (!j->fblock) {
-            if (!j->fcol || !j->fsize) PyErr_NoMemory();
-            return -1;
-        }
-        j->fbase = PyArray_DATA((PyArrayObject *)j->fblock);
-        j->flen = total;
-        for (size_t ci = 0; ci < j->ncols; ci++) {
-            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
-            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-            if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR))
-                j->fcol[ci] = col == SF_COL_FIXED ? BYTES_FIXED : BYTES_VAR;
-            if (col == SF_COL_FIXED) j->fsize[ci] = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-        }
-    }
-    if (!j->as_buffer && !j->sequence && off_gil_ok()) {
-        j->made = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(made_col));
-        if (!j->made) {
+        if (!j->fcol || !j->fsize) {
             PyErr_NoMemory();
             return -1;
         }
@@ -989,32 +967,41 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
             if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) != SF_KIND_BYTES) continue;
             if (col == SF_COL_FIXED) {
-                j->made[ci].what = BYTES_FIXED;
-                j->made[ci].per = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+                j->fcol[ci] = BYTES_FIXED;
+                j->fsize[ci] = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
             } else if (col == SF_COL_VAR) {
-                j->made[ci].what = BYTES_VAR;
+                j->fcol[ci] = BYTES_VAR;
             }
         }
+    }
+    if (pooled && j->fuse && j->n) {
+        /* the values the run copies out lie inside the records (defaults aside: a batch whose
+         * values do not fit is copied out by pjob_finish, as parse_batch does) */
+        size_t total = 0;
+        for (size_t i = 0; i < j->n; i++) total += j->recs[i].n;
+        j->fblock = sf_pool_array(total ? total : 1);
+        if (!j->fblock) return -1;
+        j->fbase = PyArray_DATA((PyArrayObject *)j->fblock);
+        j->flen = total;
+    }
+    if (make && !(j->made = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(made_col)))) {
+        PyErr_NoMemory();
+        return -1;
     }
     return 0;
 }
 
-static void prefused_free(fused_col *fc, size_t nfc, sf_seg *segs) {
-    if (fc)
-        for (size_t c = 0; c < nfc; c++) PyMem_RawFree(fc[c].offp);
-    PyMem_RawFree(fc);
-    PyMem_RawFree(segs);
+/* How many columns the CRC pass copies out. */
+static size_t fused_count(const pjob *j) {
+    size_t nfc = 0;
+    for (size_t ci = 0; ci < j->ncols; ci++) nfc += j->fcol[ci] != BYTES_NONE;
+    return nfc;
 }
 
-/* The buffer form's copy and CRC pass, in the run (no GIL): the values into the block made by
- * pjob_prepare, their offsets into raw memory. Leaves the job as it was when they do not fit
- * (values from defaults) or memory runs out: pjob_finish then does it as parse_batch does. */
-static void pjob_prefuse(pjob *j) {
-    size_t nfc = 0, most = 0, total = 0;
-    for (size_t ci = 0; ci < j->ncols; ci++) nfc += j->fcol[ci] != BYTES_NONE;
-    fused_col *fc = PyMem_RawCalloc(nfc ? nfc : 1, sizeof(fused_col));
-    if (!fc) return;
-    size_t c = 0;
+/* Point fc (room for fused_count) at the parsed values of the columns the CRC pass copies out;
+ * the most values one record holds in them all (the segments the pass needs). No GIL needed. */
+static size_t fused_columns(const pjob *j, fused_col *fc) {
+    size_t c = 0, most = 0;
     for (size_t ci = 0; ci < j->ncols; ci++) {
         if (j->fcol[ci] == BYTES_NONE) continue;
         fused_col *f = &fc[c++];
@@ -1034,15 +1021,34 @@ static void pjob_prefuse(pjob *j) {
             }
             most += m;
         }
-        for (size_t k = 0; k < f->count; k++) total += f->vals[k].n;
     }
+    return most;
+}
+
+static void prefused_free(fused_col *fc, size_t nfc, sf_seg *segs) {
+    if (fc)
+        for (size_t c = 0; c < nfc; c++) PyMem_RawFree(fc[c].offp);
+    PyMem_RawFree(fc);
+    PyMem_RawFree(segs);
+}
+
+/* The buffer form's copy and CRC pass, in the run (no GIL): the values into the block made by
+ * pjob_prepare, their offsets into raw memory. Leaves the job as it was when they do not fit
+ * (values from defaults) or memory runs out: pjob_finish then does it as parse_batch does. */
+static void pjob_prefuse(pjob *j) {
+    size_t nfc = fused_count(j), total = 0;
+    fused_col *fc = PyMem_RawCalloc(nfc ? nfc : 1, sizeof(fused_col));
+    if (!fc) return;
+    size_t most = fused_columns(j, fc);
+    for (size_t c = 0; c < nfc; c++)
+        for (size_t k = 0; k < fc[c].count; k++) total += fc[c].vals[k].n;
     sf_seg *segs = total <= j->flen ? PyMem_RawMalloc((most ? most : 1) * sizeof(sf_seg)) : NULL;
     if (!segs) {
         PyMem_RawFree(fc);
         return;
     }
     size_t pos = 0;
-    for (c = 0; c < nfc; c++) {
+    for (size_t c = 0; c < nfc; c++) {
         fused_col *f = &fc[c];
         f->dst = j->fbase + pos;
         f->offp = PyMem_RawMalloc((f->count + 1) * sizeof(int64_t));
@@ -1079,9 +1085,8 @@ static void pjob_run(pjob *j) {
     }
     if (j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
         for (size_t ci = 0; ci < j->ncols; ci++) {
-            made_col *m = &j->made[ci];
-            if (m->what == BYTES_FIXED) made_fill(m, j->outs[ci].fixed, j->n * m->per);
-            else if (m->what == BYTES_VAR) made_fill(m, j->outs[ci].values.data, j->outs[ci].values.len);
+            if (j->fcol[ci] == BYTES_FIXED) made_fill(&j->made[ci], j->outs[ci].fixed, j->n * j->fsize[ci]);
+            else if (j->fcol[ci] == BYTES_VAR) made_fill(&j->made[ci], j->outs[ci].values.data, j->outs[ci].values.len);
         }
     }
     if (j->fblock && !j->rc && !j->type_err_name) pjob_prefuse(j);
@@ -1119,37 +1124,15 @@ static PyObject *pjob_finish(pjob *j) {
         return result;
     }
     if (j->crc_bad == j->n && j->fuse && !j->rc && !j->type_err_name && !j->prefused) {
-        j->fc = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(fused_col));
+        j->nfc = fused_count(j);
+        j->fc = PyMem_Calloc(j->nfc ? j->nfc : 1, sizeof(fused_col));
         if (!j->fc) {
             PyErr_NoMemory();
             return result;
         }
-        size_t most = 0; /* the most values one record can have in the fused j->columns */
-        for (size_t ci = 0; ci < j->ncols; ci++) {
-            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
-            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-            int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
-            Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-            if (kind != SF_KIND_BYTES || (col != SF_COL_FIXED && col != SF_COL_VAR)) continue;
-            fused_col *f = &j->fc[j->nfc++];
-            if (col == SF_COL_FIXED) {
-                f->vals = j->outs[ci].fixed;
-                f->size = (size_t)size;
-                f->count = j->n * (size_t)size;
-                most += (size_t)size;
-            } else {
-                f->vals = j->outs[ci].values.data;
-                f->count = j->outs[ci].values.len;
-                f->splits = j->outs[ci].splits;
-                size_t m = 0;
-                for (size_t k = 0; k < j->n; k++) {
-                    size_t r = (size_t)(f->splits[k + 1] - f->splits[k]);
-                    if (r > m) m = r;
-                }
-                most += m;
-            }
-            if (fused_alloc(f) < 0) return result;
-        }
+        size_t most = fused_columns(j, j->fc);
+        for (size_t c = 0; c < j->nfc; c++)
+            if (fused_alloc(&j->fc[c]) < 0) return result;
         j->segs = PyMem_Malloc((most ? most : 1) * sizeof(sf_seg));
         if (!j->segs) {
             PyErr_NoMemory();
@@ -1347,21 +1330,31 @@ typedef struct {
     pid_t pid; /* the process whose threads these are */
 } ParsePoolObject;
 
+/* The oldest batch from `from` on that no thread has started, or NULL (the lock held). */
+static pslot *pp_next_queued(ParsePoolObject *p, pslot *from) {
+    if (!p->queued) return NULL;
+    while (from && from->state != 0) from = from->next;
+    return from;
+}
+
+/* Parse batch `s` in this thread: called and returns with the lock held, released meanwhile. */
+static void pp_parse(ParsePoolObject *p, pslot *s) {
+    s->state = 1;
+    p->queued--;
+    pthread_mutex_unlock(&p->mu);
+    pjob_run(s->job);
+    pthread_mutex_lock(&p->mu);
+    s->state = 2;
+    pthread_cond_broadcast(&p->done);
+}
+
 static void *pool_thread(void *arg) {
     ParsePoolObject *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
         while (!p->stop && !p->queued) pthread_cond_wait(&p->work, &p->mu);
         if (p->stop) break;
-        pslot *s = p->head;
-        while (s->state != 0) s = s->next;
-        s->state = 1;
-        p->queued--;
-        pthread_mutex_unlock(&p->mu);
-        pjob_run(s->job);
-        pthread_mutex_lock(&p->mu);
-        s->state = 2;
-        pthread_cond_broadcast(&p->done);
+        pp_parse(p, pp_next_queued(p, p->head));
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -1467,21 +1460,9 @@ static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&p->mu);
         while (s->state != 2) {
-            pslot *q = NULL; /* the oldest batch no thread has started: this one, or one behind it */
-            if (p->queued)
-                for (q = s; q->state != 0; q = q->next) {
-                }
-            if (!q) {
-                pthread_cond_wait(&p->done, &p->mu);
-                continue;
-            }
-            q->state = 1;
-            p->queued--;
-            pthread_mutex_unlock(&p->mu);
-            pjob_run(q->job);
-            pthread_mutex_lock(&p->mu);
-            q->state = 2;
-            pthread_cond_broadcast(&p->done);
+            pslot *q = pp_next_queued(p, s); /* the oldest no thread has started: this one, or one behind */
+            if (q) pp_parse(p, q);
+            else pthread_cond_wait(&p->done, &p->mu);
         }
         pthread_mutex_unlock(&p->mu);
         Py_END_ALLOW_THREADS

@@ -482,23 +482,29 @@ def parse_example_batch(
     (``feature``, ``record_index``) for one that does not fit the spec, TypeError/ValueError
     for bad arguments.
     """
-    if bytes_as not in ("object", "buffer"):
-        raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
-    as_buffer = bytes_as == "buffer"
-    triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
-    cs = compile_spec(spec)
-    if crcs is not None:
-        if not triple:
-            raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
-        crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
-        if len(crcs) != len(records[1]):
-            raise ValueError(f"crcs: {len(crcs)} CRCs for {len(records[1])} records")
+    cs, triple, as_buffer, crcs = _checked(records, spec, bytes_as, crcs)
     if _ext is None:
         if crcs is not None:
             _check_crcs_py(records, crcs)
         return _parse_py(records, cs, triple, as_buffer)
     args, n, offsets = _native_args(records, cs, triple, as_buffer, crcs)
     return _native_columns(_ext.parse_batch(*args), cs, n, offsets, as_buffer)
+
+
+def _checked(records: Any, spec: Any, bytes_as: str,
+             crcs: np.ndarray | None) -> tuple[CompiledSpec, bool, bool, np.ndarray | None]:
+    """A batch parse's arguments checked: ``(compiled spec, records are a triple, bytes as
+    buffers, crcs as uint32)``; ValueError for a bad ``bytes_as`` or ``crcs``."""
+    if bytes_as not in ("object", "buffer"):
+        raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
+    triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
+    if crcs is not None:
+        if not triple:
+            raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
+        crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
+        if len(crcs) != len(records[1]):
+            raise ValueError(f"crcs: {len(crcs)} CRCs for {len(records[1])} records")
+    return compile_spec(spec), triple, bytes_as == "buffer", crcs
 
 
 def _native_args(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool,
@@ -568,15 +574,7 @@ class ParsePool:
         """Queue ``records`` (a FrameChunk's triple, a ``(buffer, offsets, lengths)`` triple,
         or a sequence of records) for parsing. Bad arguments raise here, as
         :func:`parse_example_batch` raises them."""
-        if bytes_as not in ("object", "buffer"):
-            raise ValueError(f"bytes_as must be 'object' or 'buffer', got {bytes_as!r}")
-        as_buffer = bytes_as == "buffer"
-        triple = isinstance(records, tuple) and len(records) == 3 and isinstance(records[1], (np.ndarray, list, tuple))
-        cs = compile_spec(spec)
-        if crcs is not None:
-            if not triple:
-                raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
-            crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
+        cs, triple, as_buffer, crcs = _checked(records, spec, bytes_as, crcs)
         args, n, offsets = _native_args(records, cs, triple, as_buffer, crcs)
         self._pool.submit(*args)
         self._meta.append((cs, n, offsets, as_buffer))
