@@ -375,3 +375,20 @@ def test_buffer_values_copied_out_on_the_pool_match_and_long_defaults_take_the_o
         got["img"].data[:] = 0  # writable, and the other columns' values are not touched
         assert got["dflt"].to_list() == want["dflt"].to_list()
     pool.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads' signal masks in /proc")
+def test_the_pools_threads_take_no_signal():
+    before = set(os.listdir("/proc/self/task"))
+    pool = nv.ParsePool(2)
+    pool.submit([ctr_example(0)], CTR)
+    new = set(os.listdir("/proc/self/task")) - before
+    assert len(new) == 2
+    for tid in new:
+        status = open(f"/proc/self/task/{tid}/status").read()
+        blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+        assert blocked & (1 << (2 - 1)) and blocked & (1 << (15 - 1))  # SIGINT and SIGTERM blocked
+    mine = open(f"/proc/self/task/{threading.get_native_id()}/status").read()
+    assert int(next(line.split()[1] for line in mine.splitlines() if line.startswith("SigBlk:")), 16) & 2 == 0
+    pool.take()
+    pool.close()

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -1419,14 +1420,26 @@ static PyObject *pp_submit(ParsePoolObject *p, PyObject *args) {
         return NULL;
     }
     s->job = j;
-    for (; p->started < p->nthreads; p->started++) {
-        if (pthread_create(&p->threads[p->started], NULL, pool_thread, p) != 0) {
-            if (p->started) break; /* fewer threads than asked: still correct */
+    if (p->started < p->nthreads) {
+        /* the threads take no signal (a Ctrl-C is the main thread's to see): they start with
+         * every signal blocked, this thread's mask restored after */
+        sigset_t all, before;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &before);
+        int failed = 0;
+        for (; p->started < p->nthreads; p->started++)
+            if (pthread_create(&p->threads[p->started], NULL, pool_thread, p) != 0) {
+                failed = 1;
+                break;
+            }
+        pthread_sigmask(SIG_SETMASK, &before, NULL);
+        if (failed && !p->started) {
             pjob_free(j);
             PyMem_Free(s);
             PyErr_SetString(PyExc_OSError, "ParsePool: cannot start a thread");
             return NULL;
         }
+        p->nthreads = p->started; /* fewer threads than asked: still correct */
     }
     pthread_mutex_lock(&p->mu);
     if (p->tail) p->tail->next = s;
