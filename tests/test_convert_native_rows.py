@@ -227,7 +227,7 @@ def test_image_rows_limits_apply_as_in_load_image(tmp_path):
     assert _native.image_rows(one, [b""], [63], 1, 1 << 30)[1] == [None]  # to be resized: Python's
     assert type(_native.image_rows(one, [b""], [64], 1, 1 << 30)[1][0]) is int
     assert _native.image_rows(one, [b""], [-1], 1, 1 << 30)[1] == [None]
-    assert _native.image_rows(one, [b""], [0], 1, 64 * 48 - 1)[1][0].startswith("decompression bomb: 64x48 = 3072")
+    assert _native.image_rows(one, [b""], [0], 1, 64 * 48 - 1)[1][0] == ("bomb", 64, 48)  # worded by images.py
     assert type(_native.image_rows(one, [b""], [0], 1, 64 * 48)[1][0]) is int
-    assert _native.image_rows(one, [b""], [0], 1, -1)[1][0].startswith("decompression bomb")
+    assert _native.image_rows(one, [b""], [0], 1, -1)[1][0] == ("bomb", 64, 48)
     assert _native.image_rows(one, [b""], [0], 2, 1 << 30)[1] == [None]  # a PNG wanted: Python re-encodes

@@ -1722,8 +1722,9 @@ static PyObject *py_image_check(PyObject *self, PyObject *arg) {
  * also the record's image/source_id), or None for a row the general path converts; tails[i]:
  * bytes, the row's label entries; max_sizes[i]: int, 0 for no limit; want: 1 JPEG, 2 PNG.
  * frames: a pooled uint8 array, the frames of the kept rows in row order; results[i]: the
- * record's length (kept), a discard reason (str), or None (the general path decides: not
- * judged here, or a file that could not be read here). */
+ * record's length (kept), why it is discarded (("empty", 0, 0), ("corrupt", message, byte
+ * offset), ("bomb", width, height): convert/images.py words it), or None (the general path
+ * decides: not judged here, or a file that could not be read here). */
 typedef struct {
     const char *path;
     const uint8_t *tail;
@@ -1871,16 +1872,15 @@ static PyObject *py_image_rows(PyObject *self, PyObject *args) {
         case SF_ROW_KEPT:
             v = PyLong_FromSize_t(sf_imgrow_record_size(r->n, r->info.width, r->info.height, r->path_n, r->tail_n, want));
             break;
+        /* why a row is discarded; convert/images.py words it, as for the Python path */
         case SF_ROW_EMPTY:
-            v = PyUnicode_FromString("empty file (0 bytes)");
+            v = Py_BuildValue("(sii)", "empty", 0, 0);
             break;
         case SF_ROW_CORRUPT:
-            v = PyUnicode_FromFormat("corrupt image: %s (at byte %zu)", r->err, r->info.error_offset);
+            v = Py_BuildValue("(ssn)", "corrupt", r->err, (Py_ssize_t)r->info.error_offset);
             break;
         case SF_ROW_BOMB:
-            v = PyUnicode_FromFormat("decompression bomb: %lux%lu = %llu pixels exceeds max_image_pixels=%lld",
-                                     (unsigned long)r->info.width, (unsigned long)r->info.height,
-                                     (unsigned long long)r->info.width * r->info.height, max_pixels);
+            v = Py_BuildValue("(skk)", "bomb", (unsigned long)r->info.width, (unsigned long)r->info.height);
             break;
         default:
             v = Py_None;

@@ -64,6 +64,21 @@ def target_size(width: int, height: int, max_size: int | None) -> tuple[int, int
     return max(1, round(width * s)), max(1, round(height * s))
 
 
+def empty_reason() -> str:
+    """The discard reason of an empty image file."""
+    return "empty file (0 bytes)"
+
+
+def corrupt_reason(error: str, offset: int) -> str:
+    """The discard reason of a JPEG/PNG the structural check refused at byte ``offset``."""
+    return f"corrupt image: {error} (at byte {offset})"
+
+
+def bomb_reason(width: int, height: int, max_pixels: int) -> str:
+    """The discard reason of an image declaring more than ``max_pixels`` pixels."""
+    return f"decompression bomb: {width}x{height} = {width * height} pixels exceeds max_image_pixels={max_pixels}"
+
+
 def _open(data: bytes, max_pixels: int):
     Image, _ = _pil()
     # No warnings.catch_warnings() here: it swaps process-wide filters and is not thread-safe.
@@ -78,7 +93,7 @@ def _open(data: bytes, max_pixels: int):
         raise Discard(f"corrupt image: {type(exc).__name__}: {str(exc)[:120]}") from None
     w, h = im.size
     if w * h > max_pixels:
-        raise Discard(f"decompression bomb: {w}x{h} = {w * h} pixels exceeds max_image_pixels={max_pixels}")
+        raise Discard(bomb_reason(w, h, max_pixels))
     if w < 1 or h < 1:
         raise Discard(f"empty image ({w}x{h})")
     return im
@@ -124,10 +139,9 @@ def _kept_by_header(data: bytes, max_size: int | None, want: str, max_pixels: in
     if h is None or not h.format:
         return None  # no native core, or not a JPEG/PNG: Pillow decides
     if h.error is not None:
-        raise Discard(f"corrupt image: {h.error} (at byte {h.error_offset})")
+        raise Discard(corrupt_reason(h.error, h.error_offset))
     if h.width * h.height > max_pixels:
-        raise Discard(f"decompression bomb: {h.width}x{h.height} = {h.width * h.height} pixels exceeds "
-                      f"max_image_pixels={max_pixels}")
+        raise Discard(bomb_reason(h.width, h.height, max_pixels))
     rgb = h.components == 3 if h.format == "jpeg" else h.color_type == 2
     if (h.format != want or not rgb or h.unusual or h.orientation_unsure or h.orientation not in (0, 1)
             or target_size(h.width, h.height, max_size) != (h.width, h.height)):
@@ -145,7 +159,7 @@ def load_image(data: bytes, *, max_size: int | None = None, image_format: str = 
     ``max_pixels`` pixels (checked from the header, before decoding).
     """
     if not data:
-        raise Discard("empty file (0 bytes)")
+        raise Discard(empty_reason())
     want = "jpeg" if image_format in ("jpg", "jpeg") else "png"
     if check == "header":
         kept = _kept_by_header(data, max_size, want, max_pixels)

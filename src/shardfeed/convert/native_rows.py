@@ -20,6 +20,7 @@ from typing import Any
 
 from ..formats.example import example_pieces
 from ..formats.native import image_rows
+from .images import bomb_reason, corrupt_reason, empty_reason
 from .options import Row
 from .tasks import TableConverter
 
@@ -81,7 +82,21 @@ class NativeImageRows:
                 paths.append(uri)
                 tails.append(tail)
             sizes.append(train if row.split == "train" else other)
-        return image_rows(paths, tails, sizes, self.want, self.max_pixels)
+        done = image_rows(paths, tails, sizes, self.want, self.max_pixels)
+        if done is None:
+            return None
+        frames, results = done
+        return frames, [r if r is None or type(r) is int else self._reason(r) for r in results]
+
+    def _reason(self, judged: tuple) -> str:
+        """The discard reason of a row the core refused, worded by :mod:`.images` as the
+        Python path words it."""
+        what = judged[0]
+        if what == "empty":
+            return empty_reason()
+        if what == "corrupt":
+            return corrupt_reason(judged[1], judged[2])
+        return bomb_reason(judged[1], judged[2], self.max_pixels)
 
 
 def native_image_rows(converter: Any) -> NativeImageRows | None:

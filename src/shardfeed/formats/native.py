@@ -715,8 +715,10 @@ def image_rows(paths: list, tails: list, max_sizes: list, want: str, max_pixels:
     ``image/source_id``) or ``None``, ``tails[i]`` the encoded map entries of its label
     features, ``max_sizes[i]`` the longest side it may have as it is (0: no limit), ``want``
     ``"jpeg"`` or ``"png"``. Gives ``(frames, results)``: the TFRecord frames of the kept rows
-    in row order (a pooled uint8 array), and per row the record's length, a discard reason,
-    or ``None`` for a row the general path must convert. ``None`` when the core is not built."""
+    in row order (a pooled uint8 array), and per row the record's length, why it is discarded
+    (``("empty", 0, 0)``, ``("corrupt", message, byte offset)`` or ``("bomb", width,
+    height)``: ``convert.images`` words them), or ``None`` for a row the general path must
+    convert. ``None`` when the core is not built."""
     if _ext is None or not hasattr(_ext, "image_rows"):
         return None
     return _ext.image_rows(paths, tails, max_sizes, 2 if want == "png" else 1, max_pixels)
