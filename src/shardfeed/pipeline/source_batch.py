@@ -183,7 +183,7 @@ class SourceBatchNode(Node):
                     if self.ctx.closed:
                         raise RuntimeError("the iterator was closed")
                     # this thread parses too (and makes every value's object): one fewer
-                    self.parse_pool = ParsePool(self.threads - 1)
+                    self.parse_pool = ParsePool(min(self.threads - 1, 255))
                 self.parse_pool.submit(batch.triple, self.spec, bytes_as=self.bytes_as, crcs=batch.crcs)
                 self.pending.append(_Pending(_IN_POOL, batch, where, state, token))
                 continue
