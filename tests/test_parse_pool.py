@@ -382,13 +382,129 @@ def test_the_pools_threads_take_no_signal():
     before = set(os.listdir("/proc/self/task"))
     pool = nv.ParsePool(2)
     pool.submit([ctr_example(0)], CTR)
+    pool.take()
     new = set(os.listdir("/proc/self/task")) - before
     assert len(new) == 2
-    for tid in new:
+
+    def blocked(tid) -> int:
         status = open(f"/proc/self/task/{tid}/status").read()
-        blocked = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
-        assert blocked & (1 << (2 - 1)) and blocked & (1 << (15 - 1))  # SIGINT and SIGTERM blocked
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+
+    for tid in new:
+        deadline = time.monotonic() + 5  # a thread starts with every signal blocked, then takes its mask
+        while blocked(tid) & (1 << (11 - 1)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        mask = blocked(tid)
+        assert mask & (1 << (2 - 1)) and mask & (1 << (15 - 1))  # SIGINT and SIGTERM blocked
+        assert not mask & (1 << (11 - 1)) and not mask & (1 << (7 - 1))  # SIGSEGV, SIGBUS: faults stay
     mine = open(f"/proc/self/task/{threading.get_native_id()}/status").read()
     assert int(next(line.split()[1] for line in mine.splitlines() if line.startswith("SigBlk:")), 16) & 2 == 0
-    pool.take()
+    pool.close()
+
+
+# ----------------------------------------------------------------------------- misuse and races
+
+
+def test_tracing_memory_started_and_stopped_during_parses_is_safe():
+    import tracemalloc
+
+    records = [big_example(i) for i in range(20)] * 4  # large values: made by the parsing thread
+    buf, offs, lens, crcs = framed(records)
+    want = nv.parse_example_batch(records, BIG)
+    stop = threading.Event()
+
+    def toggle() -> None:
+        while not stop.is_set():
+            tracemalloc.start()
+            tracemalloc.stop()
+
+    t = threading.Thread(target=toggle)
+    t.start()
+    try:
+        pool = nv.ParsePool(2)
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            _same_batch(want, nv.parse_example_batch(records, BIG))
+            pool.submit(records, BIG)
+            pool.submit((buf, offs, lens), BIG, bytes_as="buffer", crcs=crcs)
+            _same_batch(want, pool.take())
+            pool.take()
+        pool.close()
+    finally:
+        stop.set()
+        t.join()
+        tracemalloc.stop()
+
+
+def test_a_compiled_spec_is_never_replaced_under_a_queued_batch():
+    cs = nv.compile_spec(CTR)
+    pool = nv.ParsePool(1)
+    pool.submit([ctr_example(i) for i in range(300)], cs)
+    with pytest.raises(RuntimeError, match="already initialised"):
+        cs._native.__init__(nv.compile_spec({"x": sf.FixedLen("int64")})._native.columns)
+    assert pool.take()["label"].shape == (300,)
+    pool.close()
+
+
+def test_a_second_thread_taking_at_once_is_refused_not_crashed():
+    records = [ctr_example(i % 3000) for i in range(30000)]
+    for _ in range(5):
+        pool = nv.ParsePool(1)
+        for _ in range(3):
+            pool.submit(records, CTR)
+        outcomes: list = []
+
+        def take(p=pool, out=outcomes) -> None:
+            try:
+                out.append(len(p.take()["label"]))
+            except RuntimeError as exc:
+                out.append(str(exc))
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert all(o == 30000 or "another thread" in str(o) for o in outcomes), outcomes
+        assert 30000 in outcomes
+        pool.close()
+
+
+def test_a_pool_closed_while_a_batch_is_prepared_refuses_it_and_holds_nothing():
+    from shardfeed import _native
+
+    pool = _native.ParsePool(1)  # the native pool itself: offsets any object numpy can read
+    data = bytearray(b"".join(frame(ctr_example(i)) for i in range(3)))
+    _, offs, lens, _ = framed([ctr_example(i) for i in range(3)])
+    closed = []
+
+    class ClosesThePool:  # numpy asks it for its array while the batch is prepared
+        def __array__(self, dtype=None, copy=None):
+            pool.close()
+            closed.append(True)
+            return offs
+
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(nv.compile_spec(CTR)._native, data, ClosesThePool(), lens, False)
+    assert closed and pool.pending == 0
+    data.extend(b"x")  # no buffer export of it is left behind
+
+
+def test_buffer_batches_without_bytes_columns_take_no_block_and_small_values_keep_no_batch():
+    from shardfeed._native import pool_info
+
+    numeric = {"label": sf.FixedLen("int64"), "ids": sf.VarLen("int64")}
+    records = [ctr_example(i) for i in range(4000)] * 3  # about 1.6 MB a batch
+    buf, offs, lens, crcs = framed(records)
+    pool = nv.ParsePool(1)
+    made = pool_info()[3]
+    for _ in range(3):
+        pool.submit((buf, offs, lens), numeric, bytes_as="buffer", crcs=crcs)
+    for _ in range(3):
+        assert len(pool.take()["label"]) == len(records)
+    assert pool_info()[3] == made  # no block for values there are none of
+    pool.submit((buf, offs, lens), CTR, bytes_as="buffer", crcs=crcs)
+    got = pool.take()
+    kept = got["cat"].data  # a few bytes a record: its own array, not a view of the batch's block
+    assert (kept.base is None or kept.base.nbytes <= 2 * kept.nbytes) and kept.nbytes < len(buf) // 4
     pool.close()

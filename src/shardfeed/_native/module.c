@@ -289,6 +289,10 @@ static int get_key(PyObject *o, const uint8_t **p, size_t *n) {
 static int cs_init(CompiledSpecObject *self, PyObject *args, PyObject *kwds) {
     PyObject *cols;
     if (!PyArg_ParseTuple(args, "O:CompiledSpec", &cols)) return -1;
+    if (self->spec) { /* batches being parsed (a ParsePool's) read it: never replaced */
+        PyErr_SetString(PyExc_RuntimeError, "CompiledSpec is already initialised");
+        return -1;
+    }
     PyObject *tup = PySequence_Tuple(cols);
     if (!tup) return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(tup);
@@ -537,14 +541,21 @@ static PyObject *py_set_large_objects_off_gil(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(off_gil_on);
 }
 
-/* Whether this batch may make its large objects off the GIL (called with the GIL). */
-static int off_gil_ok(void) {
+/* Whether this batch may make its large objects off the GIL (called with the GIL); if so, the
+ * raw allocator to make them with, as it is now (unhooked). The run calls it directly: through
+ * PyMem_RawMalloc it would meet whatever hook is installed meanwhile (tracemalloc's takes the
+ * GIL, and crashed when tracing stopped under it); an object made by it is freed by
+ * PyObject_Free through the raw domain's free, which any later hook passes on to it. */
+static int off_gil_ok(PyMemAllocatorEx *raw) {
     if (!off_gil_on) return 0;
-    PyMemAllocatorEx o, r;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyRefTracer_GetTracer(NULL) != NULL) return 0; /* it would not see these objects made */
+#endif
+    PyMemAllocatorEx o;
     PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &o);
-    PyMem_GetAllocator(PYMEM_DOMAIN_RAW, &r);
-    return o.ctx == NULL && r.ctx == NULL && o.malloc == off_gil_obj.malloc && o.free == off_gil_obj.free &&
-           r.malloc == off_gil_raw.malloc && r.free == off_gil_raw.free;
+    PyMem_GetAllocator(PYMEM_DOMAIN_RAW, raw);
+    return o.ctx == NULL && raw->ctx == NULL && o.malloc == off_gil_obj.malloc && o.free == off_gil_obj.free &&
+           raw->malloc == off_gil_raw.malloc && raw->free == off_gil_raw.free;
 }
 
 /* A column's large values as objects made off the GIL (NULL entries: made with the GIL). */
@@ -559,8 +570,8 @@ typedef struct {
 } made_col;
 
 #ifdef SF_OFF_GIL_BYTES
-static PyObject *raw_bytes(const uint8_t *p, size_t n) {
-    PyBytesObject *op = (PyBytesObject *)PyMem_RawMalloc(offsetof(PyBytesObject, ob_sval) + n + 1);
+static PyObject *raw_bytes(const uint8_t *p, size_t n, const PyMemAllocatorEx *raw) {
+    PyBytesObject *op = (PyBytesObject *)raw->malloc(raw->ctx, offsetof(PyBytesObject, ob_sval) + n + 1);
     if (!op) return NULL;
     /* what PyObject_InitVar does in these builds, without its hooks (which want the GIL) */
     op->ob_base.ob_base.ob_refcnt = 1;
@@ -574,27 +585,28 @@ static PyObject *raw_bytes(const uint8_t *p, size_t n) {
 #endif
 
 /* Free what is left of a made column (objects no array holds): no GIL needed. */
-static void made_drop(made_col *m) {
+static void made_drop(made_col *m, const PyMemAllocatorEx *raw) {
     if (!m->objs) return;
-    for (size_t k = 0; k < m->count; k++) PyMem_RawFree(m->objs[k]);
-    PyMem_RawFree(m->objs);
+    for (size_t k = 0; k < m->count; k++)
+        if (m->objs[k]) raw->free(raw->ctx, m->objs[k]);
+    free(m->objs);
     m->objs = NULL;
 }
 
 /* Make a column's large objects off the GIL (no GIL held). None when it has no large value; on
  * running out of memory, none (made with the GIL later, which raises MemoryError then). */
-static void made_fill(made_col *m, const sf_bytes *vals, size_t count) {
+static void made_fill(made_col *m, const sf_bytes *vals, size_t count, const PyMemAllocatorEx *raw) {
 #ifdef SF_OFF_GIL_BYTES
     size_t k = 0;
     while (k < count && vals[k].n < SF_OFF_GIL_MIN) k++;
     if (k == count) return;
-    m->objs = PyMem_RawCalloc(count, sizeof(PyObject *));
+    m->objs = calloc(count, sizeof(PyObject *));
     if (!m->objs) return;
     m->count = count;
     for (; k < count; k++) {
         if (vals[k].n < SF_OFF_GIL_MIN) continue;
-        if (!(m->objs[k] = raw_bytes(vals[k].p, vals[k].n))) {
-            made_drop(m);
+        if (!(m->objs[k] = raw_bytes(vals[k].p, vals[k].n, raw))) {
+            made_drop(m, raw);
             return;
         }
     }
@@ -602,6 +614,7 @@ static void made_fill(made_col *m, const sf_bytes *vals, size_t count) {
     (void)m;
     (void)vals;
     (void)count;
+    (void)raw;
 #endif
 }
 
@@ -771,6 +784,7 @@ typedef struct {
     size_t nfc;
     sf_seg *segs;
     made_col *made; /* object-form bytes columns whose large values the run makes (off the GIL) */
+    PyMemAllocatorEx raw; /* what it makes them with (off_gil_ok) */
     /* buffer form on a pool: the values are copied out by the run, into one block made here */
     PyObject *fblock; /* a uint8 array of the records' total length, or NULL */
     uint8_t *fbase;
@@ -784,6 +798,13 @@ typedef struct {
     int rc;
     size_t crc_bad; /* the first record whose data CRC fails; n: none */
 } pjob;
+
+/* How many columns the CRC pass copies out. */
+static size_t fused_count(const pjob *j) {
+    size_t nfc = 0;
+    for (size_t ci = 0; ci < j->ncols; ci++) nfc += j->fcol[ci] != BYTES_NONE;
+    return nfc;
+}
 
 static pjob *pjob_new(void) {
     pjob *j = PyMem_Calloc(1, sizeof(pjob));
@@ -955,7 +976,7 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
         }
     }
-    int make = !j->as_buffer && !j->sequence && off_gil_ok(); /* large objects made by the run */
+    int make = !j->as_buffer && !j->sequence && off_gil_ok(&j->raw); /* large objects made by the run */
     if (j->fuse || make) { /* the FixedLen and VarLen bytes columns: what the run copies out or makes */
         j->fcol = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(int));
         j->fsize = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(size_t));
@@ -975,6 +996,7 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             }
         }
     }
+    if (j->fuse && !fused_count(j)) j->fuse = 0; /* nothing to copy out: the run checks the CRCs */
     if (pooled && j->fuse && j->n) {
         /* the values the run copies out lie inside the records (defaults aside: a batch whose
          * values do not fit is copied out by pjob_finish, as parse_batch does) */
@@ -990,13 +1012,6 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
         return -1;
     }
     return 0;
-}
-
-/* How many columns the CRC pass copies out. */
-static size_t fused_count(const pjob *j) {
-    size_t nfc = 0;
-    for (size_t ci = 0; ci < j->ncols; ci++) nfc += j->fcol[ci] != BYTES_NONE;
-    return nfc;
 }
 
 /* Point fc (room for fused_count) at the parsed values of the columns the CRC pass copies out;
@@ -1028,9 +1043,9 @@ static size_t fused_columns(const pjob *j, fused_col *fc) {
 
 static void prefused_free(fused_col *fc, size_t nfc, sf_seg *segs) {
     if (fc)
-        for (size_t c = 0; c < nfc; c++) PyMem_RawFree(fc[c].offp);
-    PyMem_RawFree(fc);
-    PyMem_RawFree(segs);
+        for (size_t c = 0; c < nfc; c++) free(fc[c].offp);
+    free(fc);
+    free(segs);
 }
 
 /* The buffer form's copy and CRC pass, in the run (no GIL): the values into the block made by
@@ -1038,21 +1053,21 @@ static void prefused_free(fused_col *fc, size_t nfc, sf_seg *segs) {
  * (values from defaults) or memory runs out: pjob_finish then does it as parse_batch does. */
 static void pjob_prefuse(pjob *j) {
     size_t nfc = fused_count(j), total = 0;
-    fused_col *fc = PyMem_RawCalloc(nfc ? nfc : 1, sizeof(fused_col));
+    fused_col *fc = calloc(nfc ? nfc : 1, sizeof(fused_col));
     if (!fc) return;
     size_t most = fused_columns(j, fc);
     for (size_t c = 0; c < nfc; c++)
         for (size_t k = 0; k < fc[c].count; k++) total += fc[c].vals[k].n;
-    sf_seg *segs = total <= j->flen ? PyMem_RawMalloc((most ? most : 1) * sizeof(sf_seg)) : NULL;
+    sf_seg *segs = total <= j->flen ? malloc((most ? most : 1) * sizeof(sf_seg)) : NULL;
     if (!segs) {
-        PyMem_RawFree(fc);
+        free(fc);
         return;
     }
     size_t pos = 0;
     for (size_t c = 0; c < nfc; c++) {
         fused_col *f = &fc[c];
         f->dst = j->fbase + pos;
-        f->offp = PyMem_RawMalloc((f->count + 1) * sizeof(int64_t));
+        f->offp = malloc((f->count + 1) * sizeof(int64_t));
         if (!f->offp) {
             prefused_free(fc, nfc, segs);
             return;
@@ -1086,24 +1101,37 @@ static void pjob_run(pjob *j) {
     }
     if (j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
         for (size_t ci = 0; ci < j->ncols; ci++) {
-            if (j->fcol[ci] == BYTES_FIXED) made_fill(&j->made[ci], j->outs[ci].fixed, j->n * j->fsize[ci]);
-            else if (j->fcol[ci] == BYTES_VAR) made_fill(&j->made[ci], j->outs[ci].values.data, j->outs[ci].values.len);
+            if (j->fcol[ci] == BYTES_FIXED)
+                made_fill(&j->made[ci], j->outs[ci].fixed, j->n * j->fsize[ci], &j->raw);
+            else if (j->fcol[ci] == BYTES_VAR)
+                made_fill(&j->made[ci], j->outs[ci].values.data, j->outs[ci].values.len, &j->raw);
         }
     }
     if (j->fblock && !j->rc && !j->type_err_name) pjob_prefuse(j);
 }
 
-static void raw_capsule_free(PyObject *cap) { PyMem_RawFree(PyCapsule_GetPointer(cap, NULL)); }
+static void raw_capsule_free(PyObject *cap) { free(PyCapsule_GetPointer(cap, NULL)); }
 
 /* A prefused column's arrays (with the GIL): its values, a view of the job's block (which
- * keeps the block alive), and its offsets, an array over the raw memory the run filled (freed
- * with the array). 0, or -1 with an exception set. */
-static int prefused_arrays(pjob *j, fused_col *f) {
+ * keeps the block alive) or, when the batch's values fill less than half the block (small
+ * values in large records), a copy of its own, so that a column kept does not keep the whole
+ * batch; and its offsets, an array over the raw memory the run filled (freed with the array).
+ * 0, or -1 with an exception set. */
+static int prefused_arrays(pjob *j, fused_col *f, int copy) {
     npy_intp len = (npy_intp)f->offp[f->count], on = (npy_intp)f->count + 1;
-    f->data = PyArray_New(&PyArray_Type, 1, &len, NPY_UINT8, NULL, f->dst, 0, NPY_ARRAY_CARRAY, NULL);
-    if (!f->data) return -1;
-    Py_INCREF(j->fblock);
-    if (PyArray_SetBaseObject((PyArrayObject *)f->data, j->fblock) < 0) return -1;
+    if (copy) {
+        f->data = sf_pool_array((size_t)len);
+        if (!f->data) return -1;
+        uint8_t *d = PyArray_DATA((PyArrayObject *)f->data);
+        PyThreadState *ts = (size_t)len >= SF_RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+        if (len) memcpy(d, f->dst, (size_t)len);
+        if (ts) PyEval_RestoreThread(ts);
+    } else {
+        f->data = PyArray_New(&PyArray_Type, 1, &len, NPY_UINT8, NULL, f->dst, 0, NPY_ARRAY_CARRAY, NULL);
+        if (!f->data) return -1;
+        Py_INCREF(j->fblock);
+        if (PyArray_SetBaseObject((PyArrayObject *)f->data, j->fblock) < 0) return -1;
+    }
     PyObject *cap = PyCapsule_New(f->offp, NULL, raw_capsule_free);
     if (!cap) return -1;
     f->offs = PyArray_New(&PyArray_Type, 1, &on, NPY_INT64, NULL, f->offp, 0, NPY_ARRAY_CARRAY, NULL);
@@ -1167,6 +1195,12 @@ static PyObject *pjob_finish(pjob *j) {
     PyObject *cols_out = PyList_New((Py_ssize_t)j->ncols);
     if (!cols_out) return result;
     size_t fi = 0; /* the next fused column */
+    int compact = 0; /* prefused values that fill less than half their block: copied out of it */
+    if (j->prefused) {
+        size_t used = 0;
+        for (size_t c = 0; c < j->nfc; c++) used += (size_t)j->fc[c].offp[j->fc[c].count];
+        compact = used < j->flen / 2;
+    }
     for (size_t ci = 0; ci < j->ncols; ci++) {
         PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
         int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
@@ -1175,7 +1209,7 @@ static PyObject *pjob_finish(pjob *j) {
         PyObject *item = NULL;
         PyObject *fused = NULL; /* (data, offsets) of a fused column */
         if (j->fc && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
-            if (j->prefused && prefused_arrays(j, &j->fc[fi]) < 0) {
+            if (j->prefused && prefused_arrays(j, &j->fc[fi], compact) < 0) {
                 Py_DECREF(cols_out);
                 return result;
             }
@@ -1264,7 +1298,7 @@ static void pjob_free(pjob *j) {
     PyMem_Free(j->fcol);
     PyMem_Free(j->fsize);
     if (j->made) {
-        for (size_t ci = 0; ci < j->ncols; ci++) made_drop(&j->made[ci]);
+        for (size_t ci = 0; ci < j->ncols; ci++) made_drop(&j->made[ci], &j->raw);
         PyMem_Free(j->made);
     }
     if (j->have_crcs) PyBuffer_Release(&j->crcv);
@@ -1414,7 +1448,7 @@ static PyObject *pp_submit(ParsePoolObject *p, PyObject *args) {
         PyMem_Free(s);
         return s ? NULL : PyErr_NoMemory();
     }
-    if (pjob_prepare(j, args, 0, 1) < 0) {
+    if (pjob_prepare(j, args, 0, 1) < 0 || !pp_usable(p)) { /* prepare ran Python code: closed? */
         pjob_free(j);
         PyMem_Free(s);
         return NULL;
@@ -1425,6 +1459,10 @@ static PyObject *pp_submit(ParsePoolObject *p, PyObject *args) {
          * every signal blocked, this thread's mask restored after */
         sigset_t all, before;
         sigfillset(&all);
+        /* faults stay deliverable: blocked, a SIGBUS (a shard truncated under its mapping) or a
+         * SIGSEGV would kill the process without Python's fault handler seeing it */
+        int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS};
+        for (size_t k = 0; k < sizeof faults / sizeof faults[0]; k++) sigdelset(&all, faults[k]);
         pthread_sigmask(SIG_SETMASK, &all, &before);
         int failed = 0;
         for (; p->started < p->nthreads; p->started++)
@@ -1456,6 +1494,10 @@ static void pp_drop(ParsePoolObject *p);
 /* take() -> (columns, error): the oldest submitted batch's result, as parse_batch returns it. */
 static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
     if (!pp_usable(p)) return NULL;
+    if (p->taking) { /* that take holds the oldest batch (one consumer: see the type's doc) */
+        PyErr_SetString(PyExc_RuntimeError, "take: another thread's take() is waiting on this ParsePool");
+        return NULL;
+    }
     pslot *s = p->head;
     if (!s) {
         PyErr_SetString(PyExc_IndexError, "take: no batch was submitted");
@@ -1492,12 +1534,17 @@ static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
     return result;
 }
 
-/* Free every batch not taken (with the GIL; no thread is parsing any of them). */
+/* Free every batch not taken (with the GIL; no thread is parsing any of them). In a forked
+ * child, a batch a parent's thread was parsing at the fork is left as it is (its outputs may be
+ * half updated): a leak, not a double free. */
 static void pp_drop(ParsePoolObject *p) {
+    int child = p->pid != getpid();
     for (pslot *s = p->head; s;) {
         pslot *next = s->next;
-        pjob_free(s->job);
-        PyMem_Free(s);
+        if (!(child && s->state == 1)) {
+            pjob_free(s->job);
+            PyMem_Free(s);
+        }
         s = next;
     }
     p->head = p->tail = NULL;

@@ -184,7 +184,12 @@ class SourceBatchNode(Node):
                         raise RuntimeError("the iterator was closed")
                     # this thread parses too (and makes every value's object): one fewer
                     self.parse_pool = ParsePool(min(self.threads - 1, 255))
-                self.parse_pool.submit(batch.triple, self.spec, bytes_as=self.bytes_as, crcs=batch.crcs)
+                try:
+                    self.parse_pool.submit(batch.triple, self.spec, bytes_as=self.bytes_as, crcs=batch.crcs)
+                except Exception as exc:  # noqa: BLE001 - raised in order, after the batches before it
+                    self.exhausted = True
+                    self.pending.append(_Pending(exc, None, None, None, None))
+                    break
                 self.pending.append(_Pending(_IN_POOL, batch, where, state, token))
                 continue
             if self.pool is None:
