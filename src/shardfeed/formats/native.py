@@ -553,7 +553,6 @@ def _native_columns(parsed: tuple, cs: CompiledSpec, n: int, offsets: Any,
     return out
 
 
-
 class ParsePool:
     """Example batches parsed on ``threads`` native threads that never take the GIL, results
     taken in submission order: :meth:`submit` hands a batch over (what
@@ -604,6 +603,7 @@ def parse_pool_available() -> bool:
     if _ext is None or not hasattr(_ext, "ParsePool"):
         return False
     return os.environ.get("SHARDFEED_PARSE_POOL", "1").strip().lower() not in ("0", "false", "no", "off")
+
 
 def _records_of(triple: tuple) -> list[bytes]:
     buf, offsets, lengths = triple
