@@ -940,9 +940,14 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
     j->want = j->have_crcs ? j->crcv.buf : NULL;
     j->fuse = j->want && j->as_buffer && !j->sequence;
 
+    int make = !j->as_buffer && !j->sequence && off_gil_ok(&j->raw); /* large objects made by the run */
     j->outs = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(sf_colout));
     j->fixed_arrays = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(PyObject *));
-    if (!j->outs || !j->fixed_arrays) {
+    if (j->fuse || make) { /* the FixedLen and VarLen bytes columns: what the run copies out or makes */
+        j->fcol = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(int));
+        j->fsize = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(size_t));
+    }
+    if (!j->outs || !j->fixed_arrays || ((j->fuse || make) && (!j->fcol || !j->fsize))) {
         PyErr_NoMemory();
         return -1;
     }
@@ -951,6 +956,10 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
         int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
         int kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1));
         Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
+        if (j->fcol && kind == SF_KIND_BYTES && (col == SF_COL_FIXED || col == SF_COL_VAR)) {
+            j->fcol[ci] = col == SF_COL_FIXED ? BYTES_FIXED : BYTES_VAR;
+            j->fsize[ci] = col == SF_COL_FIXED ? (size_t)size : 0;
+        }
         if (col == SF_COL_FIXED) {
             if (size && j->n > (size_t)PY_SSIZE_T_MAX / 16 / (size_t)size) {
                 PyErr_NoMemory();
@@ -974,26 +983,6 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             if (!j->fixed_arrays[ci]) return -1;
             j->outs[ci].splits = PyArray_DATA((PyArrayObject *)j->fixed_arrays[ci]);
             memset(j->outs[ci].splits, 0, (j->n + 1) * sizeof(int64_t));
-        }
-    }
-    int make = !j->as_buffer && !j->sequence && off_gil_ok(&j->raw); /* large objects made by the run */
-    if (j->fuse || make) { /* the FixedLen and VarLen bytes columns: what the run copies out or makes */
-        j->fcol = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(int));
-        j->fsize = PyMem_Calloc(j->ncols ? j->ncols : 1, sizeof(size_t));
-        if (!j->fcol || !j->fsize) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (size_t ci = 0; ci < j->ncols; ci++) {
-            PyObject *t = PyTuple_GET_ITEM(j->columns, ci);
-            int col = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 0));
-            if ((int)PyLong_AsLong(PyTuple_GET_ITEM(t, 1)) != SF_KIND_BYTES) continue;
-            if (col == SF_COL_FIXED) {
-                j->fcol[ci] = BYTES_FIXED;
-                j->fsize[ci] = (size_t)PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3));
-            } else if (col == SF_COL_VAR) {
-                j->fcol[ci] = BYTES_VAR;
-            }
         }
     }
     if (j->fuse && !fused_count(j)) j->fuse = 0; /* nothing to copy out: the run checks the CRCs */
