@@ -107,10 +107,16 @@ def test_the_remedy_is_structured_in_to_dict_and_printed():
     assert set(r) == {"id", "text", "expected_gain", "gain_basis", "stage", "measured"}
     assert r["id"] == "more_parallelism" and r["expected_gain"] > 1 and "wall /" in r["gain_basis"]
     assert d["consumer"]["waits"]["bounds_s"] == list(WAIT_BOUNDS_S)
-    assert sum(d["consumer"]["waits"]["counts"]) == 25  # each element waited its 20 ms sleep; the end came at once
+    counts = d["consumer"]["waits"]["counts"]
+    # each element waited its 20 ms sleep: 25 waits of 10 ms or more, in the buckets above 10 ms
+    assert sum(n for n, lower in zip(counts[1:], WAIT_BOUNDS_S) if lower >= 0.01) == 25
+    # the end is a hand-off between threads: at once on a quiet machine, over 0.1 ms (so counted)
+    # on a loaded one, but never one more sleep
+    assert sum(counts) in (25, 26)
     text = str(st).splitlines()
     assert "fix (more_parallelism)" in text[-1]
-    assert text[-2].startswith("consumer: ") and "25 of 26 next() calls waited 1 ms or more" in text[-2]
+    assert text[-2].startswith("consumer: ") and f"{st.long_waits} of 26 next() calls waited 1 ms or more" in text[-2]
+    assert st.long_waits in (25, 26)
 
 
 def test_not_started_names_no_fix():
