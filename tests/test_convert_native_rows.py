@@ -21,7 +21,7 @@ from shardfeed.convert import api as convert_api
 from shardfeed.convert import native_rows
 from shardfeed.convert.options import ConvertOptions, Row
 from shardfeed.convert.tasks import ConvertContext, TableConverter
-from shardfeed.formats.example import example_pieces
+from shardfeed.formats.example import example_pieces, features_entries
 from shardfeed.formats.native import frame_records, native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the native core is not built")
@@ -170,7 +170,7 @@ def test_native_records_equal_example_pieces_at_varint_boundaries(tmp_path, size
         p = tmp_path / name
         p.write_bytes(data)
         for text in ("t", "x" * 127, "y" * 128, "é" * 200):
-            tail = b"".join(example_pieces({"image/class/label": size % 300, "image/class/text": text})[0][2:])
+            tail = features_entries({"image/class/label": size % 300, "image/class/text": text})
             want = "png" if fmt == "PNG" else "jpeg"
             frames, results = _native.image_rows([str(p)], [tail], [0], 2 if fmt == "PNG" else 1, 1 << 40)
             feats = {"image/encoded": data, "image/format": want, "image/height": h, "image/width": w,

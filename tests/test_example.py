@@ -688,11 +688,14 @@ def test_sequence_example_rejects_bad_bytes():
         encode_sequence_example({}, {"s": "ab"})
 
 
-def test_repeated_small_scalars_encode_the_same_bytes_each_time():
-    # small scalar features are remembered per (name, type, value): a hit must give the same
-    # bytes as the first encoding, and int/bool/str values that compare equal must not mix
+def test_repeated_small_scalars_encode_the_same_bytes_each_time(monkeypatch):
+    # small scalar features are remembered per (name, type, value) by the Python encoder (the
+    # C one, off here, encodes them all): a hit must give the same bytes as the first
+    # encoding, and int/bool/str values that compare equal must not mix
+    from shardfeed.formats import example_encode
     from shardfeed.formats.example_encode import _ENTRY_CACHE
 
+    monkeypatch.setattr(example_encode, "_native_encode", None)
     _ENTRY_CACHE.clear()
     recs = [{"label": 1, "flag": True, "text": "cat", "big": 2**40, "neg": -3} for _ in range(3)]
     first = [encode_example(r) for r in recs]
@@ -708,15 +711,20 @@ def test_repeated_small_scalars_encode_the_same_bytes_each_time():
 @pytest.mark.parametrize("value", [b"", b"x", os.urandom(200), os.urandom(70_000), "p" * 65, "é/ü" * 40],
                          ids=["empty", "one", "200B", "70KB", "str65", "str-utf8"])
 def test_a_lone_bytes_value_encodes_as_the_same_value_in_a_list(value):
-    # a single bytes/str value is framed without copying it; a list takes the general path
+    # a single large bytes value (an image) is framed without copying it; a short one is
+    # copied with the rest (by the C encoder when built); a list takes the general path
+    from shardfeed.formats.example_encode import PIECE_BYTES, _native_encode
+
     feats = {"label": 3, "image": value, "fmt": "jpeg"}
     one = encode_example(feats)
     assert one == encode_example({**feats, "image": [value]})
     pieces, n = example_pieces(feats)
     assert b"".join(pieces) == one and n == len(one)
     raw = value.encode() if isinstance(value, str) else value
-    if isinstance(value, bytes) and value:
+    if isinstance(value, bytes) and len(value) > PIECE_BYTES:
         assert any(p is value for p in pieces)  # the value itself, not a copy
+    elif _native_encode is not None:
+        assert pieces == [one]  # one piece, made in C
     assert decode_example(one)["image"] == [raw]
 
 

@@ -22,6 +22,7 @@
 #include "bufpool.h"
 #include "crc32c.h"
 #include "crcfuse.h"
+#include "example_encode.h"
 #include "example_parse.h"
 #include "frames.h"
 #include "imgcheck.h"
@@ -1966,6 +1967,9 @@ static PyMethodDef methods[] = {
     {"parse_sequence_batch", py_parse_sequence_batch, METH_VARARGS,
      "parse_sequence_batch(spec, records, offsets, lengths, bytes_as_buffer=False, crcs=None, which=None) -> "
      "(columns, error)"},
+    {"encode_example", sf_encode_example, METH_VARARGS,
+     "encode_example(features, max_copy=-1) -> bytes or None: a tf.train.Example of a dict of common values, "
+     "or None where formats/example_encode.py must encode it (or a lone bytes value is over max_copy)"},
     {"validate_example", py_validate_example, METH_O, "validate_example(buf) -> None or a DecodeError message"},
     {"validate_sequence_example", py_validate_sequence_example, METH_O,
      "validate_sequence_example(buf) -> None or a DecodeError message"},

@@ -4,7 +4,7 @@ The common case of a classification conversion (``TableConverter`` with an image
 feature columns, ``image_check="header"``, local files): each image file is read, its
 headers checked, and, when it is kept as it is, its Example encoded and framed in C with the
 GIL released (``formats.native.image_rows``, ``_native/imgrows.h``). The label features are
-encoded here once per label (``TableConverter.label_features``, ``example_pieces``), so every
+encoded here once per label (``TableConverter.label_features``, ``features_entries``), so every
 byte is the one the general path (``convert_rows`` over ``TableConverter.convert``) writes.
 A row the core does not judge (not a local path, not JPEG/PNG, to be resized, rotated or
 made RGB, a file it cannot read, a label that raises) comes back as ``None`` and takes the
@@ -18,7 +18,7 @@ import os
 import weakref
 from typing import Any
 
-from ..formats.example import example_pieces
+from ..formats.example import features_entries
 from ..formats.native import image_rows
 from .images import bomb_reason, corrupt_reason, empty_reason
 from .options import Row
@@ -61,7 +61,7 @@ class NativeImageRows:
 
     def _encode(self, row: Row) -> bytes | None:
         try:
-            return b"".join(example_pieces(self.converter.label_features(row))[0][2:])
+            return features_entries(self.converter.label_features(row))
         except Exception:  # noqa: BLE001 - a Discard or a bad label: the general path reports it
             return None
 

@@ -119,21 +119,47 @@ def _json_line_encoder() -> Any:
 _DIGEST_ROWS = 4096  # rows hashed per update
 
 
-def source_digest(rows: list[Row], discards: list[DiscardRecord]) -> str:
+_DUMPS: Any = None
+
+
+def _dumps(v: Any) -> str:
+    """``json.dumps(v, ensure_ascii=False, sort_keys=True)`` for what :func:`_canon` returns."""
+    global _DUMPS
+    if _DUMPS is None:
+        _DUMPS = _json_line_encoder()
+    return _DUMPS(v)
+
+
+def _c(x: Any) -> Any:
+    return x if type(x) in _PLAIN else _canon(x)
+
+
+def canon_values(rows: list[Row]) -> list[Any]:
+    """``_canon(row.values)`` of each row: what :func:`source_digest` and
+    :func:`assign_splits` both hash, made once."""
+    return [_canon(r.values) if r.values else {} for r in rows]
+
+
+def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[Any] | None = None) -> str:
     """sha256 over what was read from the input (rows and the rows that did not parse):
     per row, the canonical JSON (sorted keys) of ``[number, origin, image_uri, split,
-    label, values, annotation]`` and a newline."""
+    label, values, annotation]`` and a newline. ``canon``: :func:`canon_values` of ``rows``,
+    when the caller has it."""
     h = hashlib.sha256()
     dumps = _json_line_encoder()
     for i in range(0, len(rows), _DIGEST_ROWS):
         lines = []
-        for r in rows[i:i + _DIGEST_ROWS]:
+        for j, r in enumerate(rows[i:i + _DIGEST_ROWS], start=i):
             n, o, u, sp, lab = r.number, r.origin, r.image_uri, r.split, r.label
-            v = [n, o, u, sp, lab, r.values, r.annotation]
-            # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
-            if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
-                    or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
-                v = _canon(v)
+            if canon is not None and r.values:
+                # the list _canon gives, with its values part made once (canon_values)
+                v = [_c(n), _c(o), _c(u), _c(sp), _c(lab), canon[j], _c(r.annotation)]
+            else:
+                v = [n, o, u, sp, lab, r.values, r.annotation]
+                # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
+                if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
+                        or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
+                    v = _canon(v)
             lines.append(dumps(v))
         lines.append("")
         h.update("\n".join(lines).encode())
@@ -166,8 +192,12 @@ def key_split(key: Any, test_ratio: float, seed: int) -> str:
     partitioning, no worker count changes it."""
     if test_ratio <= 0.0:
         return "train"
-    data = json.dumps(_canon(key), ensure_ascii=False, sort_keys=True).encode()
-    h = hashlib.blake2b(data, digest_size=8, key=str(int(seed)).encode()).digest()
+    return _canon_key_split(_canon(key), test_ratio, seed)
+
+
+def _canon_key_split(canon_key: Any, test_ratio: float, seed: int) -> str:
+    """:func:`key_split` of a key already through :func:`_canon`."""
+    h = hashlib.blake2b(_dumps(canon_key).encode(), digest_size=8, key=str(int(seed)).encode()).digest()
     return "test" if int.from_bytes(h, "big") / 2.0 ** 64 < test_ratio else "train"
 
 
@@ -177,14 +207,20 @@ def assign_split(row: Row, options: ConvertOptions) -> None:
         row.split = key_split(split_key_value(row, options.split_key), options.test_ratio, options.seed)
 
 
-def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str | None = None) -> None:
+def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str | None = None,
+                  canon: list[Any] | None = None) -> None:
     """Rows without a split go to ``test`` by :func:`key_split` of their split key, the
     rest to ``train``: each row independently, so about (not exactly) ``n * test_ratio``
     of ``n`` rows go to test, and every runner (local, Beam, Spark) puts a row in the
-    same split."""
-    for r in rows:
+    same split. ``canon``: :func:`canon_values` of ``rows``, when the caller has it."""
+    whole_row = canon is not None and split_key is None and test_ratio > 0.0
+    for j, r in enumerate(rows):
         if r.split is None:
-            r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
+            if whole_row:  # _canon of split_key_value(r, None), its values part made once
+                lab = None if r.label is None else str(r.label)
+                r.split = _canon_key_split([_c(r.image_uri), lab, canon[j], _c(r.annotation)], test_ratio, seed)
+            else:
+                r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
 
 
 SAMPLE_ROWS = 256  # rows converted to measure the record size for bytes_per_tfrecord
@@ -268,8 +304,10 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
               source: str, storage_options: Mapping[str, Any] | None = None, has_image: bool = True,
               annotated: bool = False) -> Plan:
     """Place rows in splits and shards, build the label map and the feature spec."""
-    digest = source_digest(rows, discards)
-    assign_splits(rows, options.test_ratio, options.seed, options.split_key)
+    canon = canon_values(rows)
+    digest = source_digest(rows, discards, canon)
+    assign_splits(rows, options.test_ratio, options.seed, options.split_key, canon)
+    del canon
     mt = options.model_type
     label_type = schema.label_type if (schema is not None and not annotated) else None
     class_names = None

@@ -22,6 +22,7 @@ from .schema import (
     AUTOML_COLUMNS,
     Schema,
     automl_schema,
+    cell_parser,
     header_matches_automl,
     is_missing,
     parse_cell,
@@ -74,11 +75,12 @@ class RowBuilder:
         self.image_col = schema.column_of("image_uri")
         self.label_col = schema.column_of("label")
         self.features = schema.feature_columns()
+        self._parsers = [(c, cell_parser(schema, c)) for c in self.features]
+        self._label = cell_parser(schema, self.label_col) if self.label_col else None
 
     def build(self, number: int, cells: Mapping[str, Any] | None, error: str | None) -> Row | DiscardRecord:
         """The row, or the discard record of a row with an error or a cell that does not parse."""
         image = None
-        schema = self.schema
         try:
             if error is not None or cells is None:
                 raise Discard(error or "unreadable row")
@@ -88,8 +90,8 @@ class RowBuilder:
                     raise Discard(f"column {self.image_col!r} (image_uri) is empty")
                 image = resolve_uri(str(raw), self.base)
             split = normalize_split(cells.get(self.split_col)) if self.split_col else None
-            label = parse_cell(schema, self.label_col, cells.get(self.label_col)) if self.label_col else None
-            values = {c: parse_cell(schema, c, cells.get(c)) for c in self.features}
+            label = self._label(cells.get(self.label_col)) if self._label is not None else None
+            values = {c: parse(cells.get(c)) for c, parse in self._parsers}
             return Row(number, self.origin, image, split, label, values)
         except Discard as d:
             return DiscardRecord(number, image or f"{self.origin}#{number}", str(d))

@@ -93,6 +93,8 @@ class TableConverter:
         if ctx.options.model_type == "CLASSIFICATION" and schema is None:
             self.label_type = "string label"
         self._by_label: dict[tuple, Any] = {}  # label value -> labels() result or its Discard
+        # the schema's feature columns, as (column, type) pairs: read once, not per row
+        self._columns = tuple(schema.feature_columns().items()) if schema is not None else ()
 
     def feature_spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = dict(IMAGE_SPEC) if self.has_image else {}
@@ -159,16 +161,17 @@ class TableConverter:
         feats = self.label_features(row)
         if self.has_image:
             feats = {**image_features(self.ctx.image(row, split), row), **feats}
-        if self.ctx.schema is not None:
-            for c, t in self.ctx.schema.feature_columns().items():
-                v = row.values[c]
-                if t == "int list":
-                    v = np.asarray(v, np.int64)
-                elif t == "float list":
-                    v = np.asarray(v, np.float32)
-                elif t == "float":
+        values = row.values
+        for c, t in self._columns:
+            v = values[c]
+            if t == "float":
+                if type(v) is not float:  # a float is stored as float32 as it is; an int default is not an int64
                     v = np.float32(v)
-                feats[c] = v
+            elif t == "int list":
+                v = np.asarray(v, np.int64)
+            elif t == "float list":
+                v = np.asarray(v, np.float32)
+            feats[c] = v
         return feats
 
 

@@ -64,10 +64,10 @@ Batch parsing (:func:`parse_example`) matches ``tf.io.parse_example``:
 from __future__ import annotations
 
 from .example_decode import decode_example, decode_sequence_example
-from .example_encode import encode_example, encode_sequence_example, example_pieces
+from .example_encode import encode_example, encode_sequence_example, example_pieces, features_entries
 from .example_parse import parse_example, parse_single_example
 
 __all__ = [
-    "decode_example", "encode_example", "example_pieces", "decode_sequence_example", "encode_sequence_example",
+    "decode_example", "encode_example", "example_pieces", "features_entries", "decode_sequence_example", "encode_sequence_example",
     "parse_example", "parse_single_example",
 ]

@@ -20,6 +20,15 @@ from .wire import (
     encode_varint,
 )
 
+try:  # the common values encoded in C (same bytes); anything else, and every error, here
+    from .._native import encode_example as _native_encode  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _native_encode = None
+
+PIECE_BYTES = 4096
+"""A lone bytes value longer than this is its own piece in :func:`example_pieces` (not copied
+into the record's other bytes)."""
+
 # ----------------------------------------------------------------------------- encoding
 
 _BYTES_TYPES = (bytes, bytearray, memoryview, str, np.bytes_, np.str_)
@@ -230,6 +239,10 @@ def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> b
     Raises TypeError for an unsupported value type or mixed kinds, ValueError for an int
     outside int64, both naming the feature.
     """
+    if _native_encode is not None and not sort_keys:
+        done = _native_encode(features)
+        if done is not None:
+            return done
     return b"".join(example_pieces(features, sort_keys=sort_keys)[0])
 
 
@@ -238,9 +251,26 @@ def example_pieces(features: Mapping[str, Any], *, sort_keys: bool = False) -> t
     for a writer that copies the pieces once, straight into its output
     (``formats.native.frame_records``), rather than joining a record first. Raises as
     :func:`encode_example` does."""
+    if _native_encode is not None and not sort_keys:
+        # one piece, every value copied into it in C; a large bytes value (an image) stays a
+        # piece of its own instead, so that it is copied once, by the framing
+        done = _native_encode(features, PIECE_BYTES)
+        if done is not None:
+            return [done], len(done)
     parts, size = _features_parts(features, sort_keys, _encode_feature)
     head = encode_varint(size)
     return [b"\x0a", head, *parts], 1 + len(head) + size
+
+
+def features_entries(features: Mapping[str, Any]) -> bytes:
+    """The map entries of :func:`encode_example`'s ``Features`` message, without the
+    Example's own field head: pieces of a record another encoder completes (the native
+    image rows append a row's label features to theirs)."""
+    data = encode_example(features)
+    at = 1  # past Example.features' tag; then its varint length
+    while data[at] & 0x80:
+        at += 1
+    return data[at + 1:]
 
 
 def _encode_feature_list(name: str, values: Any) -> bytes:
