@@ -46,7 +46,7 @@ def slow_source():
 def bursty_source():
     for i in range(400):
         if i % 100 == 50:
-            time.sleep(0.1)  # a stall now and then; otherwise microseconds
+            time.sleep(0.2)  # a stall now and then; otherwise microseconds
         yield i
 
 
@@ -80,11 +80,14 @@ def test_a_step_that_sleeps_is_not_starved():
 
 
 def test_a_bursty_source_asks_for_a_larger_prefetch():
-    st = drain(from_iterable(bursty_source).prefetch(4), lambda: time.sleep(0.002))
+    # a 5 ms step leaves the prefetch thread 20 ms (4 elements) to be scheduled before the
+    # consumer waits; four 200 ms stalls keep the wait about a quarter of the pass (over 10%:
+    # input-bound) and the source busy about 30% of it (under 60%: not saturated)
+    st = drain(from_iterable(bursty_source).prefetch(4), lambda: time.sleep(0.005))
     fix = st.remedy()
     assert fix.id == "larger_prefetch", st.verdict()
     assert f".prefetch({fix.measured['buffer']})" in fix.text
-    # the buffer covers the longest wait (about 100 ms) at about 2 ms an element
+    # the buffer covers the longest wait (about 180 ms) at about 5 ms an element
     assert fix.measured["buffer"] > 4
     assert fix.measured["long_waits"] < fix.measured["calls"] / 2
     assert fix.expected_gain > 1.0
