@@ -21,6 +21,17 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-value")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+# property tests (hypothesis): no per-example deadline. The default 200 ms fails an example
+# that a loaded machine happened to run slowly; what the tests check is the answers, and
+# pytest's timeout still catches a hang. max_examples stays as each test sets it.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # hypothesis is a test dependency; the modules that use it import it
+    pass
+else:
+    _hypothesis_settings.register_profile("shardfeed", deadline=None)
+    _hypothesis_settings.load_profile("shardfeed")
+
 # the server fixtures every test module may ask for by name: PostgreSQL and Redis, each
 # defined beside its helpers and registered here, once
 from .conftest_pg import pg_server  # noqa: E402, F401
