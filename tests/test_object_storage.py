@@ -307,21 +307,30 @@ def test_link_plan_follows_latency_and_rate():
 
 
 @pytest.mark.slow
-def test_dead_endpoint_fails_within_30_seconds_with_default_timeouts():
+def test_dead_endpoint_fails_after_one_retry_with_default_timeouts():
     # a listening socket that never answers: connects, then nothing comes back
+    from shardfeed.storage.fs import get_filesystem
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     port = sock.getsockname()[1]
+    opts = {"endpoint_url": f"http://127.0.0.1:{port}"}
     storage.clear_cache()
+    get_filesystem("s3://some-bucket/x.tfrecord", opts)  # s3fs imported and the client made before timing
+    storage.reset_retry_stats()
     t = time.monotonic()
     try:
         with pytest.raises(StorageError, match="after retries"):
-            storage.read_bytes("s3://some-bucket/x.tfrecord", storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+            storage.read_bytes("s3://some-bucket/x.tfrecord", storage_options=opts)
     finally:
         sock.close()
         storage.clear_cache()
-    assert time.monotonic() - t < 30
+    # what keeps it within 30 s (about 20 s here), counted rather than timed: the first
+    # attempt's 10 s read timeout, one retry, and no third attempt once the 10 s retry
+    # deadline passed (a loaded machine only makes each attempt longer)
+    assert storage.retry_stats()["retries"] == 1 and storage.retry_stats()["gave_up"] == 1
+    assert time.monotonic() - t < 60  # a hang guard only
 
 
 def test_bad_timeout_options_are_clear_errors(s3_bucket):
