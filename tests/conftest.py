@@ -21,6 +21,17 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing-secret-value")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
+# property tests (hypothesis): no per-example deadline. The default 200 ms fails an example
+# that a loaded machine happened to run slowly; what the tests check is the answers, and
+# pytest's timeout still catches a hang. max_examples stays as each test sets it.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # hypothesis is a test dependency; the modules that use it import it
+    pass
+else:
+    _hypothesis_settings.register_profile("shardfeed", deadline=None)
+    _hypothesis_settings.load_profile("shardfeed")
+
 # the server fixtures every test module may ask for by name: PostgreSQL and Redis, each
 # defined beside its helpers and registered here, once
 from .conftest_pg import pg_server  # noqa: E402, F401
@@ -101,7 +112,8 @@ class FaultProxy:
     instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
     ``stall_every = n`` holds every n-th request ``stall_s`` seconds (a stalled connection)
     before forwarding it; ``max_faults`` caps how many faults are injected in all.
-    ``failed`` counts injected faults, ``forwarded`` the requests that reached the target.
+    ``failed`` counts injected faults, ``forwarded`` the requests that reached the target;
+    ``log`` holds one ``(method, path, Range header or None, outcome)`` a request, in order.
     """
 
     SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -118,7 +130,7 @@ class FaultProxy:
         self.count = 0
         self.failed = 0
         self.forwarded = 0
-        self.log: list[tuple[str, str, str]] = []
+        self.log: list[tuple[str, str, str | None, str]] = []
         self._lock = threading.Lock()
         proxy = self
 
@@ -138,7 +150,7 @@ class FaultProxy:
                     fail = budget and proxy.fail_every and n % proxy.fail_every == 0
                     reset = budget and proxy.reset_every and n % proxy.reset_every == 0
                     stall = budget and proxy.stall_every and n % proxy.stall_every == 0
-                    proxy.log.append((self.command, self.path,
+                    proxy.log.append((self.command, self.path, self.headers.get("Range"),
                                       "fail" if fail else "reset" if reset else "stall" if stall else "ok"))
                     if fail or reset or stall:
                         proxy.failed += 1

@@ -38,7 +38,9 @@ def test_a_pipeline_with_batches_ready_feeds_accelerators_and_says_how_busy_each
     assert sim.accelerators == 3 and len(sim.utilisation) == 3
     assert sim.batches >= 3 and sim.samples == 32 * sim.batches
     assert sim.min_utilisation >= 0.9
-    result = feed_rate(ready, step_s=0.2, seconds=0.6, max_tries=2)
+    # at most 4 simulated accelerators: the ready pipeline's first guess is otherwise the cap of
+    # 64, whose 64 threads contend for a loaded machine's cores and may miss 90% for that alone
+    result = feed_rate(ready, step_s=0.2, seconds=0.6, max_tries=2, max_accelerators=4)
     assert result.batch_size == 32 and result.accelerators >= 1
     fed = [r for r in result.runs if r.accelerators <= result.accelerators]
     assert fed and all(r.min_utilisation >= 0.9 for r in fed)

@@ -106,10 +106,12 @@ def test_demo_converts_trains_and_charts(tmp_path, capsys):
 def test_the_demo_is_not_input_bound_by_its_own_verdict(tmp_path, capsys):
     # the simulated accelerator step (the host CPU free meanwhile, as with a device) is
     # long here, so that the pipeline is far ahead of the trainer on any machine; the
-    # verdict is the pipeline's own, from its own measurements
+    # verdict is the pipeline's own, from its own measurements. Four epochs (32 steps, about
+    # 4.3 s): the start-up before the first batch is then a smaller share of the pass on a
+    # loaded machine (1-2.5%, against the 10% that is input-bound)
     pytest.importorskip("PIL")
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--images", "320", "--epochs", "3", "--step-ms", "120"]) == 0
+    assert main(["demo", "--out", str(out), "--images", "320", "--epochs", "4", "--step-ms", "120"]) == 0
     text = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stats"]["input_bound"] is False, summary["verdict"]

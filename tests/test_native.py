@@ -12,7 +12,9 @@ import mmap
 import os
 import random
 import struct
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -838,25 +840,37 @@ def test_fuzz_seed_corpus_runs():
 @needs_native
 def test_parse_releases_the_gil():
     rng = random.Random(8)
-    records = [ctr_record(rng) for _ in range(200)] * 100  # a batch that takes tens of ms
+    records = [ctr_record(rng) for _ in range(200)] * 1500  # a batch that takes about 200 ms
     spec = {k: v for k, v in CTR_SPEC.items() if v.dtype != "bytes"}  # no object creation
     compiled = nv.compile_spec(spec)
     progress = [0]
     stop = threading.Event()
+    spinning = threading.Event()
 
     def spin() -> None:
         while not stop.is_set():
             progress[0] += 1
+            spinning.set()
+            time.sleep(0)  # hands the GIL over at once to a thread that waits for it
 
+    # no forced GIL switch within a second: a parse that held the GIL would run to its end
+    # and the count be read before the spinner got it back (with the default 5 ms, the
+    # spinner took it between the parse's end and the read, and the check could not fail)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
     t = threading.Thread(target=spin)
     t.start()
     try:
+        # the spinner is running before the parse starts (on a loaded machine a new thread
+        # may not get a core for a while), so only a GIL held through the parse stops it
+        assert spinning.wait(30), "the spinning thread never ran"
         before = progress[0]
         nv.parse_example_batch(records, compiled)
         during = progress[0] - before
     finally:
         stop.set()
         t.join()
+        sys.setswitchinterval(switch)
     assert during > 0  # a pure-Python thread ran while the batch was parsed
 
 

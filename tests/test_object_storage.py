@@ -157,7 +157,7 @@ def test_a_stream_learns_the_object_size_from_its_first_range(shards, fault_prox
             got[url] = bytes(s.readall())
             ends[url] = s.end
         stat_requests[url] = counters.stat_requests
-    heads = {path.rsplit("/", 1)[1] for m, path, _ in fault_proxy.log if m == "HEAD"}
+    heads = {path.rsplit("/", 1)[1] for m, path, _, _ in fault_proxy.log if m == "HEAD"}
     if direct:
         assert heads <= {"empty.tfrecord"} and all(stat_requests[u] == 0 for u in urls)
     else:
@@ -225,8 +225,10 @@ def test_record_ranges_of_one_object_fetch_disjoint_bytes(shards, small_parts):
 
 def test_reads_survive_503_resets_and_a_stalled_connection_and_count_each_retry(shards, fault_proxy, small_parts):
     urls, expected, _, _ = shards
-    # a 2 s read timeout against 5 s stalls: a second is too little on a loaded machine, where an
-    # ordinary request then timed out too (24 retries counted for 12 faults) and the count was off
+    # a 2 s read timeout against 5 s stalls. On a loaded machine an ordinary request may take
+    # over 2 s too and is then retried as well (24 retries for 12 faults in a rehearsal), so the
+    # retries are checked against the requests the proxy saw: every request beyond the first
+    # of its (method, path, Range) is a retry, and every injected fault is among them
     proxied = {"endpoint_url": fault_proxy.url, "read_timeout": 2, "connect_timeout": 2}
     ds = sf.read_tfrecord(urls, storage_options=proxied)  # listed before the faults begin
     fault_proxy.fail_every = 5
@@ -235,12 +237,15 @@ def test_reads_survive_503_resets_and_a_stalled_connection_and_count_each_retry(
     fault_proxy.stall_s = 5
     fault_proxy.max_faults = 12
     storage.reset_retry_stats()
+    seen_before = len(fault_proxy.log)
     it = iter(ds)
     assert list(it) == _all(expected, urls)  # every record exactly once, in order
     st = it.stats().storage
+    requests = [(m, path, rng) for m, path, rng, _ in fault_proxy.log[seen_before:]]
     assert fault_proxy.failed > 0
-    assert st.retries == fault_proxy.failed  # each injected fault retried and counted once
-    assert storage.retry_stats()["retries"] == fault_proxy.failed
+    assert st.retries == len(requests) - len(set(requests))  # each repeated request counted once
+    assert st.retries >= fault_proxy.failed  # each injected fault retried
+    assert storage.retry_stats()["retries"] == st.retries
 
 
 def test_a_refused_or_vanished_object_is_a_clear_error_not_retried(shards, fault_proxy):
@@ -302,21 +307,30 @@ def test_link_plan_follows_latency_and_rate():
 
 
 @pytest.mark.slow
-def test_dead_endpoint_fails_within_30_seconds_with_default_timeouts():
+def test_dead_endpoint_fails_after_one_retry_with_default_timeouts():
     # a listening socket that never answers: connects, then nothing comes back
+    from shardfeed.storage.fs import get_filesystem
+
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
     port = sock.getsockname()[1]
+    opts = {"endpoint_url": f"http://127.0.0.1:{port}"}
     storage.clear_cache()
+    get_filesystem("s3://some-bucket/x.tfrecord", opts)  # s3fs imported and the client made before timing
+    storage.reset_retry_stats()
     t = time.monotonic()
     try:
         with pytest.raises(StorageError, match="after retries"):
-            storage.read_bytes("s3://some-bucket/x.tfrecord", storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+            storage.read_bytes("s3://some-bucket/x.tfrecord", storage_options=opts)
     finally:
         sock.close()
         storage.clear_cache()
-    assert time.monotonic() - t < 30
+    # what keeps it within 30 s (about 20 s here), counted rather than timed: the first
+    # attempt's 10 s read timeout, one retry, and no third attempt once the 10 s retry
+    # deadline passed (a loaded machine only makes each attempt longer)
+    assert storage.retry_stats()["retries"] == 1 and storage.retry_stats()["gave_up"] == 1
+    assert time.monotonic() - t < 60  # a hang guard only
 
 
 def test_bad_timeout_options_are_clear_errors(s3_bucket):
@@ -351,10 +365,10 @@ def test_second_epoch_with_a_cache_makes_no_requests(shards, fault_proxy, tmp_pa
     st = it.stats().storage
     assert st.cache_misses == len(urls) and st.cache_hits == len(urls)
     assert st.bytes_fetched == _object_bytes(urls, proxied)  # the second epoch fetched nothing
-    gets_before = sum(1 for m, _, _ in fault_proxy.log if m == "GET")
+    gets_before = sum(1 for m, _, _, _ in fault_proxy.log if m == "GET")
     it2 = iter(sf.read_tfrecord(urls, storage_options=proxied, cache_dir=cache))
     assert list(it2) == _all(expected, urls)
-    assert sum(1 for m, _, _ in fault_proxy.log if m == "GET") == gets_before
+    assert sum(1 for m, _, _, _ in fault_proxy.log if m == "GET") == gets_before
     assert it2.stats().storage.requests == 0 and it2.stats().storage.cache_hits == len(urls)
 
 
@@ -518,7 +532,7 @@ def test_text_and_csv_read_remote_files_in_ranges_and_through_the_cache(s3_bucke
     rows = list(ds)
     assert rows[0] == (0, 0.0, "name0") and len(rows) == 20000
     assert ObjectCache.key_of(url, proxied) in {k for k, _, _ in ObjectCache(cache_dir).entries()}
-    gets = sum(1 for m, _, _ in fault_proxy.log if m == "GET")
+    gets = sum(1 for m, _, _, _ in fault_proxy.log if m == "GET")
     it = iter(ds)
     for _ in range(7000):
         next(it)
@@ -526,7 +540,7 @@ def test_text_and_csv_read_remote_files_in_ranges_and_through_the_cache(s3_bucke
     it2 = iter(ds)
     it2.set_state(state)
     assert list(it2) == rows[7000:]
-    assert sum(1 for m, _, _ in fault_proxy.log if m == "GET") == gets  # read from the local copy
+    assert sum(1 for m, _, _, _ in fault_proxy.log if m == "GET") == gets  # read from the local copy
 
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])

@@ -40,7 +40,7 @@ def started_since(before: set) -> list:
     return [t for t in threading.enumerate() if t not in before and t.is_alive()]
 
 
-def wait_threads_back_to(before: set, timeout: float = 5.0) -> list:
+def wait_threads_back_to(before: set, timeout: float = 30.0) -> list:
     """The threads started since ``before`` still alive once they all ended (an empty
     list), or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -123,11 +123,12 @@ def test_ctrl_c_in_the_main_thread_exits_cleanly():
         "        time.sleep(0.01); yield 1\n"
         "it = iter(from_iterable(slow).map(lambda x: x, num_parallel_calls=2).prefetch(2))\n"
         "next(it)\n"
-        "threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        "timer.start()\n"
         "try:\n"
         "    for _ in it: pass\n"
         "except KeyboardInterrupt:\n"
-        "    time.sleep(0.3)\n"
+        "    timer.join()  # its thread ends; the pipeline joined its own before the interrupt came out\n"
         "    print('threads', threading.active_count())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -46,7 +46,7 @@ def slow_source():
 def bursty_source():
     for i in range(400):
         if i % 100 == 50:
-            time.sleep(0.1)  # a stall now and then; otherwise microseconds
+            time.sleep(0.2)  # a stall now and then; otherwise microseconds
         yield i
 
 
@@ -80,20 +80,23 @@ def test_a_step_that_sleeps_is_not_starved():
 
 
 def test_a_bursty_source_asks_for_a_larger_prefetch():
-    st = drain(from_iterable(bursty_source).prefetch(4), lambda: time.sleep(0.002))
+    # a 5 ms step leaves the prefetch thread 20 ms (4 elements) to be scheduled before the
+    # consumer waits; four 200 ms stalls keep the wait about a quarter of the pass (over 10%:
+    # input-bound) and the source busy about 30% of it (under 60%: not saturated)
+    st = drain(from_iterable(bursty_source).prefetch(4), lambda: time.sleep(0.005))
     fix = st.remedy()
     assert fix.id == "larger_prefetch", st.verdict()
     assert f".prefetch({fix.measured['buffer']})" in fix.text
-    # the buffer covers the longest wait (about 100 ms) at about 2 ms an element
+    # the buffer covers the longest wait (about 180 ms) at about 5 ms an element
     assert fix.measured["buffer"] > 4
     assert fix.measured["long_waits"] < fix.measured["calls"] / 2
     assert fix.expected_gain > 1.0
 
 
 def test_a_fast_input_and_a_slow_consumer_say_look_at_the_model():
-    # a 60 ms step: a scheduler hiccup of a few tens of ms before the first batch (the full
-    # suite on a busy 2-core machine) must not reach 10% of the pass
-    st = drain(from_list(list(range(50))).batch(5).prefetch(2), lambda: time.sleep(0.06))
+    # 30 steps of 60 ms: a start-up hiccup of over 100 ms before the first batch (the full suite
+    # on a busy 2-core machine) must not reach 10% of the pass
+    st = drain(from_list(list(range(150))).batch(5).prefetch(2), lambda: time.sleep(0.06))
     fix = st.remedy()
     assert fix.id == "input_fast_enough" and "look at the model" in fix.text
     assert fix.expected_gain == pytest.approx(st.wall_s / (st.wall_s - st.consumer_wait_s))
@@ -110,8 +113,8 @@ def test_the_remedy_is_structured_in_to_dict_and_printed():
     counts = d["consumer"]["waits"]["counts"]
     # each element waited its 20 ms sleep: 25 waits of 10 ms or more, in the buckets above 10 ms
     assert sum(n for n, lower in zip(counts[1:], WAIT_BOUNDS_S) if lower >= 0.01) == 25
-    # the end is a hand-off between threads: at once on a quiet machine, over 0.1 ms (so counted)
-    # on a loaded one, but never one more sleep
+    # the first or the last next() (no sleep in it) may take over 0.1 ms on a loaded machine, and
+    # is then counted, but never another sleep
     assert sum(counts) in (25, 26)
     text = str(st).splitlines()
     assert "fix (more_parallelism)" in text[-1]
@@ -182,12 +185,14 @@ def test_slow_storage_asks_for_a_cache(slow_storage, tmp_path):
     # one file at a time: eight requests of 100 ms one after another, against microseconds of parsing
     st = drain(sf.read_tfrecord(urls, storage_options=opts, num_parallel_reads=None))
     io = st.storage
-    assert io.latency_count >= len(urls) and io.latency_quantile(0.5) >= 0.1  # each request waited 100 ms
+    median = io.latency_quantile(0.5)
+    assert io.latency_count >= len(urls) and median >= 0.1  # each request waited 100 ms
     fix = st.remedy()
     assert fix.id == "cache", (st.verdict(), io.to_dict(), st.wall_s)
     assert fix.measured["storage_waiting_s"] >= 0.5 * fix.measured["wall_s"]
     assert fix.expected_gain > 1.5 and "cache_dir=" in fix.text
-    assert "storage latency: median <= 250 ms" in str(st)  # the bucket (100 ms, 250 ms]
+    # the measured bucket: (100 ms, 250 ms] on a quiet machine, a later one on a loaded machine
+    assert f"storage latency: median <= {median * 1e3:g} ms" in str(st)
     # with the cache, the second epoch reads nothing remote: the remedy moves on
     ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=str(tmp_path / "cache"))
     drain(ds)

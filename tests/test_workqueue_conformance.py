@@ -108,11 +108,13 @@ def test_ack_and_take_with_an_expired_lease_refuses_the_ack_but_still_takes(back
 
 
 def test_renewed_lease_does_not_expire(backend_url, qname):
-    a = _q(backend_url, qname, shuffle=False, lease_timeout=0.4)
-    b = _q(backend_url, qname, shuffle=False, lease_timeout=0.4)
+    # renewed every 0.6 s of a 2 s lease (room for a loaded machine's delays), 2.4 s in all:
+    # longer than one lease, so without the renewals it would have expired
+    a = _q(backend_url, qname, shuffle=False, lease_timeout=2)
+    b = _q(backend_url, qname, shuffle=False, lease_timeout=2)
     item = a.take()
     for _ in range(4):
-        time.sleep(0.15)
+        time.sleep(0.6)
         assert a.renew(item)
     assert b.take().id != item.id
     assert a.ack(item)

@@ -27,28 +27,36 @@ def _start(exe: str, d: str, port: int, persist: bool = True) -> None:
 
 
 def _stop(d: str) -> None:
+    """Stop the server of ``d`` (SIGTERM); gone on return."""
     with open(f"{d}/redis.pid") as f:
         pid = int(f.read().strip())
     os.kill(pid, 15)
-    for _ in range(200):
+    deadline = time.monotonic() + 30  # a loaded machine may take seconds to write and exit
+    while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except OSError:
             return
         time.sleep(0.02)
+    pytest.fail(f"redis-server (pid {pid}) still running 30 s after SIGTERM")
 
 
 def _wait_up(port: int) -> None:
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.exceptions.ConnectionError:
-            time.sleep(0.05)
-    client.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.exceptions.ConnectionError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"redis-server on port {port} not answering 30 s after it was started")
+                time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def test_reconnect_seconds_come_from_the_url_or_the_argument():
