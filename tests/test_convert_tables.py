@@ -388,3 +388,22 @@ def test_source_digest_is_sha256_of_each_rows_canonical_json_line():
         h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
     assert source_digest(rows, discards) == "sha256:" + h.hexdigest()
     assert source_digest(rows[:1], []) != source_digest([Row(1, "in.csv", "/a/1.jpg", None, "dog")], [])
+    # the plan's way: each row's values made canonical JSON once and spliced into the line
+    from shardfeed.convert.plan import canon_values
+
+    assert source_digest(rows, discards, canon_values(rows)) == "sha256:" + h.hexdigest()
+
+
+def test_splits_assigned_with_the_values_json_made_once_are_key_splits_rule():
+    from shardfeed.convert.options import Row
+    from shardfeed.convert.plan import assign_splits, canon_values, split_key_value
+
+    def rows():
+        return [Row(i, "in.csv", None if i % 3 else f"/a/{i}.jpg", None, ["cat", 7, np.int64(2), None][i % 4],
+                    {"x": i / 7, "é": f"v{i}", "ids": [i, np.int64(i + 1)], "n": None, "f": np.float32(i) / 3}
+                    if i % 5 else {}, {"classes": ["a", str(i)]} if i % 7 == 0 else None) for i in range(400)]
+
+    spliced, direct = rows(), rows()
+    assign_splits(spliced, 0.3, 5, None, canon_values(spliced))
+    want = [key_split(split_key_value(r, None), 0.3, 5) for r in direct]
+    assert [r.split for r in spliced] == want and 60 < want.count("test") < 180

@@ -73,6 +73,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
     Benchmark("image_scale_quality", "--json", (), ("--images", "8", "--rounds", "1", "--sources", "500x375,800x600")),
     Benchmark("convert", "--json", (), ("--images", "100", "--rounds", "1"), "--data-dir"),
+    Benchmark("convert_table", "--json", (), ("--rows", "5000", "--rounds", "1"), "--dir"),
     Benchmark("annotation_spans", "--json", (), ("--rows", "2000", "--rounds", "1"), "--dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),

@@ -134,10 +134,12 @@ def _c(x: Any) -> Any:
     return x if type(x) in _PLAIN else _canon(x)
 
 
-def canon_values(rows: list[Row]) -> list[Any]:
-    """``_canon(row.values)`` of each row: what :func:`source_digest` and
-    :func:`assign_splits` both hash, made once."""
-    return [_canon(r.values) if r.values else {} for r in rows]
+def canon_values(rows: list[Row]) -> list[str]:
+    """The canonical JSON of each row's values (``_canon(row.values)``, sorted keys): the
+    part of what :func:`source_digest` and :func:`assign_splits` hash that is most of it,
+    made once. Both splice it into their JSON lists, which give the same text as encoding
+    the whole list (a list's JSON is its items' JSON joined by ", " in brackets)."""
+    return [_dumps(_canon(r.values)) if r.values else "" for r in rows]
 
 
 def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[Any] | None = None) -> str:
@@ -151,15 +153,15 @@ def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[An
         lines = []
         for j, r in enumerate(rows[i:i + _DIGEST_ROWS], start=i):
             n, o, u, sp, lab = r.number, r.origin, r.image_uri, r.split, r.label
-            if canon is not None and r.values:
-                # the list _canon gives, with its values part made once (canon_values)
-                v = [_c(n), _c(o), _c(u), _c(sp), _c(lab), canon[j], _c(r.annotation)]
-            else:
-                v = [n, o, u, sp, lab, r.values, r.annotation]
-                # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
-                if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
-                        or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
-                    v = _canon(v)
+            if canon is not None and r.values:  # the JSON of _canon's list, its values part made once
+                head = dumps([_c(n), _c(o), _c(u), _c(sp), _c(lab)])
+                lines.append(f"{head[:-1]}, {canon[j]}, {dumps(_c(r.annotation))}]")
+                continue
+            v = [n, o, u, sp, lab, r.values, r.annotation]
+            # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
+            if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
+                    or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
+                v = _canon(v)
             lines.append(dumps(v))
         lines.append("")
         h.update("\n".join(lines).encode())
@@ -197,7 +199,12 @@ def key_split(key: Any, test_ratio: float, seed: int) -> str:
 
 def _canon_key_split(canon_key: Any, test_ratio: float, seed: int) -> str:
     """:func:`key_split` of a key already through :func:`_canon`."""
-    h = hashlib.blake2b(_dumps(canon_key).encode(), digest_size=8, key=str(int(seed)).encode()).digest()
+    return _json_key_split(_dumps(canon_key), test_ratio, seed)
+
+
+def _json_key_split(text: str, test_ratio: float, seed: int) -> str:
+    """:func:`key_split` of a key whose canonical JSON is ``text``."""
+    h = hashlib.blake2b(text.encode(), digest_size=8, key=str(int(seed)).encode()).digest()
     return "test" if int.from_bytes(h, "big") / 2.0 ** 64 < test_ratio else "train"
 
 
@@ -216,9 +223,10 @@ def assign_splits(rows: list[Row], test_ratio: float, seed: int, split_key: str 
     whole_row = canon is not None and split_key is None and test_ratio > 0.0
     for j, r in enumerate(rows):
         if r.split is None:
-            if whole_row:  # _canon of split_key_value(r, None), its values part made once
-                lab = None if r.label is None else str(r.label)
-                r.split = _canon_key_split([_c(r.image_uri), lab, canon[j], _c(r.annotation)], test_ratio, seed)
+            if whole_row and r.values:  # the JSON of _canon(split_key_value(r, None)), its values part made once
+                head = _dumps([_c(r.image_uri), None if r.label is None else str(r.label)])
+                text = f"{head[:-1]}, {canon[j]}, {_dumps(_c(r.annotation))}]"
+                r.split = _json_key_split(text, test_ratio, seed)
             else:
                 r.split = key_split(split_key_value(r, split_key), test_ratio, seed)
 
