@@ -1,6 +1,8 @@
 """Differential fuzzing: mutate seed records and check that the native parser and the
 pure-Python reference agree (same columns, or the same error type, message, feature and
-record). Pure Python driver, no atheris needed; memory safety is the libFuzzer harnesses'
+record); and that the native Example encoder writes the Python encoder's bytes for the
+features of every record that decodes, each value given in a random form (a list, a numpy
+array of another dtype, a scalar, numpy scalars, str for bytes), or leaves it to Python. Pure Python driver, no atheris needed; memory safety is the libFuzzer harnesses'
 job. Examples and SequenceExamples (``--kind``; both by default, alternating): for
 SequenceExamples, ``parse_sequence_example`` (and, for one record, the single-record
 form) against ``parse_sequence_example_py``, and the decoders' verdicts
@@ -25,8 +27,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, _outcome, _same_values, check_same, ctr_record  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 import shardfeed as sf  # noqa: E402
+from shardfeed import _native  # noqa: E402
+from shardfeed.formats import example_encode  # noqa: E402
 from shardfeed.formats import native as nv  # noqa: E402
+from shardfeed.formats.example import decode_example  # noqa: E402
+from shardfeed.formats.wire import encode_varint  # noqa: E402
 from tests.test_native_sequence import (  # noqa: E402
     HOSTILE_SEQ,
     ODD_SEQ,
@@ -109,6 +117,47 @@ def pool_case(ppool: nv.ParsePool, batches: list[list[bytes]], spec) -> None:
                 _same_values(w[1][k], got[1][k])
 
 
+_INT_DTYPES = (np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)
+
+
+def _random_form(rng: random.Random, vals: np.ndarray):
+    """One of the forms a converter or a user hands encode_example for ``vals``."""
+    kind, r = vals.dtype.kind, rng.random()
+    if kind == "O":  # bytes values
+        items = [v.decode("utf-8", "surrogateescape") if rng.random() < 0.3 else v for v in vals.tolist()]
+        return items[0] if r < 0.3 and items else items if r < 0.9 else tuple(items)
+    if r < 0.25 and len(vals):  # a scalar: Python's or numpy's
+        v = vals[0]
+        return v if rng.random() < 0.5 else v.item()
+    if r < 0.5:
+        return vals.tolist() if rng.random() < 0.8 else tuple(vals.tolist())
+    if kind == "f":
+        return vals.astype(rng.choice((np.float32, np.float64, np.float16)))
+    dt = rng.choice(_INT_DTYPES)
+    with np.errstate(over="ignore"):
+        a = vals.astype(dt)
+    return a[::2] if rng.random() < 0.1 else a  # a strided view: not C-contiguous
+
+
+def encode_case(rng: random.Random, pool: list[bytes]) -> bool:
+    """The native encoder against the Python one on a record's features; False when the
+    record does not decode."""
+    try:
+        feats = decode_example(rng.choice(pool))
+    except Exception:  # noqa: BLE001 - a hostile record: nothing to encode
+        return False
+    features = {k: _random_form(rng, v) for k, v in feats.items()}
+    native = _native.encode_example(features)
+    try:
+        parts, size = example_encode._features_parts(features, False, example_encode._encode_feature)
+        python = b"\x0a" + encode_varint(size) + b"".join(parts)
+    except (TypeError, ValueError) as exc:
+        assert native is None, f"native encoded what Python refuses ({exc}): {features!r}"
+        return True
+    assert native is None or native == python, f"encoders disagree on {features!r}"
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60)
@@ -124,7 +173,7 @@ def main() -> int:
     seq_pool = seq_valid + list(HOSTILE_SEQ.values())
     specs = ODD_SPECS + [CTR_SPEC]
     deadline = time.monotonic() + args.seconds
-    n = n_seq = n_pool = 0
+    n = n_seq = n_pool = n_enc = 0
     ppool = nv.ParsePool(2) if nv.parse_pool_available() else None
     while time.monotonic() < deadline:
         if args.kind == "sequence" or (args.kind == "both" and n % 2):
@@ -145,6 +194,8 @@ def main() -> int:
             recs = [mutate(rng, rng.choice(pool), pool) for _ in range(rng.randrange(1, 4))]
         spec = rng.choice(specs)
         try:
+            if n % 4 == 2:
+                n_enc += encode_case(rng, pool + recs)
             check_same(recs, spec, triple=True, buffer=n % 10 == 0)
             if ppool is not None and n % 5 == 1:  # several batches in flight on the native pool
                 batches = [recs] + [[mutate(rng, r, pool) for r in recs] for _ in range(rng.randrange(0, 4))]
@@ -157,7 +208,7 @@ def main() -> int:
         if rng.random() < 0.02:
             pool.append(recs[0])
     print(f"ok: {n} cases ({n - n_seq} Example batches, {n_seq} SequenceExample batches, {n_pool} of them "
-          "also through the native parse pool), no disagreement")
+          f"also through the native parse pool; {n_enc} records' features encoded both ways), no disagreement")
     return 0
 
 

@@ -407,3 +407,40 @@ def test_splits_assigned_with_the_values_json_made_once_are_key_splits_rule():
     assign_splits(spliced, 0.3, 5, None, canon_values(spliced))
     want = [key_split(split_key_value(r, None), 0.3, 5) for r in direct]
     assert [r.split for r in spliced] == want and 60 < want.count("test") < 180
+
+
+def test_dataframe_rows_equal_those_of_its_itertuples_for_every_column_dtype():
+    # read_dataframe takes whole columns (tolist where it gives what iterating gives): the rows
+    # and discards must be those the row-by-row iteration gives, for every kind of column
+    import pandas as pd
+
+    from shardfeed.convert.schema import Schema
+    from shardfeed.convert.sources import read_dataframe, rows_from_records
+
+    n = 60
+    df = pd.DataFrame({
+        "label": pd.Series([i % 3 if i % 11 else None for i in range(n)], dtype="Int64"),
+        "flag": pd.Series([bool(i % 2) if i % 7 else None for i in range(n)], dtype="boolean"),
+        "cat": pd.Series([["a", "b", None][i % 3] for i in range(n)], dtype="category"),
+        "s": pd.Series([f"v{i}" if i % 5 else None for i in range(n)], dtype=str),
+        "sp": pd.Series([f"p{i}" if i % 6 else None for i in range(n)], dtype="string[python]"),
+        "f32": np.arange(n, dtype=np.float32) / 4,
+        "u8": np.arange(n, dtype=np.uint8),
+        "ids": pd.Series([[i, i + 1] if i % 4 else None for i in range(n)], dtype=object),
+        "when": pd.to_datetime([f"2020-01-{i % 28 + 1:02d}" for i in range(n)]),
+        "extra": np.zeros(n),
+    })
+    df.insert(0, "dup", np.arange(n))
+    df["dup2"] = np.ones(n, np.int64)
+    df = df.rename(columns={"dup2": "dup"})  # a repeated name: the last column is the one read
+    schema = Schema({"label": "integer label", "flag": "int", "cat": "string", "s": "string", "sp": "string",
+                     "f32": "float", "u8": "int", "ids": "int list", "when": "string", "dup": "int"},
+                    defaults={"s": "none", "cat": "?"})
+    rows, discards, _ = read_dataframe(df, schema)
+    names = list(df.columns)
+    want_rows, want_discards = rows_from_records(
+        ((i, {str(names[j]): v for j, v in enumerate(t)}, None)
+         for i, t in enumerate(df.itertuples(index=False, name=None), start=1)), schema, "<DataFrame>", None)
+    assert rows == want_rows and discards == want_discards
+    assert len(rows) > 20 and len(discards) > 5 and all(r.values["dup"] == 1 for r in rows)
+    assert {r.values["flag"] for r in rows} == {0, 1}  # a nullable boolean's np.bool_ is an int, not "True"

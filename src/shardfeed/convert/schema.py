@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..formats.spec import FixedLen, VarLen
 from .options import Discard
 
@@ -130,7 +132,7 @@ def _split_list(v: Any, sep: str) -> list:
 
 
 def _to_int(column: str, v: Any) -> int:
-    if isinstance(v, bool):
+    if isinstance(v, (bool, np.bool_)):  # numpy's too: a nullable boolean column iterates as np.bool_
         return int(v)
     if isinstance(v, int):
         return v

@@ -15,6 +15,8 @@ import posixpath
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from .. import storage
 from ..storage.urls import mask, parse_url
 from .options import Discard, DiscardRecord, Row
@@ -123,6 +125,18 @@ def default_schema(columns: Sequence[str], what: str) -> Schema:
     return Schema(cols)
 
 
+def _column_values(col: Any) -> list:
+    """The values of a pandas Series, as iterating it gives them: ``tolist()`` where that
+    is the same list, made at once (a numpy column, a string column: five times faster than
+    iterating pandas 3's Arrow-backed strings), else the iteration itself (a nullable Int64
+    column iterates as numpy scalars, which ``tolist`` would make Python's)."""
+    import pandas as pd  # noqa: PLC0415 - a DataFrame's caller has it
+
+    if isinstance(col.dtype, (np.dtype, pd.StringDtype, pd.CategoricalDtype)):
+        return col.tolist()
+    return list(col)
+
+
 def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", base: str | None = None
                    ) -> tuple[list[Row], list[DiscardRecord], Schema]:
     """Rows of a pandas DataFrame (row numbers are 1-based positions); ``origin`` names it
@@ -132,11 +146,15 @@ def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", 
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
-    names = list(df.columns)
+    # the schema's columns only (the rows read nothing else), each as the list its values
+    # give when iterated (as itertuples gives them); of a repeated name, the last column
+    last = {str(c): j for j, c in enumerate(df.columns)}
+    used = list(schema.columns)
+    values = [_column_values(df.iloc[:, last[c]]) for c in used]
 
     def records():
-        for i, tup in enumerate(df.itertuples(index=False, name=None), start=1):
-            yield i, {str(names[j]): v for j, v in enumerate(tup)}, None
+        for i, tup in enumerate(zip(*values) if used else (() for _ in range(len(df))), start=1):
+            yield i, dict(zip(used, tup)), None
 
     rows, discards = rows_from_records(records(), schema, origin, base)
     return rows, discards, schema
