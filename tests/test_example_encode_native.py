@@ -117,3 +117,32 @@ def test_floats_round_like_numpy_and_keep_nan_and_inf():
     with np.errstate(over="ignore"):  # 3.5e38 and -1e300 are out of float32's range: inf
         want = np.array(values, np.float32)
     assert np.array_equal(np.array(back, np.float32), want, equal_nan=True)
+
+
+class _Meddler(np.int64):
+    """A numpy integer subclass whose __index__ changes the dict being encoded (a review
+    under AddressSanitizer found the encoder calling it between its two passes)."""
+
+    target: dict = {}
+
+    def __index__(self):
+        self.target["a"] = 0  # frees the list the first pass sized
+        for i in range(100):  # and grows the dict past what was sized
+            self.target[f"new{i}"] = i
+        return 99  # and lies about the value
+
+
+def test_a_numpy_scalar_subclass_is_left_to_python_and_never_runs_between_the_passes():
+    d = {"a": [10**6] * 1000, "b": _Meddler(1)}
+    _Meddler.target = d
+    assert _native.encode_example(d) is None
+    assert list(d) == ["a", "b"] and d["a"] == [10**6] * 1000  # its __index__ never ran
+    assert decode_example(encode_example({"b": _Meddler(7)}))["b"] == [7]  # Python reads the stored value
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.uint16, np.int32, np.uint32, np.int64, np.float32, np.float64])
+def test_an_unaligned_array_gives_the_python_encoders_bytes(dtype):
+    raw = np.arange(1, 1 + 8 * np.dtype(dtype).itemsize + 1, dtype=np.uint8)
+    a = raw[1:].view(dtype)  # C-contiguous, native order, at an odd address
+    assert not a.flags.aligned and a.flags.c_contiguous
+    assert _native.encode_example({"x": a}) == python_bytes({"x": a})

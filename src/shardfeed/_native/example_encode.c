@@ -11,8 +11,9 @@
  * Two passes over the dict: the first checks each value and sizes its Feature (every length
  * prefix is known before a byte is written), the second writes into one bytes object of the
  * exact size. No Python code runs between the passes (no __index__, no __float__ of a user's
- * class: only exact types and numpy's own scalars are read), so the borrowed references of
- * the first pass stay valid in the second.
+ * class: only exact types are read, numpy's scalars from their storage, never a subclass),
+ * so the dict cannot change and the borrowed references of the first pass stay valid in the
+ * second.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -73,13 +74,16 @@ static inline uint8_t *wvar(uint8_t *p, uint64_t v) {
     return p;
 }
 
-/* 1 and the value, 0 when `o` is not an int the Python encoder stores as int64 here. */
+/* 1 and the value, 0 when `o` is not an int the Python encoder stores as int64 here. Exact
+ * types only, numpy's scalars read from their storage: a subclass's __index__ or __float__
+ * would run Python code between the passes (and could change the dict being encoded). */
 static int exact_int(PyObject *o, int64_t *out) {
-    if (PyBool_Check(o)) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyBool_Type) {
         *out = o == Py_True;
         return 1;
     }
-    if (PyLong_CheckExact(o) || PyArray_IsScalar(o, Integer)) {
+    if (t == &PyLong_Type) { /* an exact int: no Python code runs */
         int overflow = 0;
         long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
         if (overflow || (v == -1 && PyErr_Occurred())) {
@@ -89,19 +93,36 @@ static int exact_int(PyObject *o, int64_t *out) {
         *out = v;
         return 1;
     }
-    if (PyArray_IsScalar(o, Bool)) {
-        *out = PyArrayScalar_VAL(o, Bool) ? 1 : 0;
-        return 1;
-    }
-    return 0;
+    if (t == &PyBoolArrType_Type) *out = PyArrayScalar_VAL(o, Bool) != 0;
+    else if (t == &PyByteArrType_Type) *out = PyArrayScalar_VAL(o, Byte);
+    else if (t == &PyUByteArrType_Type) *out = PyArrayScalar_VAL(o, UByte);
+    else if (t == &PyShortArrType_Type) *out = PyArrayScalar_VAL(o, Short);
+    else if (t == &PyUShortArrType_Type) *out = PyArrayScalar_VAL(o, UShort);
+    else if (t == &PyIntArrType_Type) *out = PyArrayScalar_VAL(o, Int);
+    else if (t == &PyUIntArrType_Type) *out = PyArrayScalar_VAL(o, UInt);
+    else if (t == &PyLongArrType_Type) *out = PyArrayScalar_VAL(o, Long);
+    else if (t == &PyLongLongArrType_Type) *out = PyArrayScalar_VAL(o, LongLong);
+    else if (t == &PyULongArrType_Type || t == &PyULongLongArrType_Type) {
+        unsigned long long u = t == &PyULongArrType_Type ? (unsigned long long)PyArrayScalar_VAL(o, ULong)
+                                                         : (unsigned long long)PyArrayScalar_VAL(o, ULongLong);
+        if (u > (unsigned long long)INT64_MAX) return 0; /* the Python encoder's range error */
+        *out = (int64_t)u;
+    } else
+        return 0;
+    return 1;
 }
 
 static int exact_float(PyObject *o, float *out) {
-    if (PyFloat_CheckExact(o) || PyArray_IsScalar(o, Double)) {
-        *out = (float)PyFloat_AS_DOUBLE(o); /* np.float64 is a float: the same double */
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyFloat_Type) {
+        *out = (float)PyFloat_AS_DOUBLE(o);
         return 1;
     }
-    if (PyArray_IsScalar(o, Float)) {
+    if (t == &PyDoubleArrType_Type) {
+        *out = (float)PyArrayScalar_VAL(o, Double);
+        return 1;
+    }
+    if (t == &PyFloatArrType_Type) {
         *out = PyArrayScalar_VAL(o, Float);
         return 1;
     }
@@ -137,15 +158,17 @@ static int array_int_code(PyArrayObject *a) {
     return size == 8 ? 0 : size;
 }
 
+/* One value of a numpy integer array (code: array_int_code); read with memcpy, as an array
+ * may be unaligned (a view at an odd offset). */
 static inline int64_t array_int(const char *p, int code) {
     switch (code) {
     case 1: return *(const uint8_t *)p; /* bool is one byte, 0 or 1 */
-    case 2: return *(const uint16_t *)p;
-    case 4: return *(const uint32_t *)p;
     case -1: return *(const int8_t *)p;
-    case -2: return *(const int16_t *)p;
-    case -4: return *(const int32_t *)p;
-    default: return *(const int64_t *)p;
+    case 2: { uint16_t v; memcpy(&v, p, 2); return v; }
+    case -2: { int16_t v; memcpy(&v, p, 2); return v; }
+    case 4: { uint32_t v; memcpy(&v, p, 4); return v; }
+    case -4: { int32_t v; memcpy(&v, p, 4); return v; }
+    default: { int64_t v; memcpy(&v, p, 8); return v; }
     }
 }
 
@@ -293,9 +316,11 @@ static uint8_t *write_value(uint8_t *p, const item_t *it) {
             memcpy(p, PyArray_DATA(a), (size_t)(4 * it->n));
             return p + 4 * it->n;
         }
-        const double *d = (const double *)PyArray_DATA(a);
-        for (Py_ssize_t i = 0; i < it->n; i++, p += 4) {
-            float f = (float)d[i];
+        const char *d = PyArray_BYTES(a); /* maybe unaligned: read with memcpy */
+        for (Py_ssize_t i = 0; i < it->n; i++, p += 4, d += 8) {
+            double x;
+            memcpy(&x, d, 8);
+            float f = (float)x;
             memcpy(p, &f, 4);
         }
         return p;
@@ -366,6 +391,11 @@ PyObject *sf_encode_example(PyObject *self, PyObject *args) {
     Py_ssize_t pos = 0, i = 0, total = 0;
     PyObject *key, *value;
     while (PyDict_Next(features, &pos, &key, &value)) {
+        if (i >= count) { /* cannot happen (no Python code runs here); never written past the array */
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
         item_t *it = &items[i++];
         memset(it, 0, sizeof(*it));
         if (!PyUnicode_CheckExact(key) || (it->key = PyUnicode_AsUTF8AndSize(key, &it->klen)) == NULL ||
