@@ -285,7 +285,8 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start}); save the CSV as UTF-8") from None
     lines = list(csv.reader(io.StringIO(text, newline="")))
-    lines = [ln for ln in lines if ln and any(c.strip() for c in ln)] if lines else []
+    # a line of blank cells is no row (a cell with anything but whitespace in it makes their join non-blank)
+    lines = [ln for ln in lines if ln and (ln[0].strip() or "".join(ln).strip())] if lines else []
     origin = mask(url)
     if not lines:
         logger.warning("%s: the CSV holds no rows", origin)
