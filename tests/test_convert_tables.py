@@ -444,3 +444,16 @@ def test_dataframe_rows_equal_those_of_its_itertuples_for_every_column_dtype():
     assert rows == want_rows and discards == want_discards
     assert len(rows) > 20 and len(discards) > 5 and all(r.values["dup"] == 1 for r in rows)
     assert {r.values["flag"] for r in rows} == {0, 1}  # a nullable boolean's np.bool_ is an int, not "True"
+
+
+def test_csv_lines_of_blank_cells_are_no_rows_and_the_rest_keep_their_numbers(tmp_path):
+    from shardfeed.convert.schema import Schema
+    from shardfeed.convert.sources import read_csv
+
+    p = tmp_path / "t.csv"
+    p.write_text("label,x,name\n1,2.5,a\n\n,,\n , \t ,\n0,,b\n2, ,\u00a0c\n , 1.5,\n")
+    rows, discards, _ = read_csv(str(p), Schema({"label": "integer label", "x": "float", "name": "string"},
+                                                defaults={"x": -1.0, "name": "?"}))
+    assert [(r.number, r.label, r.values) for r in rows] == [
+        (1, 1, {"x": 2.5, "name": "a"}), (2, 0, {"x": -1.0, "name": "b"}), (3, 2, {"x": -1.0, "name": "\u00a0c"})]
+    assert [(d.row, d.reason) for d in discards] == [(4, "column 'label' is missing and has no default")]
