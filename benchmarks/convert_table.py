@@ -127,7 +127,8 @@ def table_rows(res: dict) -> list[_rows.Row]:
     rows = []
     for kind, results in res["tables"].items():
         anchor = results.get("anchor", {}).get("rows_per_s")
-        anchor_txt = f"pandas + tf.train.Example loop: {_rows.rate(anchor, 'rows/s')}" if anchor else "- (no TensorFlow)"
+        anchor_txt = (f"pandas + tf.train.Example loop: {_rows.rate(anchor, 'rows/s')}" if anchor
+                      else "- (no TensorFlow)")
         for name, r in results.items():
             if name != "anchor":
                 rows.append((f"{res['table_rows']:,}-row {kind} table: {name}", _rows.rate(r["rows_per_s"], "rows/s"),
@@ -154,8 +155,8 @@ def main(argv=None) -> int:
     unknown = [k for k in kinds if k not in SCHEMAS]
     if unknown:
         ap.error(f"unknown table(s) {', '.join(unknown)}; choose from {', '.join(SCHEMAS)}")
-    result = {"table_rows": args.rows, "rounds": args.rounds, "cores": os.cpu_count(), "shardfeed": shardfeed.__version__,
-              "tables": {}}
+    result = {"table_rows": args.rows, "rounds": args.rounds, "cores": os.cpu_count(),
+              "shardfeed": shardfeed.__version__, "tables": {}}
     work = tempfile.mkdtemp(prefix="sf-bench-table-")
     try:
         for kind in kinds:
@@ -182,8 +183,8 @@ def main(argv=None) -> int:
             for name, ts in times.items():
                 if counts[name] != args.rows:
                     raise SystemExit(f"{name} wrote {counts[name]} records of {args.rows} rows")
-                results[name] = {"seconds": statistics.median(ts), "rows_per_s": args.rows / statistics.median(ts),
-                                 "all_seconds": ts}
+                med = statistics.median(ts)
+                results[name] = {"seconds": med, "rows_per_s": args.rows / med, "all_seconds": ts}
             result["tables"][kind] = results
     finally:
         shutil.rmtree(work, ignore_errors=True)

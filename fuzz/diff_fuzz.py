@@ -25,9 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, _outcome, _same_values, check_same, ctr_record  # noqa: E402
-
 import numpy as np  # noqa: E402
+from test_native import CTR_SPEC, HOSTILE, ODD, ODD_SPECS, _outcome, _same_values, check_same, ctr_record  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
 from shardfeed import _native  # noqa: E402

@@ -27,7 +27,6 @@ from .schema import (
     cell_parser,
     header_matches_automl,
     is_missing,
-    parse_cell,
 )
 
 logger = logging.getLogger(__name__)

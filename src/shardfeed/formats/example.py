@@ -68,6 +68,7 @@ from .example_encode import encode_example, encode_sequence_example, example_pie
 from .example_parse import parse_example, parse_single_example
 
 __all__ = [
-    "decode_example", "encode_example", "example_pieces", "features_entries", "decode_sequence_example", "encode_sequence_example",
+    "decode_example", "encode_example", "example_pieces", "features_entries", "decode_sequence_example",
+    "encode_sequence_example",
     "parse_example", "parse_single_example",
 ]
