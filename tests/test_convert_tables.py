@@ -409,6 +409,24 @@ def test_splits_assigned_with_the_values_json_made_once_are_key_splits_rule():
     assert [r.split for r in spliced] == want and 60 < want.count("test") < 180
 
 
+def test_the_plans_digest_and_splits_made_chunk_by_chunk_equal_digest_then_splits():
+    from shardfeed.convert.options import ConvertOptions, DiscardRecord, Row
+    from shardfeed.convert.plan import _DIGEST_ROWS, assign_splits, digest_and_assign, source_digest
+
+    def rows():  # more than one chunk; some rows with their own split, which the digest includes
+        return [Row(i, "in.csv", None, ["train", None, None][i % 3], i % 4,
+                    {"x": i / 3, "s": f"é{i}", "l": [i, 2]} if i % 9 else {}) for i in range(2 * _DIGEST_ROWS + 17)]
+
+    discards = [DiscardRecord(7, "in.csv#7", "bad")]
+    options = ConvertOptions(test_ratio=0.25, seed=3)
+    chunked, plain = rows(), rows()
+    digest = digest_and_assign(chunked, discards, options)
+    assert digest == source_digest(plain, discards)
+    assign_splits(plain, 0.25, 3)
+    assert [r.split for r in chunked] == [r.split for r in plain]
+    assert 0.15 < sum(r.split == "test" for r in chunked) / len(chunked) < 0.25
+
+
 def test_dataframe_rows_equal_those_of_its_itertuples_for_every_column_dtype():
     # read_dataframe takes whole columns (tolist where it gives what iterating gives): the rows
     # and discards must be those the row-by-row iteration gives, for every kind of column

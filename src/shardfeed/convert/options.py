@@ -21,7 +21,7 @@ class Discard(Exception):
     """Raised while converting a row to drop it; the message is the reason in the report."""
 
 
-@dataclass
+@dataclass(slots=True)  # a plan holds every row of its input: no __dict__ each
 class Row:
     """One input row: where it came from and what it says, before any image is read.
 

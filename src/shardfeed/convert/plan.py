@@ -142,7 +142,33 @@ def canon_values(rows: list[Row]) -> list[str]:
     return [_dumps(_canon(r.values)) if r.values else "" for r in rows]
 
 
-def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[Any] | None = None) -> str:
+def _digest_chunk(rows: list[Row], canon: list[str] | None, dumps: Any) -> bytes:
+    """The lines :func:`source_digest` hashes for ``rows`` (``canon``: their
+    :func:`canon_values`, or None), each followed by a newline."""
+    lines = []
+    for j, r in enumerate(rows):
+        n, o, u, sp, lab = r.number, r.origin, r.image_uri, r.split, r.label
+        if canon is not None and r.values:  # the JSON of _canon's list, its values part made once
+            head = dumps([_c(n), _c(o), _c(u), _c(sp), _c(lab)])
+            lines.append(f"{head[:-1]}, {canon[j]}, {dumps(_c(r.annotation))}]")
+            continue
+        v = [n, o, u, sp, lab, r.values, r.annotation]
+        # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
+        if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
+                or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
+            v = _canon(v)
+        lines.append(dumps(v))
+    lines.append("")
+    return "\n".join(lines).encode()
+
+
+def _digest_discards(h: Any, discards: list[DiscardRecord]) -> str:
+    for d in discards:
+        h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[str] | None = None) -> str:
     """sha256 over what was read from the input (rows and the rows that did not parse):
     per row, the canonical JSON (sorted keys) of ``[number, origin, image_uri, split,
     label, values, annotation]`` and a newline. ``canon``: :func:`canon_values` of ``rows``,
@@ -150,24 +176,23 @@ def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[An
     h = hashlib.sha256()
     dumps = _json_line_encoder()
     for i in range(0, len(rows), _DIGEST_ROWS):
-        lines = []
-        for j, r in enumerate(rows[i:i + _DIGEST_ROWS], start=i):
-            n, o, u, sp, lab = r.number, r.origin, r.image_uri, r.split, r.label
-            if canon is not None and r.values:  # the JSON of _canon's list, its values part made once
-                head = dumps([_c(n), _c(o), _c(u), _c(sp), _c(lab)])
-                lines.append(f"{head[:-1]}, {canon[j]}, {dumps(_c(r.annotation))}]")
-                continue
-            v = [n, o, u, sp, lab, r.values, r.annotation]
-            # a folder's or a plain CSV's row holds plain values only: _canon would return them as they are
-            if (r.values or r.annotation is not None or type(n) not in _PLAIN or type(o) not in _PLAIN
-                    or type(u) not in _PLAIN or type(sp) not in _PLAIN or type(lab) not in _PLAIN):
-                v = _canon(v)
-            lines.append(dumps(v))
-        lines.append("")
-        h.update("\n".join(lines).encode())
-    for d in discards:
-        h.update(json.dumps([d.row, d.source, d.reason], ensure_ascii=False).encode() + b"\n")
-    return "sha256:" + h.hexdigest()
+        h.update(_digest_chunk(rows[i:i + _DIGEST_ROWS], None if canon is None else canon[i:i + _DIGEST_ROWS], dumps))
+    return _digest_discards(h, discards)
+
+
+def digest_and_assign(rows: list[Row], discards: list[DiscardRecord], options: ConvertOptions) -> str:
+    """``source_digest(rows, discards)``, then ``assign_splits(rows, ...)`` with ``options``'
+    ratio, seed and split key: the same digest and splits, made a chunk of rows at a time
+    (each chunk hashed before its own rows get their splits) with the canonical JSON of
+    each row's values made once and only one chunk's held at a time."""
+    h = hashlib.sha256()
+    dumps = _json_line_encoder()
+    for i in range(0, len(rows), _DIGEST_ROWS):
+        chunk = rows[i:i + _DIGEST_ROWS]
+        canon = canon_values(chunk)
+        h.update(_digest_chunk(chunk, canon, dumps))
+        assign_splits(chunk, options.test_ratio, options.seed, options.split_key, canon)
+    return _digest_discards(h, discards)
 
 
 def split_key_value(row: Row, split_key: str | None) -> Any:
@@ -312,10 +337,7 @@ def make_plan(rows: list[Row], discards: list[DiscardRecord], schema: Schema | N
               source: str, storage_options: Mapping[str, Any] | None = None, has_image: bool = True,
               annotated: bool = False) -> Plan:
     """Place rows in splits and shards, build the label map and the feature spec."""
-    canon = canon_values(rows)
-    digest = source_digest(rows, discards, canon)
-    assign_splits(rows, options.test_ratio, options.seed, options.split_key, canon)
-    del canon
+    digest = digest_and_assign(rows, discards, options)
     mt = options.model_type
     label_type = schema.label_type if (schema is not None and not annotated) else None
     class_names = None

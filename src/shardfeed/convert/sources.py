@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import logging
 import os
 import posixpath
@@ -283,22 +284,25 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start}); save the CSV as UTF-8") from None
-    lines = list(csv.reader(io.StringIO(text, newline="")))
-    # a line of blank cells is no row (a cell with anything but whitespace in it makes their join non-blank)
-    lines = [ln for ln in lines if ln and (ln[0].strip() or "".join(ln).strip())] if lines else []
+    del data
+    # the lines as the rows are built, never all at once (a row's cells as str take more
+    # memory than the row); a line of blank cells is no row (a cell with anything but
+    # whitespace in it makes their join non-blank)
+    lines = (ln for ln in csv.reader(io.StringIO(text, newline=""))
+             if ln and (ln[0].strip() or "".join(ln).strip()))
     origin = mask(url)
-    if not lines:
+    head = next(lines, None)
+    if head is None:
         logger.warning("%s: the CSV holds no rows", origin)
         return [], [], schema or automl_schema()
-    first = [c.strip() for c in lines[0]]
+    first = [c.strip() for c in head]
     if header is None:
         header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
     if header:
-        columns, body = first, lines[1:]
-    elif schema is not None:
-        columns, body = list(schema.columns), lines
+        columns, body = first, lines
     else:
-        columns, body = list(AUTOML_COLUMNS), lines
+        columns = list(schema.columns) if schema is not None else list(AUTOML_COLUMNS)
+        body = itertools.chain([head], lines)
     if schema is None:
         schema = default_schema(columns, origin)
     absent = [c for c in schema.columns if c not in columns]
