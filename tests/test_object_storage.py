@@ -721,3 +721,35 @@ def test_a_reader_that_stops_early_leaves_no_partial_entry_and_the_next_one_fill
     assert list(sf.read_tfrecord(url, storage_options=opts, cache_dir=cache_dir)) == recs
     committed, parts = _entries(cache_dir)
     assert len(committed) == 1 and parts == []
+
+
+def test_a_fused_shuffle_restores_over_s3_reading_back_only_its_buffer(s3_bucket, tmp_path):
+    import json
+
+    import numpy as np
+
+    from shardfeed.pipeline.state import elements_equal
+
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    urls = []
+    for f in range(2):
+        path = tmp_path / f"p{f}.tfrecord"
+        sf.write_records(str(path), [sf.encode_example({"id": [f * 100_000 + i], "x": [float(i)] * 8})
+                                     for i in range(6000)])
+        client.upload_file(str(path), bucket, f"shuffle/p{f}.tfrecord")
+        urls.append(f"s3://{bucket}/shuffle/p{f}.tfrecord")
+    spec = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=(8,))}
+    src = sf.read_tfrecord(urls, spec=spec, storage_options=opts)
+    ds = src.shuffle(800, seed=4).batch(100)
+    with iter(ds) as it:
+        for _ in range(60):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        rest = [b["id"] for b in it]
+    assert "frames" in state["root"]
+    before, again = src.read_stats.records, src.read_stats.reread
+    got = [b["id"] for b in ds.iter_from_state(state)]
+    assert elements_equal(got, rest)
+    assert src.read_stats.reread - again == 800  # the buffer, by ranged reads of its frames
+    assert src.read_stats.records - before == len(np.concatenate(rest))

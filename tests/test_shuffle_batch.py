@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -67,7 +68,9 @@ def test_large_pass_with_compaction_matches_and_resumes_across_chains(tmp_path):
             for _ in range(stop):
                 next(it)
             state = json.loads(json.dumps(it.get_state()))
-        assert len(json.dumps(state)) < 2048
+        # small: the cursors, and a few bytes for each buffered record's file offset (the
+        # "frames" a restore reads back, instead of ~buffer * ln(buffer) records from the anchor)
+        assert len(json.dumps(state)) < 2048 + 3 * 3000
         rest = [b["id"] for b in fused.iter_from_state(state)]
         assert elements_equal(rest, ref[stop:])
         # the unfused chain reads the same state (its upstream states wrapped by the take stage)
@@ -92,3 +95,66 @@ def test_fused_shuffle_batch_with_repeat_and_buffers(tmp_path):
     ids = np.concatenate([b["id"] for b in two]).tolist()
     assert sorted(ids[:23]) == sorted(ids[23:]) and ids[:23] != ids[23:]
     assert sorted(ids[:23]) == sorted([i for i in range(17)] + [100_000 + i for i in range(6)])
+
+
+def _stop_at(ds, stop):
+    with iter(ds) as it:
+        for _ in range(stop):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        return state, [b["id"] for b in it]
+
+
+@pytest.mark.slow  # a few seconds: out of the quick loop (make test-fast)
+def test_a_restore_reads_back_the_buffered_records_only_whatever_the_position(tmp_path):
+    files = _files(tmp_path, [30_000, 20_000, 45_000])  # several 1 MiB chunks
+    size = 3000
+    for stop in (10, 90, 170):  # 5,000 / 45,000 / 85,000 records in
+        src = sf.read_tfrecord(files, spec=SPEC)
+        ds = src.shuffle(size, seed=11).batch(500)
+        state, rest = _stop_at(ds, stop)
+        assert "frames" in state["root"]
+        before, again = src.read_stats.records, src.read_stats.reread
+        got = [b["id"] for b in ds.iter_from_state(state)]
+        assert elements_equal(got, rest)
+        # the buffer's records read back by their offsets (a full buffer: exactly its size), and
+        # every other record read once: as many records read as the resumed pass gave
+        assert src.read_stats.reread - again == size
+        assert src.read_stats.records - before == len(np.concatenate(rest))
+        # without the offsets (the unfused node's state): from the anchor, many more records
+        old = dict(state, root={k: v for k, v in state["root"].items() if k != "frames"})
+        again = src.read_stats.reread
+        assert elements_equal([b["id"] for b in ds.iter_from_state(old)], rest)
+        assert src.read_stats.reread - again > 2 * size
+
+
+def test_a_file_changed_after_the_save_fails_the_restore_naming_it(tmp_path):
+    from shardfeed.errors import CorruptRecordError
+    from shardfeed.pipeline.shuffle_batch import _unpack_ints
+
+    files = _files(tmp_path, [4000, 4000])
+    ds = sf.read_tfrecord(files, spec=SPEC).shuffle(500, seed=2).batch(50)
+    state, _ = _stop_at(ds, 30)
+    frames = state["root"]["frames"]
+    url = frames["urls"][int(_unpack_ints(frames["url"])[0])]
+    at = int(_unpack_ints(frames["at"])[0])
+    with open(url, "r+b") as f:  # one byte of a buffered record's data
+        f.seek(at + 12)
+        b = f.read(1)
+        f.seek(at + 12)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(CorruptRecordError, match=rf"{re.escape(url)} at byte offset {at}: data crc check failed"):
+        list(ds.iter_from_state(state))
+
+
+def test_compressed_files_restore_from_the_anchor(tmp_path):
+    files = []
+    for f in range(2):
+        p = str(tmp_path / f"z-{f}.tfrecord.gz")
+        sf.write_records(p, [example(f * 100_000 + i) for i in range(3000)])
+        files.append(p)
+    src = sf.read_tfrecord(files, spec=SPEC)
+    ds = src.shuffle(400, seed=3).batch(40)
+    state, rest = _stop_at(ds, 60)
+    assert "frames" not in state["root"]  # a gzip stream has no byte offsets to read back from
+    assert elements_equal([b["id"] for b in ds.iter_from_state(state)], rest)

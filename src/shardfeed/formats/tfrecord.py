@@ -48,12 +48,16 @@ ON_CORRUPT = ("raise", "skip")
 @dataclass
 class ReadStats:
     """What a reader saw: records delivered, bytes of frames read, frames skipped as
-    corrupt (with the errors describing them), and bytes skipped while resynchronising."""
+    corrupt (with the errors describing them), and bytes skipped while resynchronising.
+    ``reread``: of ``records``, those read again to restore a saved state of a fused
+    ``source.shuffle(n).batch(k)`` (its buffer's records, which the pass had read before the
+    state was saved; see ``pipeline/shuffle_batch.py``)."""
 
     records: int = 0
     bytes: int = 0
     skipped_records: int = 0
     skipped_bytes: int = 0
+    reread: int = 0
     corrupt: list[CorruptRecordError] = field(default_factory=list)
     # called with each skipped frame's error before it is counted; raising stops the read
     # (how a pipeline's on_error handler sees framing errors). Not merged.
@@ -72,6 +76,7 @@ class ReadStats:
         self.bytes += other.bytes
         self.skipped_records += other.skipped_records
         self.skipped_bytes += other.skipped_bytes
+        self.reread += other.reread
         self.corrupt.extend(other.corrupt)
 
 

@@ -12,23 +12,51 @@ in one call: the same elements in the same order as the unfused chain, and the s
 Records stay in the source's chunks while any of them is buffered; chunks that hold only a
 few buffered records are compacted (those records copied out), so memory stays near the
 buffer's own size.
+
+A restore re-reads what the buffer held, not what came before it: the state names each
+buffered record's file, byte offset and length (``"frames"``: zlib-compressed deltas, a few
+bytes a record) and the source's cursor at the first record not yet drawn into the buffer, so
+the restore reads back exactly the buffered records (nearby ones in one range), at most one
+buffer, and the source goes on from there. Without ``"frames"`` (the unfused node's state, a
+compressed file) it re-reads from the anchor, the cursor before the oldest buffered record
+(about ``buffer * ln(buffer)`` records back), as the unfused node does.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import secrets
+import struct
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from .. import storage
+from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk
-from ..formats.tfrecord import FRAME_OVERHEAD
+from ..formats.compression import normalize_compression
+from ..formats.crc import masked_crc32c, masked_length_crc
+from ..formats.tfrecord import FRAME_OVERHEAD, HEADER_SIZE, ReadStats
 from ..storage.urls import mask
 from .records import RECORD_CHUNK, TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
+
+FRAMES_GAP = 64 << 10
+"""Buffered frames closer than this in a file are read back in one range on restore."""
+
+
+def _pack_ints(values: np.ndarray) -> str:
+    """int64 values as base64 of their zlib-compressed deltas (a state field)."""
+    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
+    return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode("ascii")
+
+
+def _unpack_ints(text: str) -> np.ndarray:
+    return np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).astype(np.int64)
 
 
 class _Chunk:
@@ -74,9 +102,20 @@ class ShuffledBatches:
             self.rng, self.draws, self.di, table = slot_positions(self.seed, epoch_key, self.size, consumed, read,
                                                                   exhausted)
             self.consumed = consumed
-            self.read = anchor_pos
-            self._open(anchor_state)
+            frames = state.get("frames")
+            if frames is not None:  # the buffered records from their offsets, the source from its chunk
+                resume_pos, resume_state = int(frames["resume"][0]), frames["resume"][1]
+                self.read = resume_pos
+                self._open(resume_state)
+                self._fetch(frames)
+                if anchor_pos < resume_pos:  # a later state still names the anchor (the unfused node's way)
+                    self.old_starts.append((anchor_pos, resume_pos, anchor_state))
+            else:
+                self.read = anchor_pos
+                self._open(anchor_state)
             self._read_to(read)
+            if frames is None:  # read again: every record from the anchor to where the pass had read
+                self.src._merge_stats(ReadStats(reread=max(0, min(self.read, read) - anchor_pos)))
             if exhausted or len(table) < self.size:
                 self.table: Any = list(table)
                 self.swap_mode = True
@@ -118,6 +157,98 @@ class ShuffledBatches:
             self.last_state = end_state
             self.read += chunk.count
             self.span_chunks.delivered(tag.seq)
+
+    # -- restoring from the buffered records' offsets --------------------------------------------
+    def _frames_state(self, read: int, positions: np.ndarray) -> dict | None:
+        """The state's ``"frames"``: where the source resumes (its cursor at upstream position
+        ``read``, the first record not drawn into the buffer yet) and the file, offset and
+        length of each buffered record; None where a record cannot be read back by offset (a
+        compressed file)."""
+        resume = None
+        for c in self.chunks:
+            if c.base <= read < c.base + c.chunk.count:
+                # the source's cursor at the frame of position `read` (a cursor is a byte offset in its span)
+                if not (isinstance(c.end_state, dict) and "offset" in c.end_state):
+                    return None
+                resume = [read, dict(c.end_state, offset=int(c.chunk.positions[read - c.base]))]
+                break
+        if resume is None:
+            if read != self.read:
+                return None
+            resume = [self.read, self.last_state]
+        before = np.sort(positions[positions < resume[0]])
+        n = len(before)
+        at = np.zeros(n, np.int64)
+        lens = np.zeros(n, np.int64)
+        url_of = np.zeros(n, np.int64)
+        urls: dict[str, int] = {}
+        chunks = self.chunks
+        bases = np.fromiter((c.base for c in chunks), dtype=np.int64, count=len(chunks))
+        which = np.searchsorted(bases, before, side="right") - 1
+        for k in range(n):
+            p = int(before[k])
+            got = self.survivors.get(p)
+            if got is not None:
+                at[k], lens[k], url = got[1], len(got[0]), got[2]
+            else:
+                w = int(which[k])
+                if w < 0:
+                    return None
+                c = chunks[w]
+                j = p - c.base
+                if not 0 <= j < c.chunk.count:
+                    return None
+                at[k], lens[k], url = int(c.chunk.positions[j]), int(c.chunk.lengths[j]), c.url
+            url_of[k] = urls.setdefault(url, len(urls))
+        compression = self.src.options.compression
+        if any(normalize_compression(compression, u) is not None for u in urls):
+            return None
+        return {"resume": resume, "urls": list(urls), "pos": _pack_ints(before), "url": _pack_ints(url_of),
+                "at": _pack_ints(at), "len": _pack_ints(lens)}
+
+    def _fetch(self, frames: Mapping[str, Any]) -> None:
+        """The records a state's ``"frames"`` names into ``survivors``, read by offset (nearby
+        frames in one range), each frame's CRCs checked as the source checks them."""
+        urls = list(frames["urls"])
+        pos, url_of = _unpack_ints(frames["pos"]), _unpack_ints(frames["url"])
+        at, lens = _unpack_ints(frames["at"]), _unpack_ints(frames["len"])
+        opts = self.src.options
+        stats = ReadStats()
+        for u, url in enumerate(urls):
+            sel = np.flatnonzero(url_of == u)
+            sel = sel[np.argsort(at[sel], kind="stable")]
+            k = 0
+            while k < len(sel):
+                first, end = k, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD
+                while k + 1 < len(sel) and int(at[sel[k + 1]]) - end <= FRAMES_GAP:
+                    k += 1
+                    end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
+                start = int(at[sel[first]])
+                data = storage.read_bytes(url, start, end, storage_options=opts.storage_options)
+                for i in sel[first:k + 1].tolist():
+                    o, n = int(at[i]) - start, int(lens[i])
+                    record = self._frame_at(data, o, n, url, int(at[i]), opts.verify_crc)
+                    self.survivors[int(pos[i])] = (record, int(at[i]), url)
+                    stats.records += 1
+                    stats.reread += 1
+                    stats.bytes += n + FRAME_OVERHEAD
+                k += 1
+        self.src._merge_stats(stats)
+
+    @staticmethod
+    def _frame_at(data: bytes, o: int, n: int, url: str, offset: int, verify_crc: bool) -> bytes:
+        changed = "the state names a frame here: was the file changed since it was saved?"
+        if o + n + FRAME_OVERHEAD > len(data):
+            raise CorruptRecordError("truncated data", mask(url), offset, detail=changed)
+        length, length_crc = struct.unpack_from("<QI", data, o)
+        if length != n:
+            raise CorruptRecordError("length", mask(url), offset, detail=f"{length} bytes, not {n}; {changed}")
+        if verify_crc and masked_length_crc(length) != length_crc:
+            raise CorruptRecordError("length crc", mask(url), offset, detail=changed)
+        record = bytes(data[o + HEADER_SIZE:o + HEADER_SIZE + n])
+        if verify_crc and masked_crc32c(record) != struct.unpack_from("<I", data, o + HEADER_SIZE + n)[0]:
+            raise CorruptRecordError("data crc", mask(url), offset, detail=changed)
+        return record
 
     # -- the draws ----------------------------------------------------------------------------
     def _fill_first(self) -> None:
@@ -297,6 +428,10 @@ class ShuffledBatches:
                 break
             anchor = [c.base, c.start_state]
         state["anchor"] = anchor
+        if self.filled and read:
+            frames = self._frames_state(read, self._buffered())
+            if frames is not None:
+                state["frames"] = frames
         return state
 
     def delivered(self, token: Any) -> None:
