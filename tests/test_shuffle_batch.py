@@ -158,3 +158,45 @@ def test_compressed_files_restore_from_the_anchor(tmp_path):
     state, rest = _stop_at(ds, 60)
     assert "frames" not in state["root"]  # a gzip stream has no byte offsets to read back from
     assert elements_equal([b["id"] for b in ds.iter_from_state(state)], rest)
+
+
+def test_a_state_saved_after_a_restore_restores_again_from_the_records_read_back(tmp_path):
+    files = _files(tmp_path, [9000, 7000])
+    src = sf.read_tfrecord(files, spec=SPEC)
+    ds = src.shuffle(1500, seed=9).batch(100)
+    with iter(ds) as it:  # one pass's order (each pass reshuffles): its start state
+        start = it.get_state()
+    ref = [b["id"] for b in ds.iter_from_state(start)]
+    with ds.iter_from_state(start) as it:
+        for _ in range(40):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+    for hop in (3, 1, 25):  # save again soon after a restore (the buffer still mostly read back), and later
+        with ds.iter_from_state(state) as it:
+            for _ in range(hop):
+                next(it)
+            state = json.loads(json.dumps(it.get_state()))
+        assert "frames" in state["root"]
+        again = src.read_stats.reread
+        rest = [b["id"] for b in ds.iter_from_state(state)]
+        assert elements_equal(rest, ref[len(ref) - len(rest):]) and src.read_stats.reread - again == 1500
+
+
+def test_deferred_state_parts_are_made_or_left_out():
+    from shardfeed.pipeline.deferred import DeferredState, materialize
+
+    class Part(DeferredState):
+        __slots__ = ("v",)
+
+        def __init__(self, v):
+            self.v = v
+
+        def value(self):
+            return self.v
+
+    plain = {"a": 1, "b": [1, {"c": 2}]}
+    assert materialize(plain) is plain
+    st = {"a": Part({"x": 1}), "b": [Part(2), {"c": Part(None)}], "d": 3}
+    assert materialize(st) == {"a": {"x": 1}, "b": [2, {}], "d": 3}
+    assert materialize(st, make=False) == {"b": [None, {}], "d": 3}
+    assert isinstance(st["a"], Part)  # the state itself is left as it was

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IteratorClosedError
+from .deferred import materialize
 from .node import Build, Context
 from .stats import WAIT_MIN_S, PipelineStats
 
@@ -105,7 +106,8 @@ class PipelineIterator:
 
     def get_state(self) -> dict:
         """Where this pass is: a small JSON-able dict of cursors, counters and seeds."""
-        return {"version": STATE_VERSION, "pass": self._pass, "done": self._done, "root": self._root.get_state()}
+        return {"version": STATE_VERSION, "pass": self._pass, "done": self._done,
+                "root": materialize(self._root.get_state())}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (from ``get_state()`` of an iterator over the same dataset)."""

@@ -44,6 +44,7 @@ from typing import Any
 from ..errors import SubprocessError
 from . import shm
 from .dataset import Dataset, UnaryDataset, positive_int
+from .deferred import materialize
 from .node import Build, Context, Node
 from .stats import PipelineStats, StageStats
 
@@ -436,7 +437,9 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
             except StopIteration:
                 conn.send(("end", _snapshot(ctx.stats)))
                 return
-            state = root.get_state()
+            # deferred parts left out (made for every element they would cost what deferring saves):
+            # a fused shuffle below restores from its anchor
+            state = materialize(root.get_state(), make=False)
             t = time.perf_counter()
             structure, arrays, layout, size = shm.encode(x)
             del x

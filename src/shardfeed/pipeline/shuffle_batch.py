@@ -41,6 +41,7 @@ from ..formats.compression import normalize_compression
 from ..formats.crc import masked_crc32c, masked_length_crc
 from ..formats.tfrecord import FRAME_OVERHEAD, HEADER_SIZE, ReadStats
 from ..storage.urls import mask
+from .deferred import DeferredState
 from .records import RECORD_CHUNK, TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
@@ -57,6 +58,52 @@ def _pack_ints(values: np.ndarray) -> str:
 
 def _unpack_ints(text: str) -> np.ndarray:
     return np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).astype(np.int64)
+
+
+class _Frames(DeferredState):
+    """A fused shuffle state's ``"frames"``, made into JSON only when the state is asked
+    for (every batch carries a state; few are saved): the buffered positions (a copy), the
+    index of where the records since the oldest of them lie, and the source's cursor."""
+
+    __slots__ = ("resume", "positions", "index", "restored", "compression")
+
+    def __init__(self, resume: list, positions: np.ndarray, index: tuple, restored: tuple | None,
+                 compression: Any) -> None:
+        self.resume, self.positions, self.index = resume, positions, index
+        self.restored, self.compression = restored, compression
+
+    def value(self) -> dict | None:
+        before = np.sort(self.positions[self.positions < self.resume[0]])
+        at = np.zeros(len(before), np.int64)
+        lens = np.zeros(len(before), np.int64)
+        url_of = np.zeros(len(before), np.int64)
+        urls: dict[str, int] = {}
+        dense = np.ones(len(before), bool)
+        if self.restored is not None:  # records a restore read back: their offsets as the state gave them
+            rpos, rat, rlens, rurl_of, rurls = self.restored
+            k = np.clip(np.searchsorted(rpos, before), 0, max(len(rpos) - 1, 0))
+            hit = (rpos[k] == before) if len(rpos) else np.zeros(len(before), bool)
+            at[hit], lens[hit] = rat[k[hit]], rlens[k[hit]]
+            for u in np.unique(rurl_of[k[hit]]).tolist():
+                url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
+            dense = ~hit
+        bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
+        which = np.searchsorted(bases, before, side="right") - 1
+        which[~dense] = -2
+        if (which == -1).any():
+            return None
+        for w in np.unique(which[dense]).tolist():
+            base, offsets, lengths, url = self.index[w]
+            sel = dense & (which == w)
+            j = before[sel] - base
+            if j.max() >= len(offsets):
+                return None
+            at[sel], lens[sel] = offsets[j], lengths[j]
+            url_of[sel] = urls.setdefault(url, len(urls))
+        if any(normalize_compression(self.compression, u) is not None for u in urls):
+            return None  # a compressed stream has no byte offsets to read back from
+        return {"resume": self.resume, "urls": list(urls), "pos": _pack_ints(before), "url": _pack_ints(url_of),
+                "at": _pack_ints(at), "len": _pack_ints(lens)}
 
 
 class _Chunk:
@@ -96,6 +143,8 @@ class ShuffledBatches:
         self.ended = False  # the source has no more records
         self.consumed = 0
         self.old_starts: collections.deque = collections.deque()  # (base, end, start state) of compacted chunks
+        self.frame_index: collections.deque = collections.deque()  # (base, file offsets, lengths, url) a chunk
+        self.restored: tuple | None = None  # (positions, offsets, lengths, url ids, urls) a restore read back
         if state is not None and state.get("read") and state.get("anchor") is not None:
             consumed, read, exhausted = int(state["consumed"]), int(state["read"]), bool(state["exhausted"])
             anchor_pos, anchor_state = int(state["anchor"][0]), state["anchor"][1]
@@ -154,57 +203,40 @@ class ShuffledBatches:
             end = int(chunk.positions[-1] + chunk.lengths[-1]) + FRAME_OVERHEAD
             end_state = cursor_state(tag, end, None)
             self.chunks.append(_Chunk(self.read, chunk, tag.span.url, self.last_state, end_state))
+            # where each record of the chunk lies in its file, kept while any may be buffered
+            # (not the chunk's bytes): what a state's "frames" is made from
+            self.frame_index.append((self.read, chunk.positions, chunk.lengths, tag.span.url))
             self.last_state = end_state
             self.read += chunk.count
             self.span_chunks.delivered(tag.seq)
 
     # -- restoring from the buffered records' offsets --------------------------------------------
-    def _frames_state(self, read: int, positions: np.ndarray) -> dict | None:
-        """The state's ``"frames"``: where the source resumes (its cursor at upstream position
-        ``read``, the first record not drawn into the buffer yet) and the file, offset and
-        length of each buffered record; None where a record cannot be read back by offset (a
-        compressed file)."""
+    def _frames_state(self, read: int) -> _Frames | None:
+        """The state's ``"frames"`` as a snapshot made into its JSON form only if the state is
+        asked for (:class:`_Frames`): the buffered positions, the index of where records lie,
+        and the source's cursor at upstream position ``read`` (the first record not drawn into
+        the buffer yet); None where there is no such cursor."""
         resume = None
-        for c in self.chunks:
+        for c in reversed(self.chunks):
             if c.base <= read < c.base + c.chunk.count:
-                # the source's cursor at the frame of position `read` (a cursor is a byte offset in its span)
                 if not (isinstance(c.end_state, dict) and "offset" in c.end_state):
                     return None
+                # a source's cursor is a byte offset in its span: here, the frame of position `read`
                 resume = [read, dict(c.end_state, offset=int(c.chunk.positions[read - c.base]))]
+                break
+            if c.base + c.chunk.count <= read:
                 break
         if resume is None:
             if read != self.read:
                 return None
             resume = [self.read, self.last_state]
-        before = np.sort(positions[positions < resume[0]])
-        n = len(before)
-        at = np.zeros(n, np.int64)
-        lens = np.zeros(n, np.int64)
-        url_of = np.zeros(n, np.int64)
-        urls: dict[str, int] = {}
-        chunks = self.chunks
-        bases = np.fromiter((c.base for c in chunks), dtype=np.int64, count=len(chunks))
-        which = np.searchsorted(bases, before, side="right") - 1
-        for k in range(n):
-            p = int(before[k])
-            got = self.survivors.get(p)
-            if got is not None:
-                at[k], lens[k], url = got[1], len(got[0]), got[2]
-            else:
-                w = int(which[k])
-                if w < 0:
-                    return None
-                c = chunks[w]
-                j = p - c.base
-                if not 0 <= j < c.chunk.count:
-                    return None
-                at[k], lens[k], url = int(c.chunk.positions[j]), int(c.chunk.lengths[j]), c.url
-            url_of[k] = urls.setdefault(url, len(urls))
-        compression = self.src.options.compression
-        if any(normalize_compression(compression, u) is not None for u in urls):
-            return None
-        return {"resume": resume, "urls": list(urls), "pos": _pack_ints(before), "url": _pack_ints(url_of),
-                "at": _pack_ints(at), "len": _pack_ints(lens)}
+        index = self.frame_index
+        while len(index) > 1 and index[0][0] + len(index[0][1]) <= self.oldest:
+            index.popleft()  # no buffered record lies there any more
+        if self.restored is not None and (not len(self.restored[0]) or self.oldest > self.restored[0][-1]):
+            self.restored = None
+        return _Frames(resume, np.array(self._buffered(), dtype=np.int64), tuple(index), self.restored,
+                       self.src.options.compression)
 
     def _fetch(self, frames: Mapping[str, Any]) -> None:
         """The records a state's ``"frames"`` names into ``survivors``, read by offset (nearby
@@ -212,6 +244,7 @@ class ShuffledBatches:
         urls = list(frames["urls"])
         pos, url_of = _unpack_ints(frames["pos"]), _unpack_ints(frames["url"])
         at, lens = _unpack_ints(frames["at"]), _unpack_ints(frames["len"])
+        self.restored = (pos, at, lens, url_of, urls)  # sorted by position, as the state holds them
         opts = self.src.options
         stats = ReadStats()
         for u, url in enumerate(urls):
@@ -429,7 +462,7 @@ class ShuffledBatches:
             anchor = [c.base, c.start_state]
         state["anchor"] = anchor
         if self.filled and read:
-            frames = self._frames_state(read, self._buffered())
+            frames = self._frames_state(read)
             if frames is not None:
                 state["frames"] = frames
         return state
