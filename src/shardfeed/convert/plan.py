@@ -142,9 +142,10 @@ def canon_values(rows: list[Row]) -> list[str]:
     return [_dumps(_canon(r.values)) if r.values else "" for r in rows]
 
 
-def _digest_chunk(rows: list[Row], canon: list[str] | None, dumps: Any) -> bytes:
+def _digest_chunk(rows: list[Row], canon: list[str] | None) -> bytes:
     """The lines :func:`source_digest` hashes for ``rows`` (``canon``: their
     :func:`canon_values`, or None), each followed by a newline."""
+    dumps = _dumps
     lines = []
     for j, r in enumerate(rows):
         n, o, u, sp, lab = r.number, r.origin, r.image_uri, r.split, r.label
@@ -174,9 +175,8 @@ def source_digest(rows: list[Row], discards: list[DiscardRecord], canon: list[st
     label, values, annotation]`` and a newline. ``canon``: :func:`canon_values` of ``rows``,
     when the caller has it."""
     h = hashlib.sha256()
-    dumps = _json_line_encoder()
     for i in range(0, len(rows), _DIGEST_ROWS):
-        h.update(_digest_chunk(rows[i:i + _DIGEST_ROWS], None if canon is None else canon[i:i + _DIGEST_ROWS], dumps))
+        h.update(_digest_chunk(rows[i:i + _DIGEST_ROWS], None if canon is None else canon[i:i + _DIGEST_ROWS]))
     return _digest_discards(h, discards)
 
 
@@ -186,11 +186,10 @@ def digest_and_assign(rows: list[Row], discards: list[DiscardRecord], options: C
     (each chunk hashed before its own rows get their splits) with the canonical JSON of
     each row's values made once and only one chunk's held at a time."""
     h = hashlib.sha256()
-    dumps = _json_line_encoder()
     for i in range(0, len(rows), _DIGEST_ROWS):
         chunk = rows[i:i + _DIGEST_ROWS]
         canon = canon_values(chunk)
-        h.update(_digest_chunk(chunk, canon, dumps))
+        h.update(_digest_chunk(chunk, canon))
         assign_splits(chunk, options.test_ratio, options.seed, options.split_key, canon)
     return _digest_discards(h, discards)
 
@@ -219,12 +218,7 @@ def key_split(key: Any, test_ratio: float, seed: int) -> str:
     partitioning, no worker count changes it."""
     if test_ratio <= 0.0:
         return "train"
-    return _canon_key_split(_canon(key), test_ratio, seed)
-
-
-def _canon_key_split(canon_key: Any, test_ratio: float, seed: int) -> str:
-    """:func:`key_split` of a key already through :func:`_canon`."""
-    return _json_key_split(_dumps(canon_key), test_ratio, seed)
+    return _json_key_split(_dumps(_canon(key)), test_ratio, seed)
 
 
 def _json_key_split(text: str, test_ratio: float, seed: int) -> str:

@@ -27,19 +27,16 @@ from __future__ import annotations
 import base64
 import collections
 import secrets
-import struct
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .. import storage
 from ..errors import CorruptRecordError
-from ..formats.chunks import FrameChunk
+from ..formats.chunks import FrameChunk, iter_frame_chunks
 from ..formats.compression import normalize_compression
-from ..formats.crc import masked_crc32c, masked_length_crc
-from ..formats.tfrecord import FRAME_OVERHEAD, HEADER_SIZE, ReadStats
+from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
 from .deferred import DeferredState
 from .records import RECORD_CHUNK, TFRecordSource
@@ -240,12 +237,13 @@ class ShuffledBatches:
 
     def _fetch(self, frames: Mapping[str, Any]) -> None:
         """The records a state's ``"frames"`` names into ``survivors``, read by offset (nearby
-        frames in one range), each frame's CRCs checked as the source checks them."""
+        frames in one range) through the source's own framing (its CRC checks, I/O counters and
+        object cache)."""
         urls = list(frames["urls"])
         pos, url_of = _unpack_ints(frames["pos"]), _unpack_ints(frames["url"])
         at, lens = _unpack_ints(frames["at"]), _unpack_ints(frames["len"])
         self.restored = (pos, at, lens, url_of, urls)  # sorted by position, as the state holds them
-        opts = self.src.options
+        opts, sc = self.src.options, self.span_chunks
         stats = ReadStats()
         for u, url in enumerate(urls):
             sel = np.flatnonzero(url_of == u)
@@ -256,32 +254,30 @@ class ShuffledBatches:
                 while k + 1 < len(sel) and int(at[sel[k + 1]]) - end <= FRAMES_GAP:
                     k += 1
                     end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
+                wanted = {int(at[i]): int(pos[i]) for i in sel[first:k + 1].tolist()}
                 start = int(at[sel[first]])
-                data = storage.read_bytes(url, start, end, storage_options=opts.storage_options)
-                for i in sel[first:k + 1].tolist():
-                    o, n = int(at[i]) - start, int(lens[i])
-                    record = self._frame_at(data, o, n, url, int(at[i]), opts.verify_crc)
-                    self.survivors[int(pos[i])] = (record, int(at[i]), url)
-                    stats.records += 1
-                    stats.reread += 1
-                    stats.bytes += n + FRAME_OVERHEAD
+                try:
+                    for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options,
+                                                   chunk_size=end - start, stats=ReadStats(), start_offset=start,
+                                                   end_offset=end, counters=sc.counters, cache=sc.cache):
+                        view = memoryview(chunk.buffer)
+                        for j in np.flatnonzero(np.isin(chunk.positions, at[sel[first:k + 1]])).tolist():
+                            o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
+                            self.survivors[wanted.pop(int(chunk.positions[j]))] = (bytes(view[o:o + n]),
+                                                                                   int(chunk.positions[j]), url)
+                            stats.records += 1
+                            stats.reread += 1
+                            stats.bytes += n + FRAME_OVERHEAD
+                except CorruptRecordError as exc:
+                    exc.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
+                                 "state was saved?)")
+                    raise
+                if wanted:
+                    raise CorruptRecordError("frame start", mask(url), min(wanted), detail=(
+                        "the restored state names a record here and no frame starts at this offset: was the file "
+                        "changed since the state was saved?"))
                 k += 1
         self.src._merge_stats(stats)
-
-    @staticmethod
-    def _frame_at(data: bytes, o: int, n: int, url: str, offset: int, verify_crc: bool) -> bytes:
-        changed = "the state names a frame here: was the file changed since it was saved?"
-        if o + n + FRAME_OVERHEAD > len(data):
-            raise CorruptRecordError("truncated data", mask(url), offset, detail=changed)
-        length, length_crc = struct.unpack_from("<QI", data, o)
-        if length != n:
-            raise CorruptRecordError("length", mask(url), offset, detail=f"{length} bytes, not {n}; {changed}")
-        if verify_crc and masked_length_crc(length) != length_crc:
-            raise CorruptRecordError("length crc", mask(url), offset, detail=changed)
-        record = bytes(data[o + HEADER_SIZE:o + HEADER_SIZE + n])
-        if verify_crc and masked_crc32c(record) != struct.unpack_from("<I", data, o + HEADER_SIZE + n)[0]:
-            raise CorruptRecordError("data crc", mask(url), offset, detail=changed)
-        return record
 
     # -- the draws ----------------------------------------------------------------------------
     def _fill_first(self) -> None:
