@@ -243,7 +243,7 @@ def encode_example(features: Mapping[str, Any], *, sort_keys: bool = False) -> b
         done = _native_encode(features)
         if done is not None:
             return done
-    return b"".join(example_pieces(features, sort_keys=sort_keys)[0])
+    return b"".join(_python_pieces(features, sort_keys)[0])  # the C encoder said no: not asked again
 
 
 def example_pieces(features: Mapping[str, Any], *, sort_keys: bool = False) -> tuple[list[bytes], int]:
@@ -257,6 +257,10 @@ def example_pieces(features: Mapping[str, Any], *, sort_keys: bool = False) -> t
         done = _native_encode(features, PIECE_BYTES)
         if done is not None:
             return [done], len(done)
+    return _python_pieces(features, sort_keys)
+
+
+def _python_pieces(features: Mapping[str, Any], sort_keys: bool) -> tuple[list[bytes], int]:
     parts, size = _features_parts(features, sort_keys, _encode_feature)
     head = encode_varint(size)
     return [b"\x0a", head, *parts], 1 + len(head) + size
