@@ -1,14 +1,17 @@
 """Resume cost against position: a shuffled TFRecord pipeline restored early and at 90%.
 
 Writes (once, cached) 2,000,000 small Examples in 8 shards, then for each position runs
-``read_tfrecord(files, spec).shuffle(10_000, seed=1).batch(256)`` up to that position,
-saves the state (JSON), and times a fresh iterator from that state up to its first batch.
+``read_tfrecord(files, spec).shuffle(10_000, seed=1).batch(256)`` (the fused chain) and
+``read_tfrecord(files, spec).map(ids, num_parallel_calls=2).shuffle(10_000, seed=1).batch(256)``
+(a map between: the unfused shuffle node) up to that position, saves the state (JSON), and
+times a fresh iterator from that state up to its first batch; for the unfused chain also from
+the same state without its record offsets (the anchor rule, the way it restored before).
 Also counts the records the restore read again (``read_stats.reread``: records the pass had
 read before the state was saved) and all it read (``read_stats.records``: the rest is the
 source going on past the saved position, a chunk at a time). Targets: under 1 s at 90% of
 the epoch, at most one shuffle buffer re-read, the same at every position.
 
-    python benchmarks/resume.py [--records 2000000] [--buffer 10000] [--json out.json]
+    python benchmarks/resume.py [--records 2000000] [--buffer 10000] [--chains fused,map] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,53 +45,84 @@ def make(directory: str, records: int) -> list[str]:
     return files
 
 
+def ids(x):
+    return x["id"]
+
+
+CHAINS = {
+    "fused": lambda src, n: src.shuffle(n, seed=1).batch(BATCH),
+    "map": lambda src, n: src.map(ids, num_parallel_calls=2).shuffle(n, seed=1).batch(BATCH),
+}
+LABELS = {"fused": "shuffle().batch()", "map": "map().shuffle().batch()",
+          "map, no offsets": "map().shuffle().batch(), anchor rule"}
+
+
+def _ids(batch) -> list:
+    return (batch["id"] if isinstance(batch, dict) else batch).tolist()
+
+
 def table_rows(res: dict) -> list[_rows.Row]:
     """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
     script's JSON result; written into that result as "rows"."""
     out = []
-    for frac, r in res["restores"].items():
-        out.append((f"restore at {float(frac):.0%} of {res['records']:,} records, shuffle {res['buffer']:,}",
-                    f"{r['restore_s'] * 1e3:.0f} ms, {r['records_reread']:,} re-read", "1 s (target)",
-                    _rows.ratio(1.0 / r["restore_s"] if r["restore_s"] else None)))
+    for chain, restores in res["restores"].items():
+        for frac, r in restores.items():
+            out.append((f"{LABELS.get(chain, chain)}: restore at {float(frac):.0%} of {res['records']:,} records, "
+                        f"shuffle {res['buffer']:,}",
+                        f"{r['restore_s'] * 1e3:.0f} ms, {r['records_reread']:,} re-read", "1 s (target)",
+                        _rows.ratio(1.0 / r["restore_s"] if r["restore_s"] else None)))
     return out
+
+
+def restore(ds, src, state) -> tuple[float, list, int, int]:
+    before, before_again = src.read_stats.records, src.read_stats.reread
+    t0 = time.perf_counter()
+    with ds.iter_from_state(state) as resumed:
+        first = _ids(next(resumed))
+        restore_s = time.perf_counter() - t0
+    # read in all; read before the state was saved, read again
+    return restore_s, first, src.read_stats.records - before, src.read_stats.reread - before_again
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=2_000_000)
     ap.add_argument("--buffer", type=int, default=10_000)
+    ap.add_argument("--chains", default="fused,map", help="comma-separated: fused, map")
     ap.add_argument("--dir", default=os.path.join("bench-out", "resume"))
     ap.add_argument("--json", default=os.path.join("bench-out", "resume.json"))
     args = ap.parse_args(argv)
     files = make(args.dir, args.records)
-    rows = {}
-    for frac in (0.05, 0.5, 0.9):
-        src = sf.read_tfrecord(files, spec=SPEC)
-        ds = src.shuffle(args.buffer, seed=1).batch(BATCH)
-        steps = int(args.records * frac) // BATCH
-        it = iter(ds)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            next(it)
-        run_s = time.perf_counter() - t0
-        state = json.loads(json.dumps(it.get_state()))
-        expected = next(it)["id"].tolist()
-        it.close()
-        before, before_again = src.read_stats.records, src.read_stats.reread
-        t0 = time.perf_counter()
-        with ds.iter_from_state(state) as resumed:
-            first = next(resumed)["id"].tolist()
-            restore_s = time.perf_counter() - t0
-        assert first == expected, "resumed pass differs"
-        read = src.read_stats.records - before
-        reread = src.read_stats.reread - before_again  # read before the state was saved, read again
-        rows[frac] = {"position": steps * BATCH, "reach_s": run_s, "restore_s": restore_s,
-                      "records_reread": reread, "records_read": read, "state_bytes": len(json.dumps(state))}
-        print(f"at {frac:>4.0%} ({steps * BATCH:>9,} records): restore to first batch {restore_s * 1e3:8.1f} ms, "
-              f"re-read {reread:>8,} records ({read:,} read in all, the rest ahead of the saved position), "
-              f"state {rows[frac]['state_bytes']:,} bytes (getting there took {run_s:.1f} s)", flush=True)
+    results: dict = {}
+    for chain in args.chains.split(","):
+        for frac in (0.05, 0.5, 0.9):
+            src = sf.read_tfrecord(files, spec=SPEC)
+            ds = CHAINS[chain](src, args.buffer)
+            steps = int(args.records * frac) // BATCH
+            it = iter(ds)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                next(it)
+            run_s = time.perf_counter() - t0
+            state = json.loads(json.dumps(it.get_state()))
+            expected = _ids(next(it))
+            it.close()
+            tries = [(chain, state)]
+            if chain != "fused":  # the same state without the offsets: from the anchor, as before
+                tries.append((f"{chain}, no offsets", dict(state, root={k: v for k, v in state["root"].items()
+                                                                        if k != "frames"})))
+            for name, st in tries:
+                restore_s, first, read, reread = restore(ds, src, st)
+                assert first == expected, "resumed pass differs"
+                r = {"position": steps * BATCH, "reach_s": run_s, "restore_s": restore_s, "records_reread": reread,
+                     "records_read": read, "state_bytes": len(json.dumps(st))}
+                results.setdefault(name, {})[frac] = r
+                print(f"{LABELS.get(name, name):>40} at {frac:>4.0%} ({steps * BATCH:>9,} records): restore to "
+                      f"first batch {restore_s * 1e3:8.1f} ms, re-read {reread:>8,} records ({read:,} read in all, "
+                      f"the rest ahead of the saved position), state {r['state_bytes']:,} bytes (getting there "
+                      f"took {run_s:.1f} s)", flush=True)
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    result = {"records": args.records, "buffer": args.buffer, "restores": rows}
+    result = {"records": args.records, "buffer": args.buffer, "restores": results}
     result["rows"] = table_rows(result)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)

@@ -753,3 +753,32 @@ def test_a_fused_shuffle_restores_over_s3_reading_back_only_its_buffer(s3_bucket
     assert elements_equal(got, rest)
     assert src.read_stats.reread - again == 800  # the buffer, by ranged reads of its frames
     assert src.read_stats.records - before == len(np.concatenate(rest))
+
+
+def _first_id(x):
+    return int(x["id"])
+
+
+def test_a_shuffle_over_a_map_restores_over_s3_reading_back_only_its_buffer(s3_bucket, tmp_path):
+    import json
+
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    urls = []
+    for f in range(2):
+        path = tmp_path / f"m{f}.tfrecord"
+        sf.write_records(str(path), [sf.encode_example({"id": [f * 100_000 + i]}) for i in range(5000)])
+        client.upload_file(str(path), bucket, f"mapped/m{f}.tfrecord")
+        urls.append(f"s3://{bucket}/mapped/m{f}.tfrecord")
+    src = sf.read_tfrecord(urls, spec={"id": sf.FixedLen("int64")}, storage_options=opts)
+    ds = src.map(_first_id, num_parallel_calls=2).shuffle(600, seed=3)
+    with iter(ds) as it:
+        for _ in range(7000):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        rest = list(it)
+    assert "frames" in state["root"]
+    again = src.read_stats.reread
+    with ds.iter_from_state(state) as it:
+        assert list(it) == rest
+    assert src.read_stats.reread - again == 600  # the buffer, by ranged reads of its frames

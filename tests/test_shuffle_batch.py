@@ -130,14 +130,14 @@ def test_a_restore_reads_back_the_buffered_records_only_whatever_the_position(tm
 
 def test_a_file_changed_after_the_save_fails_the_restore_naming_it(tmp_path):
     from shardfeed.errors import CorruptRecordError
-    from shardfeed.pipeline.shuffle_batch import _unpack_ints
+    from shardfeed.pipeline.frames import unpack_ints
 
     files = _files(tmp_path, [4000, 4000])
     ds = sf.read_tfrecord(files, spec=SPEC).shuffle(500, seed=2).batch(50)
     state, _ = _stop_at(ds, 30)
     frames = state["root"]["frames"]
-    url = frames["urls"][int(_unpack_ints(frames["url"])[0])]
-    at = int(_unpack_ints(frames["at"])[0])
+    url = frames["urls"][int(unpack_ints(frames["url"])[0])]
+    at = int(unpack_ints(frames["at"])[0])
     with open(url, "r+b") as f:  # one byte of a buffered record's data
         f.seek(at + 12)
         b = f.read(1)

@@ -93,6 +93,20 @@ class Dataset:
         unfused chain, or ``None``."""
         return None
 
+    def _record_source(self) -> "Dataset | None":
+        """The source whose records this dataset's elements are, one for one and in order
+        (the source itself, or ``map`` stages over it), when that source can say where each
+        record lies and read records back by it (an uncompressed TFRecord source); ``None``
+        otherwise. A ``shuffle`` over such a chain restores by reading back only its buffered
+        records (:mod:`shardfeed.pipeline.frames`)."""
+        return None
+
+    def _records_before(self, state: Mapping[str, Any] | None) -> int:
+        """For a dataset whose :meth:`_record_source` is a source: the records that source hands
+        out, when this dataset is built from ``state``, before this dataset's first element
+        (a parallel ``map`` resumes by reading again the inputs of its chunk it had delivered)."""
+        return 0
+
     def _split(self, index: int, count: int, threads: int | None = None) -> "Dataset | None":
         """The hook ``shard`` and the adapters call: reader ``index`` of ``count``'s share of
         this dataset, split below it so each reader reads only its own part (sources over

@@ -42,6 +42,19 @@ class MapDataset(UnaryDataset):
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality() if self.policy.raises else None
 
+    def _record_source(self) -> Dataset | None:
+        # one output an input, in order, unless fn's failures are skipped
+        if not self.policy.raises or not self.deterministic:
+            return None
+        return self.parent._record_source()
+
+    def _records_before(self, state: Mapping[str, Any] | None) -> int:
+        if state is None:
+            return 0
+        if self.num_parallel_calls is None and not self.use_processes:  # its state is its parent's
+            return self.parent._records_before(state)
+        return int(state["skip"]) + self.parent._records_before(state["parent"])
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         b = b.but(raw=False)  # fn sees parsed elements
         if self.num_parallel_calls is None and not self.use_processes:

@@ -69,12 +69,16 @@ class Build:
     """How to build a node: the pass's context; ``raw``: the consumer accepts serialized
     records where the dataset would parse them (a batch parses them all at once);
     ``epoch``: the repetition path, from which seeded stages derive their seeds;
-    ``scope``: set for the per-element datasets an interleave opens, so their stats merge."""
+    ``scope``: set for the per-element datasets an interleave opens, so their stats merge;
+    ``frames``: for a shuffle over a chain whose elements are a source's records one for one
+    (:mod:`shardfeed.pipeline.frames`), what the source does with it: fill a ``FrameRecorder``
+    (where each record it hands out lies) or yield a ``Replay``'s records instead of reading."""
 
     ctx: Context
     raw: bool = False
     epoch: tuple = ()
     scope: str = ""
+    frames: Any = None
 
     def but(self, **changes: Any) -> "Build":
         return replace(self, **changes)

@@ -29,6 +29,7 @@ from ..storage.cache import ObjectCache, get_cache, parse_size
 from ..storage.counters import IOCounters
 from ..storage.urls import mask
 from .dataset import Dataset, positive_int
+from .frames import FrameRecorder, Replay
 from .node import AUTOTUNE, Build, Node
 from .policy import ErrorLog, ErrorPolicy, on_error_from
 from .source_batch import SourceBatchNode
@@ -88,8 +89,10 @@ class _RecordReader:
     consumer takes serialized records)."""
 
     def __init__(self, src: "TFRecordSource", epoch: tuple, state: Mapping[str, Any] | None, raw: bool,
-                 counters: IOCounters | None = None, errors: ErrorLog | None = None) -> None:
+                 counters: IOCounters | None = None, errors: ErrorLog | None = None,
+                 recorder: FrameRecorder | None = None) -> None:
         self.src = src
+        self.recorder = recorder  # told where each chunk's records lie (a shuffle above restores by it)
         self.parse = src.spec is not None and not raw
         self.policy = src.options.policy
         self.errors = errors
@@ -130,6 +133,8 @@ class _RecordReader:
             self.chunks.finish_all()
             raise
         self.chunks.delivered(tag.seq)  # this chunk's first record goes out now
+        if self.recorder is not None:
+            self.recorder.add(chunk, tag.span)
         self.tag = tag
         self.records = chunk.records()
         self.starts = chunk.positions.tolist()
@@ -145,6 +150,27 @@ class _RecordReader:
         finally:
             close_generator(self.it)
             self.records, self.starts, self.ends = [], [], []
+
+
+class _ReplayReader:
+    """The records a shuffle's restore read back (:class:`~shardfeed.pipeline.frames.Replay`),
+    handed out as the source hands out its own (parsed with the spec unless raw)."""
+
+    bytes_read = 0
+
+    def __init__(self, src: "TFRecordSource", records: list[bytes], raw: bool) -> None:
+        self.spec = src.spec if src.spec is not None and not raw else None
+        self.it = iter(records)
+
+    def __next__(self) -> Any:
+        record = next(self.it)
+        return record if self.spec is None else parse_single_example(record, self.spec)
+
+    def get_state(self) -> Any:
+        return None  # never resumed: a replay is read to its end at once
+
+    def close(self) -> None:
+        pass
 
 
 # -- the dataset ------------------------------------------------------------------------------
@@ -257,8 +283,20 @@ class TFRecordSource(SourceDataset):
         return count(o.storage_options, o.compression, o.cache)
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
+        if isinstance(b.frames, Replay):  # a shuffle restoring its buffer: these records, then the end
+            return SourceNode(b, self, _ReplayReader(self, b.frames.records, b.raw))
+        recorder = b.frames if isinstance(b.frames, FrameRecorder) else None
         return SourceNode(b, self, _RecordReader(self, b.epoch, state, b.raw, b.ctx.stats.storage,
-                                                 b.ctx.stats.errors))
+                                                 b.ctx.stats.errors, recorder))
+
+    def _record_source(self) -> "TFRecordSource | None":
+        """This source, when it can say where each record lies and read it back by offset:
+        from a provider that can re-read (not a queue), every record handed out (no failure
+        skipped), not all compressed (a state naming a compressed file's records leaves the
+        offsets out: such a stream has none to read back from)."""
+        if not self.replayable or not self.options.policy.raises or self.options.compression not in (None, "auto"):
+            return None
+        return self
 
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _RecordReader:
         return _RecordReader(self, (), state, raw)

@@ -15,6 +15,11 @@ has waited about n ln n draws); the node keeps an upstream cursor every
 ``buffer_size / 4`` elements back to the oldest buffered element (a few dozen), and the
 state carries only the one it needs (no buffered data). Over a source that is its own
 checkpoint (a ``WorkQueue``), a restore starts a fresh buffer where the queue is.
+
+Over a chain whose elements are a TFRecord source's records one for one (the source, or
+``map`` stages on it) a restore re-reads one buffer at most: the state also names where
+each buffered record lies, and the restore reads back exactly those records and maps them
+again (:mod:`shardfeed.pipeline.frames`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .dataset import Dataset, UnaryDataset, positive_int
+from .frames import FrameRecorder, Frames, Replay, fetch_frames
 from .node import Build, Node
 
 _DRAWS = 4096
@@ -142,17 +148,32 @@ class _ShuffleNode(Node):
         self.consumed = 0
         self.every = max(1, self.size // 4)
         self.anchors: collections.deque = collections.deque()  # (position, upstream state), trimmed
+        # upstream elements are a source's records one for one: the state can name where each
+        # buffered one lies, and a restore reads back only those (see shardfeed.pipeline.frames)
+        self.src = ds.parent._record_source()
+        self.recorder: FrameRecorder | None = None
+        self.restored: tuple | None = None  # where the records a restore read back lie
         anchor = state.get("anchor") if state is not None else None
         if state is not None and state.get("read") is not None and anchor is not None:
-            self.parent = ds.parent._build(b, anchor[1])
+            if self.src is not None and state.get("frames") is not None:
+                self._restore_frames(b, ds, state)
+                return
+            self.parent = self._build_parent(b, ds, anchor[1], int(anchor[0]))
             super().__init__(b, ds, [self.parent])
             self._restore(int(state["consumed"]), int(state["read"]), bool(state["exhausted"]), int(anchor[0]))
             return
-        self.parent = ds.parent._build(b, self.parent_start)
+        self.parent = self._build_parent(b, ds, self.parent_start, 0)
         super().__init__(b, ds, [self.parent])
         self.rng = np.random.Generator(np.random.PCG64(derive_seed(seed, self.epoch)))
         for _ in range(int(state["consumed"]) if state else 0):
             self._shuffled_next()
+
+    def _build_parent(self, b: Build, ds: ShuffleDataset, state: Any, base: int) -> Node:
+        """Upstream from ``state`` (upstream position ``base``), its source telling a
+        recorder where each record lies when it can."""
+        if self.src is not None:
+            self.recorder = FrameRecorder(base - ds.parent._records_before(state))
+        return ds.parent._build(b.but(frames=self.recorder), state)
 
     # -- reading upstream, remembering cursors to resume from ----------------------------
     def _read_one(self) -> Any:
@@ -163,6 +184,8 @@ class _ShuffleNode(Node):
                 oldest = min(self.pos) if self.pos else self.read
                 while len(anchors) > 1 and anchors[1][0] <= oldest:
                     anchors.popleft()
+                if self.recorder is not None:
+                    self.recorder.trim(oldest)
         x = next(self.parent)
         self.read += 1
         return x
@@ -230,6 +253,49 @@ class _ShuffleNode(Node):
         self.exhausted = exhausted
         self.consumed = consumed
 
+    def _restore_frames(self, b: Build, ds: ShuffleDataset, state: Mapping[str, Any]) -> None:
+        """Rebuild the buffer from the records the state's ``"frames"`` names: read back by
+        offset, mapped again by the stages between the source and here (upstream built over
+        them, :class:`~shardfeed.pipeline.frames.Replay`); upstream goes on from the cursor at
+        the first record not drawn into the buffer. At most one buffer is re-read."""
+        consumed, read, exhausted = int(state["consumed"]), int(state["read"]), bool(state["exhausted"])
+        frames = state["frames"]
+        resume_pos, resume_state = int(frames["resume"][0]), frames["resume"][1]
+        if resume_pos != read:
+            raise ValueError(f"shuffle resume: the state's frames resume at upstream position {resume_pos}, "
+                             f"its buffer was filled up to {read}: not a state this shuffle saved")
+        self.rng, self.draws, self.di, positions = slot_positions(self.seed, self.epoch, self.size, consumed, read,
+                                                                  exhausted)
+        src = self.src
+        got, self.restored = fetch_frames(src, frames, b.ctx.stats.storage, src.options.cache)
+        order = sorted(got)
+        if order != sorted(positions):
+            raise ValueError(f"shuffle resume: the state's frames name {len(order)} records, its buffer holds "
+                             f"{len(positions)} others: not a state this shuffle saved")
+        replay = ds.parent._build(b.but(frames=Replay([got[p][0] for p in order])), None)
+        try:
+            elements = [next(replay) for _ in order]
+        finally:
+            replay.close()
+        at = dict(zip(order, elements))
+        self.buf, self.pos = [at[p] for p in positions], positions
+        self.parent = self._build_parent(b, ds, resume_state, read)
+        super().__init__(b, ds, [self.parent])
+        self.anchors.append((int(state["anchor"][0]), state["anchor"][1]))  # for a state without offsets
+        self.read, self.exhausted, self.consumed = read, exhausted, consumed
+
+    def _frames(self, oldest: int) -> Frames:
+        """The state's ``"frames"``, made only if the state is kept: the buffered positions
+        are computed again from the draws then (the node moves on meanwhile)."""
+        recorder = self.recorder
+        recorder.trim(oldest)
+        restored = self.restored
+        if restored is not None and (not len(restored[0]) or oldest > restored[0][-1]):
+            self.restored = restored = None  # none of those records is buffered any more
+        args = (self.seed, self.epoch, self.size, self.consumed, self.read, self.exhausted)
+        return Frames([self.read, self.parent.get_state()], lambda: np.asarray(slot_positions(*args)[3], np.int64),
+                      tuple(recorder.index), restored, self.src.options.compression)
+
     def get_state(self) -> dict:
         if self.read and not _replayable(self.anchors[-1][1] if self.anchors else None):
             # upstream is its own checkpoint (a work queue): it cannot give the buffered
@@ -245,6 +311,8 @@ class _ShuffleNode(Node):
             if p <= oldest:
                 state["anchor"] = [p, st]
                 break
+        if self.recorder is not None and self.pos:
+            state["frames"] = self._frames(oldest)
         return state
 
     def close(self) -> None:

@@ -17,90 +17,27 @@ A restore re-reads what the buffer held, not what came before it: the state name
 buffered record's file, byte offset and length (``"frames"``: zlib-compressed deltas, a few
 bytes a record) and the source's cursor at the first record not yet drawn into the buffer, so
 the restore reads back exactly the buffered records (nearby ones in one range), at most one
-buffer, and the source goes on from there. Without ``"frames"`` (the unfused node's state, a
-compressed file) it re-reads from the anchor, the cursor before the oldest buffered record
+buffer, and the source goes on from there (:mod:`shardfeed.pipeline.frames`). Without
+``"frames"`` (a state from ``in_subprocess``, a compressed file) it re-reads from the anchor, the cursor before the oldest buffered record
 (about ``buffer * ln(buffer)`` records back), as the unfused node does.
 """
 
 from __future__ import annotations
 
-import base64
 import collections
 import secrets
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError
-from ..formats.chunks import FrameChunk, iter_frame_chunks
-from ..formats.compression import normalize_compression
+from ..formats.chunks import FrameChunk
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
-from .deferred import DeferredState
+from .frames import Frames, chunk_entry, fetch_frames
 from .records import RECORD_CHUNK, TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
-
-FRAMES_GAP = 64 << 10
-"""Buffered frames closer than this in a file are read back in one range on restore."""
-
-
-def _pack_ints(values: np.ndarray) -> str:
-    """int64 values as base64 of their zlib-compressed deltas (a state field)."""
-    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
-    return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode("ascii")
-
-
-def _unpack_ints(text: str) -> np.ndarray:
-    return np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).astype(np.int64)
-
-
-class _Frames(DeferredState):
-    """A fused shuffle state's ``"frames"``, made into JSON only when the state is asked
-    for (every batch carries a state; few are saved): the buffered positions (a copy), the
-    index of where the records since the oldest of them lie, and the source's cursor."""
-
-    __slots__ = ("resume", "positions", "index", "restored", "compression")
-
-    def __init__(self, resume: list, positions: np.ndarray, index: tuple, restored: tuple | None,
-                 compression: Any) -> None:
-        self.resume, self.positions, self.index = resume, positions, index
-        self.restored, self.compression = restored, compression
-
-    def value(self) -> dict | None:
-        before = np.sort(self.positions[self.positions < self.resume[0]])
-        at = np.zeros(len(before), np.int64)
-        lens = np.zeros(len(before), np.int64)
-        url_of = np.zeros(len(before), np.int64)
-        urls: dict[str, int] = {}
-        dense = np.ones(len(before), bool)
-        if self.restored is not None:  # records a restore read back: their offsets as the state gave them
-            rpos, rat, rlens, rurl_of, rurls = self.restored
-            k = np.clip(np.searchsorted(rpos, before), 0, max(len(rpos) - 1, 0))
-            hit = (rpos[k] == before) if len(rpos) else np.zeros(len(before), bool)
-            at[hit], lens[hit] = rat[k[hit]], rlens[k[hit]]
-            for u in np.unique(rurl_of[k[hit]]).tolist():
-                url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
-            dense = ~hit
-        bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
-        which = np.searchsorted(bases, before, side="right") - 1
-        which[~dense] = -2
-        if (which == -1).any():
-            return None
-        for w in np.unique(which[dense]).tolist():
-            base, offsets, lengths, url = self.index[w]
-            sel = dense & (which == w)
-            j = before[sel] - base
-            if j.max() >= len(offsets):
-                return None
-            at[sel], lens[sel] = offsets[j], lengths[j]
-            url_of[sel] = urls.setdefault(url, len(urls))
-        if any(normalize_compression(self.compression, u) is not None for u in urls):
-            return None  # a compressed stream has no byte offsets to read back from
-        return {"resume": self.resume, "urls": list(urls), "pos": _pack_ints(before), "url": _pack_ints(url_of),
-                "at": _pack_ints(at), "len": _pack_ints(lens)}
 
 
 class _Chunk:
@@ -202,15 +139,15 @@ class ShuffledBatches:
             self.chunks.append(_Chunk(self.read, chunk, tag.span.url, self.last_state, end_state))
             # where each record of the chunk lies in its file, kept while any may be buffered
             # (not the chunk's bytes): what a state's "frames" is made from
-            self.frame_index.append((self.read, chunk.positions, chunk.lengths, tag.span.url))
+            self.frame_index.append(chunk_entry(self.read, chunk, tag.span))
             self.last_state = end_state
             self.read += chunk.count
             self.span_chunks.delivered(tag.seq)
 
     # -- restoring from the buffered records' offsets --------------------------------------------
-    def _frames_state(self, read: int) -> _Frames | None:
+    def _frames_state(self, read: int) -> Frames | None:
         """The state's ``"frames"`` as a snapshot made into its JSON form only if the state is
-        asked for (:class:`_Frames`): the buffered positions, the index of where records lie,
+        asked for (:class:`~shardfeed.pipeline.frames.Frames`): the buffered positions, the index of where records lie,
         and the source's cursor at upstream position ``read`` (the first record not drawn into
         the buffer yet); None where there is no such cursor."""
         resume = None
@@ -232,52 +169,13 @@ class ShuffledBatches:
             index.popleft()  # no buffered record lies there any more
         if self.restored is not None and (not len(self.restored[0]) or self.oldest > self.restored[0][-1]):
             self.restored = None
-        return _Frames(resume, np.array(self._buffered(), dtype=np.int64), tuple(index), self.restored,
+        return Frames(resume, np.array(self._buffered(), dtype=np.int64), tuple(index), self.restored,
                        self.src.options.compression)
 
     def _fetch(self, frames: Mapping[str, Any]) -> None:
-        """The records a state's ``"frames"`` names into ``survivors``, read by offset (nearby
-        frames in one range) through the source's own framing (its CRC checks, I/O counters and
-        object cache)."""
-        urls = list(frames["urls"])
-        pos, url_of = _unpack_ints(frames["pos"]), _unpack_ints(frames["url"])
-        at, lens = _unpack_ints(frames["at"]), _unpack_ints(frames["len"])
-        self.restored = (pos, at, lens, url_of, urls)  # sorted by position, as the state holds them
-        opts, sc = self.src.options, self.span_chunks
-        stats = ReadStats()
-        for u, url in enumerate(urls):
-            sel = np.flatnonzero(url_of == u)
-            sel = sel[np.argsort(at[sel], kind="stable")]
-            k = 0
-            while k < len(sel):
-                first, end = k, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD
-                while k + 1 < len(sel) and int(at[sel[k + 1]]) - end <= FRAMES_GAP:
-                    k += 1
-                    end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
-                wanted = {int(at[i]): int(pos[i]) for i in sel[first:k + 1].tolist()}
-                start = int(at[sel[first]])
-                try:
-                    for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options,
-                                                   chunk_size=end - start, stats=ReadStats(), start_offset=start,
-                                                   end_offset=end, counters=sc.counters, cache=sc.cache):
-                        view = memoryview(chunk.buffer)
-                        for j in np.flatnonzero(np.isin(chunk.positions, at[sel[first:k + 1]])).tolist():
-                            o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
-                            self.survivors[wanted.pop(int(chunk.positions[j]))] = (bytes(view[o:o + n]),
-                                                                                   int(chunk.positions[j]), url)
-                            stats.records += 1
-                            stats.reread += 1
-                            stats.bytes += n + FRAME_OVERHEAD
-                except CorruptRecordError as exc:
-                    exc.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
-                                 "state was saved?)")
-                    raise
-                if wanted:
-                    raise CorruptRecordError("frame start", mask(url), min(wanted), detail=(
-                        "the restored state names a record here and no frame starts at this offset: was the file "
-                        "changed since the state was saved?"))
-                k += 1
-        self.src._merge_stats(stats)
+        """The records a state's ``"frames"`` names into ``survivors`` (:func:`fetch_frames`)."""
+        got, self.restored = fetch_frames(self.src, frames, self.span_chunks.counters, self.span_chunks.cache)
+        self.survivors.update(got)
 
     # -- the draws ----------------------------------------------------------------------------
     def _fill_first(self) -> None:

@@ -1,0 +1,194 @@
+"""Where a shuffle's buffered records lie in their files, so that a restore reads back exactly
+those records (at most one buffer) instead of re-reading from an older cursor.
+
+A shuffle buffer holds records drawn from up to ``buffer * ln(buffer)`` positions back. A
+state that names each buffered record's file, byte offset and length (``"frames"``: zlib
+compressed deltas, a few bytes a record) and the cursor of the first record not drawn into
+the buffer yet lets a restore fetch those frames by offset (nearby ones in one ranged read,
+through the source's own framing: CRC checks, I/O counters, the object cache) and go on from
+the cursor.
+
+Two shuffles keep such states: the fused ``source.shuffle(n).batch(k)``
+(:mod:`~shardfeed.pipeline.shuffle_batch`), which holds the source's chunks itself, and the
+shuffle node over a chain whose elements are the source's records one for one (the source,
+or ``map`` stages on it: :meth:`~shardfeed.pipeline.dataset.Dataset._record_source`). The
+latter learns where each record lies through a :class:`FrameRecorder` the source fills as it
+hands out chunks, and restores by replaying that chain over the fetched records
+(:class:`Replay`: the source yields them, the maps map them again).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from ..formats.chunks import FrameChunk, iter_frame_chunks
+from ..formats.compression import normalize_compression
+from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
+from ..storage.urls import mask
+from .deferred import DeferredState
+from .spans import GatherPlan
+
+FRAMES_GAP = 64 << 10
+"""Buffered frames closer than this in a file are read back in one range on restore."""
+
+
+def pack_ints(values: np.ndarray) -> str:
+    """int64 values as base64 of their zlib-compressed deltas (a state field)."""
+    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
+    return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode("ascii")
+
+
+def unpack_ints(text: str) -> np.ndarray:
+    return np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).astype(np.int64)
+
+
+def chunk_entry(base: int, chunk: FrameChunk, span: Any) -> tuple:
+    """Where the records of ``chunk`` (upstream positions ``base...``) lie: ``(base, file
+    offsets, lengths, url)``; ``url`` is ``(urls, file of each record)`` for a global
+    shuffle's window (its chunks' positions are offsets in the window, not in a file)."""
+    plan = span.handle
+    if isinstance(plan, GatherPlan):
+        k = np.searchsorted(plan.virtual, chunk.positions)
+        return base, plan.offsets[k], chunk.lengths, (plan.urls, plan.files[k])
+    return base, chunk.positions, chunk.lengths, span.url
+
+
+class Frames(DeferredState):
+    """A state's ``"frames"``, made into JSON only when the state is asked for (every element
+    or batch carries a state; few are saved): the buffered positions (an array, or a function
+    that computes it), the index of where the records since the oldest of them lie (entries
+    of :func:`chunk_entry`), the records a restore read back, and the cursor ``resume``
+    (``[position, state]`` of the first record not drawn into the buffer)."""
+
+    __slots__ = ("resume", "positions", "index", "restored", "compression")
+
+    def __init__(self, resume: list, positions: np.ndarray | Callable[[], np.ndarray], index: tuple,
+                 restored: tuple | None, compression: Any) -> None:
+        self.resume, self.positions, self.index = resume, positions, index
+        self.restored, self.compression = restored, compression
+
+    def value(self) -> dict | None:
+        positions = self.positions() if callable(self.positions) else self.positions
+        positions = np.asarray(positions, np.int64)
+        before = np.sort(positions[positions < self.resume[0]])
+        at = np.zeros(len(before), np.int64)
+        lens = np.zeros(len(before), np.int64)
+        url_of = np.zeros(len(before), np.int64)
+        urls: dict[str, int] = {}
+        dense = np.ones(len(before), bool)
+        if self.restored is not None:  # records a restore read back: their offsets as the state gave them
+            rpos, rat, rlens, rurl_of, rurls = self.restored
+            k = np.clip(np.searchsorted(rpos, before), 0, max(len(rpos) - 1, 0))
+            hit = (rpos[k] == before) if len(rpos) else np.zeros(len(before), bool)
+            at[hit], lens[hit] = rat[k[hit]], rlens[k[hit]]
+            for u in np.unique(rurl_of[k[hit]]).tolist():
+                url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
+            dense = ~hit
+        bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
+        which = np.searchsorted(bases, before, side="right") - 1
+        which[~dense] = -2
+        if (which == -1).any():
+            return None
+        for w in np.unique(which[dense]).tolist():
+            base, offsets, lengths, url = self.index[w]
+            sel = dense & (which == w)
+            j = before[sel] - base
+            if j.max() >= len(offsets):
+                return None
+            at[sel], lens[sel] = offsets[j], lengths[j]
+            if isinstance(url, tuple):  # a global shuffle's window: each record's own file
+                names, files = url
+                ids = np.array([urls.setdefault(u, len(urls)) for u in names], np.int64)
+                url_of[sel] = ids[files[j]]
+            else:
+                url_of[sel] = urls.setdefault(url, len(urls))
+        if any(normalize_compression(self.compression, u) is not None for u in urls):
+            return None  # a compressed stream has no byte offsets to read back from
+        return {"resume": self.resume, "urls": list(urls), "pos": pack_ints(before), "url": pack_ints(url_of),
+                "at": pack_ints(at), "len": pack_ints(lens)}
+
+
+def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
+                 ) -> tuple[dict[int, tuple[bytes, int, str]], tuple]:
+    """The records a state's ``"frames"`` names, ``{position: (record, file offset, url)}``,
+    read by offset (nearby frames in one range) through the source's own framing (its CRC
+    checks, I/O counters and object cache); and the ``restored`` index (positions, offsets,
+    lengths, url ids, urls) a later state names them by. A frame that is not where the state
+    says fails with a :class:`~shardfeed.errors.CorruptRecordError` naming file and offset."""
+    urls = list(frames["urls"])
+    pos, url_of = unpack_ints(frames["pos"]), unpack_ints(frames["url"])
+    at, lens = unpack_ints(frames["at"]), unpack_ints(frames["len"])
+    opts = src.options
+    out: dict[int, tuple[bytes, int, str]] = {}
+    stats = ReadStats()
+    for u, url in enumerate(urls):
+        sel = np.flatnonzero(url_of == u)
+        sel = sel[np.argsort(at[sel], kind="stable")]
+        k = 0
+        while k < len(sel):
+            first, end = k, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD
+            while k + 1 < len(sel) and int(at[sel[k + 1]]) - end <= FRAMES_GAP:
+                k += 1
+                end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
+            wanted = {int(at[i]): int(pos[i]) for i in sel[first:k + 1].tolist()}
+            start = int(at[sel[first]])
+            try:
+                for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options,
+                                               chunk_size=end - start, stats=ReadStats(), start_offset=start,
+                                               end_offset=end, counters=counters, cache=cache):
+                    view = memoryview(chunk.buffer)
+                    for j in np.flatnonzero(np.isin(chunk.positions, at[sel[first:k + 1]])).tolist():
+                        o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
+                        p = wanted.pop(int(chunk.positions[j]), None)
+                        if p is None:
+                            continue
+                        out[p] = (bytes(view[o:o + n]), int(chunk.positions[j]), url)
+                        stats.records += 1
+                        stats.reread += 1
+                        stats.bytes += n + FRAME_OVERHEAD
+            except CorruptRecordError as exc:
+                exc.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
+                             "state was saved?)")
+                raise
+            if wanted:
+                raise CorruptRecordError("frame start", mask(url), min(wanted), detail=(
+                    "the restored state names a record here and no frame starts at this offset: was the file "
+                    "changed since the state was saved?"))
+            k += 1
+    src._merge_stats(stats)
+    return out, (pos, at, lens, url_of, urls)
+
+
+class FrameRecorder:
+    """Filled by a source built with it (``Build.frames``): where each record it hands out
+    lies, an entry of :func:`chunk_entry` a chunk, positions counted from ``base``. The shuffle
+    that made it trims the entries no buffered record lies in any more."""
+
+    def __init__(self, base: int = 0) -> None:
+        self.count = base
+        self.index: collections.deque = collections.deque()
+
+    def add(self, chunk: FrameChunk, span: Any) -> None:
+        self.index.append(chunk_entry(self.count, chunk, span))
+        self.count += chunk.count
+
+    def trim(self, oldest: int) -> None:
+        """Drop the entries that lie wholly before upstream position ``oldest``."""
+        index = self.index
+        while len(index) > 1 and index[0][0] + len(index[0][1]) <= oldest:
+            index.popleft()
+
+
+class Replay:
+    """Passed as ``Build.frames``: the source yields these serialized records (parsed as it
+    would parse its own) and ends; the stages above map them as they mapped the originals."""
+
+    def __init__(self, records: list[bytes]) -> None:
+        self.records = records

@@ -1,0 +1,212 @@
+"""A shuffle over a source's records (the source itself, or ``map`` stages on it) restores by
+reading back only its buffered records: exactly one buffer, wherever the pass was."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.errors import CorruptRecordError
+from shardfeed.pipeline import check_resume_everywhere
+from shardfeed.pipeline.frames import unpack_ints
+from shardfeed.pipeline.state import elements_equal
+
+from .test_pipeline_helpers import SPEC, example
+
+
+def _files(tmp_path, sizes, tag="s"):
+    out = []
+    for f, n in enumerate(sizes):
+        p = str(tmp_path / f"{tag}-{f}.tfrecord")
+        sf.write_records(p, [example(f * 100_000 + i) for i in range(n)])
+        out.append(p)
+    return out
+
+
+def ident(x):
+    return x
+
+
+def first_id(x):
+    return int(x["id"])
+
+
+CHAINS = {
+    "source": lambda src, n: src.shuffle(n, seed=4),
+    "map": lambda src, n: src.map(first_id).shuffle(n, seed=4),
+    "two_maps_parallel": lambda src, n: src.map(ident, num_parallel_calls=2).map(first_id).shuffle(n, seed=4),
+    "batched_after": lambda src, n: src.map(first_id).shuffle(n, seed=4).batch(7),
+}
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: np.asarray(v).tolist() for k, v in x.items()}
+    return np.asarray(x).tolist() if hasattr(x, "dtype") else x
+
+
+def _run(ds, stop, after):
+    with iter(ds) as it:
+        for _ in range(stop):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+        return state, [_plain(next(it)) for _ in range(after)]
+
+
+def _resume(ds, state, count):
+    with ds.iter_from_state(state) as it:
+        return [_plain(next(it)) for _ in range(count)]
+
+
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+@pytest.mark.parametrize("order", [None, "blocks", "global"])
+def test_a_restore_reads_back_exactly_one_buffer_early_and_late(tmp_path, chain, order):
+    files = _files(tmp_path, [6000, 2500, 4000])
+    size = 700
+    reread = {}
+    for stop in ((5, 1500) if chain == "batched_after" else (40, 11_000)):
+        src = sf.read_tfrecord(files, spec=SPEC, shuffle=order, seed=1 if order else None)
+        ds = CHAINS[chain](src, size)
+        state, expected = _run(ds, stop, 30)
+        assert "frames" in json.dumps(state)
+        again = src.read_stats.reread
+        assert _resume(ds, state, 30) == expected
+        reread[stop] = src.read_stats.reread - again
+    assert set(reread.values()) == {size}, reread  # one full buffer, at either position
+
+
+def test_the_stages_between_map_exactly_the_buffered_records_again(tmp_path):
+    files = _files(tmp_path, [20_000])
+    calls = [0]
+
+    def counted(x):
+        calls[0] += 1
+        return first_id(x)
+
+    ds = sf.read_tfrecord(files, spec=SPEC).map(counted).shuffle(500, seed=2)
+    for stop in (600, 19_000):
+        state, expected = _run(ds, stop, 40)
+        assert len(json.dumps(state)) < 2048 + 3 * 500  # a cursor and a few bytes a buffered record
+        calls[0] = 0
+        assert _resume(ds, state, 40) == expected
+        # the 500 buffered records mapped again, and no more than the 40 records read on from
+        # the cursor (the source hands out one chunk at a time; the map takes one at a time)
+        assert 500 <= calls[0] <= 500 + 40, (stop, calls[0])
+
+
+def test_resumes_at_every_step_over_a_map_and_across_files(tmp_path):
+    files = _files(tmp_path, [9, 0, 14, 5])
+    ds = sf.read_tfrecord(files, spec=SPEC).map(first_id, num_parallel_calls=2).shuffle(6, seed=3)
+    assert check_resume_everywhere(ds) == 29
+
+
+def test_states_saved_after_restores_restore_again(tmp_path):
+    files = _files(tmp_path, [5000, 3000])
+    src = sf.read_tfrecord(files, spec=SPEC)
+    ds = src.map(ident, num_parallel_calls=2).map(first_id).shuffle(900, seed=8)
+    with iter(ds) as it:  # one pass's order (each pass reshuffles): its start state
+        start = it.get_state()
+    with ds.iter_from_state(start) as it:
+        ref = list(it)
+    with ds.iter_from_state(start) as it:
+        for _ in range(1200):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+    done = 1200
+    for hop in (5, 1, 700, 2500):  # soon after a restore (the buffer still mostly read back), and later
+        with ds.iter_from_state(state) as it:
+            for _ in range(hop):
+                next(it)
+            state = json.loads(json.dumps(it.get_state()))
+        done += hop
+        assert "frames" in state["root"]
+        again = src.read_stats.reread
+        assert elements_equal(list(ds.iter_from_state(state)), ref[done:])
+        assert src.read_stats.reread - again == 900
+
+
+def test_without_offsets_it_restores_from_the_anchor(tmp_path):
+    # a map that skips failures (its outputs are no longer the records one for one), a source
+    # that skips corrupt records, a gzip file: no offsets in the state, the anchor's re-read
+    plain = _files(tmp_path, [4000])
+    zipped = str(tmp_path / "z.tfrecord.gz")
+    sf.write_records(zipped, [example(i) for i in range(4000)], compression="GZIP")
+    cases = [
+        (sf.read_tfrecord(plain, spec=SPEC), lambda s: s.map(first_id, on_error="skip")),
+        (sf.read_tfrecord(plain, spec=SPEC, on_corrupt="skip"), lambda s: s.map(first_id)),
+        (sf.read_tfrecord([zipped], spec=SPEC), lambda s: s.map(first_id)),
+    ]
+    for src, chain in cases:
+        ds = chain(src).shuffle(300, seed=6)
+        state, expected = _run(ds, 2000, 25)
+        assert "frames" not in state["root"]
+        again = src.read_stats.records
+        assert _resume(ds, state, 25) == expected
+        assert src.read_stats.records - again > 2 * 300  # from the anchor: several buffers back
+
+
+def test_a_restore_over_a_file_changed_since_the_save_names_the_file_and_offset(tmp_path):
+    files = _files(tmp_path, [3000, 3000])
+    ds = sf.read_tfrecord(files, spec=SPEC).map(first_id).shuffle(400, seed=2)
+    state, _ = _run(ds, 1000, 0)
+    frames = state["root"]["frames"]
+    url = frames["urls"][int(unpack_ints(frames["url"])[0])]
+    at = int(unpack_ints(frames["at"])[0])
+    with open(url, "r+b") as f:  # the length of a buffered record's frame
+        f.seek(at)
+        f.write(b"\x7f")
+    with pytest.raises(CorruptRecordError, match=str(at)):
+        _resume(ds, state, 1)
+
+
+def test_a_state_from_another_shuffle_fails_clearly(tmp_path):
+    files = _files(tmp_path, [3000])
+    ds = sf.read_tfrecord(files, spec=SPEC).map(first_id).shuffle(400, seed=2)
+    state, _ = _run(ds, 1000, 0)
+    frames = state["root"]["frames"]
+    bad = dict(state, root=dict(state["root"], frames=dict(frames, resume=[5, frames["resume"][1]])))
+    with pytest.raises(ValueError, match="frames resume at upstream position 5"):
+        _resume(ds, bad, 1)
+    smaller = sf.read_tfrecord(files, spec=SPEC).map(first_id).shuffle(300, seed=2)
+    with pytest.raises(ValueError, match="not a state this shuffle saved"):
+        _resume(smaller, state, 1)
+
+
+def test_the_unfused_and_fused_shuffles_resume_from_each_others_offsets(tmp_path):
+    files = _files(tmp_path, [4000, 3000])
+    src = sf.read_tfrecord(files, spec=SPEC)
+    fused = src.shuffle(500, seed=5).batch(10)
+    unfused = src.shuffle(500, seed=5)
+    with iter(unfused) as it:
+        start = it.get_state()
+    with unfused.iter_from_state(start) as it:
+        ref = [int(x["id"]) for x in it]
+    with unfused.iter_from_state(start) as it:
+        for _ in range(2000):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+    assert "frames" in state["root"]
+    again = src.read_stats.reread
+    got = np.concatenate([b["id"] for b in fused.iter_from_state(state)]).tolist()
+    assert got == ref[2000:] and src.read_stats.reread - again == 500
+    with fused.iter_from_state(start) as it:
+        for _ in range(150):
+            next(it)
+        state = json.loads(json.dumps(it.get_state()))
+    again = src.read_stats.reread
+    assert [int(x["id"]) for x in unfused.iter_from_state(state)] == ref[1500:]
+    assert src.read_stats.reread - again == 500
+
+
+def test_a_gzip_file_named_like_a_plain_one_is_not_read_by_offset(tmp_path):
+    # compression given explicitly: no offsets, whatever the file names say
+    p = str(tmp_path / "plain-name.tfrecord")
+    sf.write_records(p, [example(i) for i in range(2000)], compression="GZIP")
+    src = sf.read_tfrecord([p], spec=SPEC, compression="GZIP")
+    ds = src.map(first_id).shuffle(200, seed=1)
+    state, expected = _run(ds, 900, 10)
+    assert "frames" not in state["root"]
+    assert _resume(ds, state, 10) == expected
