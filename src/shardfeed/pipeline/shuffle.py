@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.tfrecord import ReadStats
 from .dataset import Dataset, UnaryDataset, positive_int
 from .frames import FrameRecorder, Frames, Replay, fetch_frames
 from .node import Build, Node
@@ -249,6 +250,8 @@ class _ShuffleNode(Node):
         # upstream is now at position `read`: skip the rest of the already-read range
         while self.read < read:
             self._read_one()
+        if self.src is not None:  # its records one for one: every one from the anchor was read again
+            self.src._merge_stats(ReadStats(reread=read - anchor_pos))
         self.buf, self.pos = buf, positions
         self.exhausted = exhausted
         self.consumed = consumed

@@ -18,8 +18,9 @@ buffered record's file, byte offset and length (``"frames"``: zlib-compressed de
 bytes a record) and the source's cursor at the first record not yet drawn into the buffer, so
 the restore reads back exactly the buffered records (nearby ones in one range), at most one
 buffer, and the source goes on from there (:mod:`shardfeed.pipeline.frames`). Without
-``"frames"`` (a state from ``in_subprocess``, a compressed file) it re-reads from the anchor, the cursor before the oldest buffered record
-(about ``buffer * ln(buffer)`` records back), as the unfused node does.
+``"frames"`` (a state from ``in_subprocess``, a compressed file) it re-reads from the anchor,
+the cursor before the oldest buffered record (about ``buffer * ln(buffer)`` records back), as
+the unfused node then does.
 """
 
 from __future__ import annotations
