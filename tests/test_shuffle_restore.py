@@ -210,3 +210,58 @@ def test_a_gzip_file_named_like_a_plain_one_is_not_read_by_offset(tmp_path):
     state, expected = _run(ds, 900, 10)
     assert "frames" not in state["root"]
     assert _resume(ds, state, 10) == expected
+
+
+def test_a_file_listed_twice_restores_both_copies_of_its_records(tmp_path):
+    a, b = _files(tmp_path, [10, 20])
+    for ds in (sf.read_tfrecord([a, a, b], spec=SPEC).map(first_id).shuffle(16, seed=1),
+               sf.read_tfrecord([a, a, b], spec=SPEC).shuffle(16, seed=1).batch(2)):  # fused
+        assert check_resume_everywhere(ds) >= 21
+
+
+def test_a_state_saved_right_after_an_anchor_restore_keeps_its_cursor_and_offsets(tmp_path):
+    files = _files(tmp_path, [30_000])
+    calls = [0]
+
+    def counted(x):
+        calls[0] += 1
+        return first_id(x)
+
+    src = sf.read_tfrecord(files, spec=SPEC)
+    ds = src.map(counted).shuffle(500, seed=2)
+    state, expected = _run(ds, 20_000, 30)
+    del state["root"]["frames"]  # as in_subprocess(), a gzip file or an older version gives it
+    with ds.iter_from_state(state) as it:
+        again = json.loads(json.dumps(it.get_state()))  # at once: the buffer refilled from the anchor
+        assert [next(it) for _ in range(30)] == expected
+    assert again["root"]["anchor"] is not None and "frames" in again["root"]
+    calls[0] = 0
+    assert _resume(ds, again, 30) == expected
+    assert calls[0] <= 500 + 30  # one buffer mapped again, not the pass
+
+
+def test_stages_that_may_drop_an_element_are_not_taken_for_one_record_each(tmp_path):
+    files = _files(tmp_path, [5])
+    src = sf.read_tfrecord(files, spec=SPEC)
+    assert src.map(first_id)._record_source() is src
+    assert src.map(first_id, num_parallel_calls=2).map(ident)._record_source() is src
+    assert src.map(first_id, on_error="skip")._record_source() is None
+    assert src.filter(lambda x: True)._record_source() is None
+    assert src.decode_images("id", 8, on_error="skip")._record_source() is None
+    assert src.decode_images("id", 8)._record_source() is src
+    assert sf.read_tfrecord(files, spec=SPEC, on_corrupt="skip")._record_source() is None
+    assert sf.read_tfrecord(files, spec=SPEC, compression="GZIP")._record_source() is None
+    queue_like = sf.from_list([1, 2])
+    assert queue_like._record_source() is None
+
+
+def inner_shuffled(path):
+    return sf.read_tfrecord(path, spec=SPEC).map(first_id, num_parallel_calls=2).shuffle(5, seed=2)
+
+
+def test_parallel_maps_inside_a_threaded_interleave_close_without_spinning(tmp_path):
+    # closing the pass stopped the map's chunk loop from ever filling (it spun at 100% CPU)
+    files = _files(tmp_path, [9, 0, 14, 5, 1, 12])
+    ds = sf.from_list(files).interleave(inner_shuffled, cycle_length=3, num_parallel_calls=2)
+    for _ in range(3):
+        assert check_resume_everywhere(ds) == 42

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import collections
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -62,21 +62,20 @@ def chunk_entry(base: int, chunk: FrameChunk, span: Any) -> tuple:
 
 class Frames(DeferredState):
     """A state's ``"frames"``, made into JSON only when the state is asked for (every element
-    or batch carries a state; few are saved): the buffered positions (an array, or a function
-    that computes it), the index of where the records since the oldest of them lie (entries
+    or batch carries a state; few are saved): the buffered positions (an array or a list, a
+    copy), the index of where the records since the oldest of them lie (entries
     of :func:`chunk_entry`), the records a restore read back, and the cursor ``resume``
     (``[position, state]`` of the first record not drawn into the buffer)."""
 
     __slots__ = ("resume", "positions", "index", "restored", "compression")
 
-    def __init__(self, resume: list, positions: np.ndarray | Callable[[], np.ndarray], index: tuple,
-                 restored: tuple | None, compression: Any) -> None:
+    def __init__(self, resume: list, positions: Any, index: tuple, restored: tuple | None,
+                 compression: Any) -> None:
         self.resume, self.positions, self.index = resume, positions, index
         self.restored, self.compression = restored, compression
 
     def value(self) -> dict | None:
-        positions = self.positions() if callable(self.positions) else self.positions
-        positions = np.asarray(positions, np.int64)
+        positions = np.asarray(self.positions, np.int64)
         before = np.sort(positions[positions < self.resume[0]])
         at = np.zeros(len(before), np.int64)
         lens = np.zeros(len(before), np.int64)
@@ -137,7 +136,10 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
             while k + 1 < len(sel) and int(at[sel[k + 1]]) - end <= FRAMES_GAP:
                 k += 1
                 end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
-            wanted = {int(at[i]): int(pos[i]) for i in sel[first:k + 1].tolist()}
+            # a file listed twice has the same frame buffered at two positions
+            wanted: dict[int, list[int]] = {}
+            for i in sel[first:k + 1].tolist():
+                wanted.setdefault(int(at[i]), []).append(int(pos[i]))
             start = int(at[sel[first]])
             try:
                 for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options,
@@ -146,13 +148,15 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
                     view = memoryview(chunk.buffer)
                     for j in np.flatnonzero(np.isin(chunk.positions, at[sel[first:k + 1]])).tolist():
                         o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
-                        p = wanted.pop(int(chunk.positions[j]), None)
-                        if p is None:
+                        ps = wanted.pop(int(chunk.positions[j]), None)
+                        if ps is None:
                             continue
-                        out[p] = (bytes(view[o:o + n]), int(chunk.positions[j]), url)
-                        stats.records += 1
-                        stats.reread += 1
-                        stats.bytes += n + FRAME_OVERHEAD
+                        record = bytes(view[o:o + n])
+                        for p in ps:
+                            out[p] = (record, int(chunk.positions[j]), url)
+                        stats.records += len(ps)
+                        stats.reread += len(ps)
+                        stats.bytes += (n + FRAME_OVERHEAD) * len(ps)
             except CorruptRecordError as exc:
                 exc.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
                              "state was saved?)")

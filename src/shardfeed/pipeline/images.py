@@ -398,6 +398,10 @@ class DecodeImagesDataset(MapDataset):
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality() if self.image_policy.raises else None
 
+    def _record_source(self) -> Dataset | None:
+        # an element whose every image failed is dropped under on_error="skip"
+        return super()._record_source() if self.image_policy.raises else None
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return _DecodeImagesNode(b.but(raw=False), self, state)
 

@@ -168,6 +168,10 @@ class _ParallelMapNode(Node):
             next(parent)
             self.skip -= 1
         while not self.exhausted and len(self.pending) < 2 * self.n:
+            if stop.is_set():  # the pass closed (from another thread): no chunk would fill
+                if not self.pending:
+                    raise RuntimeError("the iterator was closed")
+                break
             st = parent.get_state()
             items = []
             t0 = time.perf_counter()

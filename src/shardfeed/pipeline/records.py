@@ -170,7 +170,7 @@ class _ReplayReader:
         return None  # never resumed: a replay is read to its end at once
 
     def close(self) -> None:
-        pass
+        self.it = iter(())  # the records go (the pass keeps the closed node until it ends)
 
 
 # -- the dataset ------------------------------------------------------------------------------

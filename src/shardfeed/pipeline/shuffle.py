@@ -25,6 +25,7 @@ again (:mod:`shardfeed.pipeline.frames`).
 from __future__ import annotations
 
 import collections
+import itertools
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -155,10 +156,11 @@ class _ShuffleNode(Node):
         self.recorder: FrameRecorder | None = None
         self.restored: tuple | None = None  # where the records a restore read back lie
         anchor = state.get("anchor") if state is not None else None
+        if state is not None and state.get("read") is not None and self.src is not None \
+                and state.get("frames") is not None:
+            self._restore_frames(b, ds, state)
+            return
         if state is not None and state.get("read") is not None and anchor is not None:
-            if self.src is not None and state.get("frames") is not None:
-                self._restore_frames(b, ds, state)
-                return
             self.parent = self._build_parent(b, ds, anchor[1], int(anchor[0]))
             super().__init__(b, ds, [self.parent])
             self._restore(int(state["consumed"]), int(state["read"]), bool(state["exhausted"]), int(anchor[0]))
@@ -232,7 +234,9 @@ class _ShuffleNode(Node):
         upstream, which is open at the anchor (upstream position ``anchor_pos``)."""
         self.rng, self.draws, self.di, positions = slot_positions(self.seed, self.epoch, self.size, consumed, read,
                                                                   exhausted)
-        # re-read upstream from the anchor, keeping the elements still in the buffer
+        # re-read upstream from the anchor, keeping the elements still in the buffer (the
+        # positions set first: the cursors and record offsets kept meanwhile are trimmed by them)
+        self.pos = positions
         want = {p: k for k, p in enumerate(positions)}
         buf: list = [None] * len(positions)
         self.read = anchor_pos
@@ -277,27 +281,31 @@ class _ShuffleNode(Node):
                              f"{len(positions)} others: not a state this shuffle saved")
         replay = ds.parent._build(b.but(frames=Replay([got[p][0] for p in order])), None)
         try:
-            elements = [next(replay) for _ in order]
+            elements = list(itertools.islice(replay, len(order)))
         finally:
             replay.close()
+        if len(elements) != len(order):
+            raise RuntimeError(f"shuffle resume: the stages between the source and the shuffle gave {len(elements)} "
+                               f"elements for the {len(order)} buffered records (is every stage one output an input, "
+                               "and deterministic?)")
         at = dict(zip(order, elements))
         self.buf, self.pos = [at[p] for p in positions], positions
         self.parent = self._build_parent(b, ds, resume_state, read)
         super().__init__(b, ds, [self.parent])
-        self.anchors.append((int(state["anchor"][0]), state["anchor"][1]))  # for a state without offsets
+        if state.get("anchor") is not None:  # for a later state without offsets
+            self.anchors.append((int(state["anchor"][0]), state["anchor"][1]))
         self.read, self.exhausted, self.consumed = read, exhausted, consumed
 
     def _frames(self, oldest: int) -> Frames:
-        """The state's ``"frames"``, made only if the state is kept: the buffered positions
-        are computed again from the draws then (the node moves on meanwhile)."""
+        """The state's ``"frames"``, made into JSON only if the state is kept."""
         recorder = self.recorder
         recorder.trim(oldest)
         restored = self.restored
         if restored is not None and (not len(restored[0]) or oldest > restored[0][-1]):
             self.restored = restored = None  # none of those records is buffered any more
-        args = (self.seed, self.epoch, self.size, self.consumed, self.read, self.exhausted)
-        return Frames([self.read, self.parent.get_state()], lambda: np.asarray(slot_positions(*args)[3], np.int64),
-                      tuple(recorder.index), restored, self.src.options.compression)
+        # a copy of the list (pointers: microseconds), made into an array only if the state is kept
+        return Frames([self.read, self.parent.get_state()], self.pos.copy(), tuple(recorder.index), restored,
+                      self.src.options.compression)
 
     def get_state(self) -> dict:
         if self.read and not _replayable(self.anchors[-1][1] if self.anchors else None):
