@@ -39,14 +39,28 @@ FRAMES_GAP = 64 << 10
 """Buffered frames closer than this in a file are read back in one range on restore."""
 
 
+_NARROW = ("<i1", "<i2", "<i4", "<i8")
+
+
 def pack_ints(values: np.ndarray) -> str:
-    """int64 values as base64 of their zlib-compressed deltas (a state field)."""
-    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0)).astype("<i8")
-    return base64.b64encode(zlib.compress(deltas.tobytes(), 6)).decode("ascii")
+    """int64 values as a state field: their deltas in the narrowest integer type that holds
+    them, zlib-compressed (level 1: a state is made for every step a ``StatefulDataLoader``
+    takes), base64, prefixed with the type (``"i2:..."``)."""
+    deltas = np.diff(np.asarray(values, np.int64), prepend=np.int64(0))
+    lo, hi = (int(deltas.min()), int(deltas.max())) if len(deltas) else (0, 0)
+    dtype = next(t for t in _NARROW if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+    packed = base64.b64encode(zlib.compress(deltas.astype(dtype).tobytes(), 1)).decode("ascii")
+    return f"{dtype[1:]}:{packed}"
 
 
 def unpack_ints(text: str) -> np.ndarray:
-    return np.cumsum(np.frombuffer(zlib.decompress(base64.b64decode(text)), "<i8")).astype(np.int64)
+    """The values :func:`pack_ints` packed (and the plain base64 of int64 deltas an earlier
+    version wrote)."""
+    dtype, _, packed = text.rpartition(":")
+    if dtype not in ("", "i1", "i2", "i4", "i8"):
+        raise ValueError(f"not a packed integer field: {text[:40]!r}")
+    raw = np.frombuffer(zlib.decompress(base64.b64decode(packed)), "<" + (dtype or "i8"))
+    return np.cumsum(raw, dtype=np.int64)
 
 
 def chunk_entry(base: int, chunk: FrameChunk, span: Any) -> tuple:
