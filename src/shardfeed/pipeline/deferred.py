@@ -21,12 +21,17 @@ class DeferredState:
     def value(self) -> Any:
         raise NotImplementedError
 
+    def fallback(self) -> Any:
+        """What stands in for it where it is not made (``materialize(make=False)``): None
+        leaves the key out."""
+        return None
+
 
 def materialize(state: Any, make: bool = True) -> Any:
     """``state`` with each :class:`DeferredState` in it made (keys whose value is None left
-    out), or with each left out (``make=False``: a state sent to another process with every
-    element, where making it each time would cost what deferring saves); the same object when
-    it holds none."""
+    out), or with each replaced by its ``fallback()`` (``make=False``: a state sent to another
+    process with every element, where making it each time would cost what deferring saves);
+    the same object when it holds none."""
     if isinstance(state, dict):
         out = None
         for k, v in state.items():
@@ -43,5 +48,5 @@ def materialize(state: Any, make: bool = True) -> Any:
         items = [materialize(v, make) for v in state]
         return state if all(a is b for a, b in zip(items, state)) else items
     if isinstance(state, DeferredState):
-        return state.value() if make else None
+        return state.value() if make else state.fallback()
     return state

@@ -16,13 +16,18 @@ memory plus one being made in the child; a slot grows (a new segment) when an el
 not fit it.
 
 The child sends, with each element, the upstream state after it, so this stage's state is
-what was delivered, never what was read ahead; and, at most every ``STATS_EVERY_S`` and at
-the end, the upstream stages' statistics, which the consumer's ``stats()`` shows as its
-own. An exception in the child reaches the consumer with the child's traceback (the same
-type when it pickles); a child that dies is one :class:`SubprocessError` naming the exit
-code or signal. ``close()``, garbage collection, Ctrl-C (the child ignores SIGINT; the
-consumer stops it) and interpreter exit stop the child and remove its segments' names;
-arrays the consumer still holds keep their memory (its own mapping) until they are gone.
+what was delivered, never what was read ahead. Parts of a state that cost real work to make
+(a shuffle's buffered-record offsets, :mod:`~shardfeed.pipeline.deferred`) are left out of
+what it sends: the child keeps the last few elements' full states, and the consumer's
+``get_state()`` asks the child for its element's when the state is made (without them, if
+the child has moved too far on or is gone, the shuffle restores by its anchor rule). And,
+at most every ``STATS_EVERY_S`` and at the end, the upstream stages' statistics, which the
+consumer's ``stats()`` shows as its own. An exception in the child reaches the consumer
+with the child's traceback (the same type when it pickles); a child that dies is one
+:class:`SubprocessError` naming the exit code or signal. ``close()``, garbage collection,
+Ctrl-C (the child ignores SIGINT; the consumer stops it) and interpreter exit stop the child
+and remove its segments' names; arrays the consumer still holds keep their memory (its own
+mapping) until they are gone.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import Any
 from ..errors import SubprocessError
 from . import shm
 from .dataset import Dataset, UnaryDataset, positive_int
-from .deferred import materialize
+from .deferred import DeferredState, materialize
 from .node import Build, Context, Node
 from .stats import PipelineStats, StageStats
 
@@ -52,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 STATS_EVERY_S = 0.05  # the child sends its statistics at most this often (and at the end)
 GROWTH = 1.25  # a slot that is too small is replaced by one this much larger than needed
+KEPT_STATES = 64  # full states (deferred parts unmade) the child keeps for the consumer to ask for, beyond the slots
 JOIN_TIMEOUT_S = 10.0
 _STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
                  "queue_samples", "mix_share_sum", "mix_batches", "extra")
@@ -191,6 +197,8 @@ class SubprocessNode(Node):
         self.conn: Any = None  # elements, errors, the end: child -> consumer
         self.ctrl: Any = None  # free slots and stop: consumer -> child
         self.pending: collections.deque = collections.deque()
+        self.recv_lock = threading.Lock()  # one reader of `conn` at a time (get_state may run in another thread)
+        self.cur_ref: int | None = None  # the child's number for the current element's full state
         self.done = False
         self.closed = False
         self.child_stages: list[StageStats] | None = None
@@ -267,8 +275,9 @@ class SubprocessNode(Node):
         """Take every message waiting; block until there is one (or the child is gone)."""
         while True:
             try:
-                while self.conn.poll():
-                    self.pending.append(self.conn.recv())
+                with self.recv_lock:
+                    while self.conn.poll():
+                        self.pending.append(self.conn.recv())
             except EOFError:
                 if self.pending:
                     return
@@ -308,13 +317,15 @@ class SubprocessNode(Node):
         self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
         msg = self.pending.popleft()
         kind = msg[0]
+        if kind == "state":  # an answer to a get_state() that gave up waiting (the pass was closing)
+            return self._next()
         if kind == "data":
-            _, slot, gen, structure, layout, state, size, work_s, snap = msg
+            _, slot, gen, structure, layout, state, size, work_s, snap, ref = msg
             t = time.perf_counter()
             x = self._decode(slot, gen, structure, layout)
             self.stats.work_s += work_s + time.perf_counter() - t
             self.stats.bytes += size
-            self.cur_state = state
+            self.cur_state, self.cur_ref = state, ref
             if snap is not None:
                 self._merge(snap)
             return x
@@ -391,7 +402,53 @@ class SubprocessNode(Node):
         self.seen_examples = len(examples)
 
     def get_state(self) -> dict:
-        return {"parent": self.cur_state}
+        if self.cur_ref is None:
+            return {"parent": self.cur_state}
+        return {"parent": _ChildState(self, self.cur_ref, self.cur_state)}
+
+    def _ask(self, ref: int) -> Any:
+        """The child's full state number ``ref`` (its deferred parts made there), or None when
+        it no longer has it or is gone. Elements that arrive meanwhile wait in ``pending``."""
+        if self.proc is None or self.closed:
+            return None
+        try:
+            with self.recv_lock:
+                with self.ring.lock:
+                    self.ctrl.send(("state", ref))
+                while True:
+                    if not self.conn.poll():
+                        ready = wait([self.conn, self.proc.sentinel], timeout=1.0)
+                        if self.closed:
+                            return None
+                        if self.proc.sentinel in ready and not self.conn.poll():
+                            return None  # the child is gone
+                        if not ready:
+                            continue
+                    msg = self.conn.recv()
+                    if msg[0] == "state":
+                        if msg[1] == ref:
+                            return msg[2]
+                        continue  # the answer to an earlier question nobody waits for any more
+                    self.pending.append(msg)
+        except (EOFError, OSError, ValueError):
+            return None
+
+
+class _ChildState(DeferredState):
+    """The in_subprocess stage's upstream state as the child sent it (deferred parts left
+    out), made whole by asking the child when the state is kept."""
+
+    __slots__ = ("node", "ref", "sent")
+
+    def __init__(self, node: SubprocessNode, ref: int, sent: Any) -> None:
+        self.node, self.ref, self.sent = node, ref, sent
+
+    def value(self) -> Any:
+        full = self.node._ask(self.ref)
+        return self.sent if full is None else full
+
+    def fallback(self) -> Any:
+        return self.sent
 
 
 # -- the child ----------------------------------------------------------------------------
@@ -417,6 +474,17 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
     gens = [-1] * nslots
     free = collections.deque(range(nslots))
     ctx: Context | None = None
+    kept: collections.OrderedDict[int, Any] = collections.OrderedDict()  # ref -> full state of an element sent
+
+    def answer(ref: int) -> None:
+        full = kept.get(ref)
+        try:
+            made = materialize(full) if full is not None else None
+        except Exception:  # noqa: BLE001 - the consumer falls back to the state it has
+            logger.exception("in_subprocess child: making a state's deferred parts failed")
+            made = None
+        conn.send(("state", ref, made))
+
     try:
         try:
             ds, state, epoch, scope, budget = pickle.loads(payload)
@@ -429,23 +497,36 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
         root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
         ctx.on_close(root.close)
         last_stats = time.perf_counter()
+        refs = 0
         while True:
-            if _take_messages(ctrl, free, block=False):
+            if _take_messages(ctrl, free, False, answer):
                 return
             try:
                 x = next(root)
             except StopIteration:
                 conn.send(("end", _snapshot(ctx.stats)))
+                ctx.close()
+                # the consumer may still ask for the last elements' full states, until it stops us
+                while not _take_messages(ctrl, free, True, answer):
+                    pass
                 return
-            # deferred parts left out (made for every element they would cost what deferring saves):
-            # a fused shuffle below restores from its anchor
-            state = materialize(root.get_state(), make=False)
+            # deferred parts left out (made for every element they would cost what deferring
+            # saves); the full state kept a while, made if the consumer asks for it
+            full = root.get_state()
+            state = materialize(full, make=False)
+            ref = None
+            if state is not full:
+                refs += 1
+                ref = refs
+                kept[ref] = full
+                while len(kept) > nslots + KEPT_STATES:
+                    kept.popitem(last=False)
             t = time.perf_counter()
             structure, arrays, layout, size = shm.encode(x)
             del x
             work_s = time.perf_counter() - t
             while not free:  # backpressure: wait for the consumer to hand a slot back
-                if _take_messages(ctrl, free, block=True):
+                if _take_messages(ctrl, free, True, answer):
                     return
             t = time.perf_counter()
             k = free.popleft()
@@ -464,7 +545,7 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
             snap = None
             if now - last_stats >= STATS_EVERY_S:
                 snap, last_stats = _snapshot(ctx.stats), now
-            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap))
+            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap, ref))
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return  # the consumer is gone
     except BaseException as exc:  # noqa: BLE001 - carried to the consumer
@@ -489,13 +570,19 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
         ctrl.close()
 
 
-def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
-    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
+def _take_messages(ctrl: Any, free: collections.deque, block: bool, answer: Any = None) -> bool:
+    """Read the consumer's messages (slots handed back, questions for a full state, which
+    ``answer`` answers); with ``block``, until a slot comes back. True when the consumer
+    asked to stop or is gone."""
     try:
         while block or ctrl.poll():
             msg = ctrl.recv()
             if msg[0] == "stop":
                 return True
+            if msg[0] == "state":
+                if answer is not None:
+                    answer(msg[1])
+                continue
             free.append(msg[1])
             block = False
     except (EOFError, OSError):
