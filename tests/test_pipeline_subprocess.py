@@ -523,6 +523,10 @@ def test_subprocess_state_without_the_childs_answer_falls_back_to_what_it_sent(t
     expected = list(it)
     it.close()  # the child is gone: the deferred state is made from what it sent
     from shardfeed.pipeline.deferred import materialize
+    from shardfeed.pipeline.iterator import STATE_VERSION
 
     made = materialize(rest_state)
     assert "frames" not in json.dumps(made) and "anchor" in json.dumps(made)
+    state = {"version": STATE_VERSION, "pass": 0, "done": False, "root": made}
+    with ds.iter_from_state(json.loads(json.dumps(state))) as resumed:  # by the anchor rule, exactly
+        assert elements_equal(list(resumed), expected)

@@ -95,11 +95,17 @@ class Dataset:
 
     def _record_source(self) -> "Dataset | None":
         """The source whose records this dataset's elements are, one for one and in order
-        (the source itself, or ``map`` stages over it), when that source can say where each
+        (the source itself, or ``map`` stages over it; or some of them, through one ``filter``
+        with no parallel ``map`` above it: :meth:`_filters_records`), when that source can say where each
         record lies and read records back by it (an uncompressed TFRecord source); ``None``
         otherwise. A ``shuffle`` over such a chain restores by reading back only its buffered
         records (:mod:`shardfeed.pipeline.frames`)."""
         return None
+
+    def _filters_records(self) -> bool:
+        """For a dataset whose :meth:`_record_source` is a source: whether a ``filter`` sits
+        between (its elements are then some of the records, one for one, in order)."""
+        return False
 
     def _records_before(self, state: Mapping[str, Any] | None) -> int:
         """For a dataset whose :meth:`_record_source` is a source: the records that source hands

@@ -81,12 +81,13 @@ class Frames(DeferredState):
     of :func:`chunk_entry`), the records a restore read back, and the cursor ``resume``
     (``[position, state]`` of the first record not drawn into the buffer)."""
 
-    __slots__ = ("resume", "positions", "index", "restored", "compression")
+    __slots__ = ("resume", "positions", "index", "restored", "compression", "kept")
 
     def __init__(self, resume: list, positions: Any, index: tuple, restored: tuple | None,
-                 compression: Any) -> None:
+                 compression: Any, kept: tuple | None = None) -> None:
         self.resume, self.positions, self.index = resume, positions, index
         self.restored, self.compression = restored, compression
+        self.kept = kept  # a KeptRecords snapshot: the record of each position (a filter between)
 
     def value(self) -> dict | None:
         positions = np.asarray(self.positions, np.int64)
@@ -104,15 +105,22 @@ class Frames(DeferredState):
             for u in np.unique(rurl_of[k[hit]]).tolist():
                 url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
             dense = ~hit
+        records = before  # the record of each position: the same number, unless a filter sits between
+        if self.kept is not None:
+            records = np.zeros(len(before), np.int64)
+            got = records_of(self.kept, before[dense])
+            if got is None:
+                return None
+            records[dense] = got
         bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
-        which = np.searchsorted(bases, before, side="right") - 1
+        which = np.searchsorted(bases, records, side="right") - 1
         which[~dense] = -2
         if (which == -1).any():
             return None
         for w in np.unique(which[dense]).tolist():
             base, offsets, lengths, url = self.index[w]
             sel = dense & (which == w)
-            j = before[sel] - base
+            j = records[sel] - base
             if j.max() >= len(offsets):
                 return None
             at[sel], lens[sel] = offsets[j], lengths[j]
@@ -184,21 +192,73 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
     return out, (pos, at, lens, url_of, urls)
 
 
+class KeptRecords:
+    """Which record each element a ``filter`` let through is (its number as the recorder
+    counts records), in order; the element numbered ``base`` first. Append-only blocks, so
+    that a state's snapshot of it costs little (the frozen blocks are shared)."""
+
+    BLOCK = 4096
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.blocks: collections.deque = collections.deque()  # frozen int64 arrays of BLOCK records
+        self.cur: list[int] = []
+
+    def append(self, record: int) -> None:
+        cur = self.cur
+        cur.append(record)
+        if len(cur) >= self.BLOCK:
+            self.blocks.append(np.array(cur, np.int64))
+            self.cur = []
+
+    def snapshot(self) -> tuple:
+        return self.base, tuple(self.blocks), np.array(self.cur, np.int64)
+
+    def trim(self, oldest: int) -> int | None:
+        """Drop the blocks wholly before element ``oldest``; the record of the first element
+        kept (None when there is none)."""
+        while self.blocks and self.base + len(self.blocks[0]) <= oldest:
+            self.base += len(self.blocks.popleft())
+        if self.blocks:
+            return int(self.blocks[0][0])
+        return self.cur[0] if self.cur else None
+
+
+def records_of(kept: tuple, positions: np.ndarray) -> np.ndarray | None:
+    """The records of elements at ``positions`` from a :meth:`KeptRecords.snapshot`; None
+    when some position is not in it."""
+    base, blocks, cur = kept
+    table = np.concatenate([*blocks, cur]) if blocks else cur
+    j = positions - base
+    if len(j) and (j.min() < 0 or j.max() >= len(table)):
+        return None
+    return table[j]
+
+
 class FrameRecorder:
     """Filled by a source built with it (``Build.frames``): where each record it hands out
-    lies, an entry of :func:`chunk_entry` a chunk, positions counted from ``base``. The shuffle
-    that made it trims the entries no buffered record lies in any more."""
+    lies, an entry of :func:`chunk_entry` a chunk, records numbered from ``base``. With
+    ``kept_base`` (a ``filter`` between the source and the shuffle), ``kept`` says which
+    record each element the filter let through is, the first being upstream position
+    ``kept_base``; without, an element's upstream position is its record's number. The
+    shuffle that made it trims what no buffered element needs any more."""
 
-    def __init__(self, base: int = 0) -> None:
+    def __init__(self, base: int = 0, kept_base: int | None = None) -> None:
         self.count = base
         self.index: collections.deque = collections.deque()
+        self.kept = KeptRecords(kept_base) if kept_base is not None else None
 
     def add(self, chunk: FrameChunk, span: Any) -> None:
         self.index.append(chunk_entry(self.count, chunk, span))
         self.count += chunk.count
 
     def trim(self, oldest: int) -> None:
-        """Drop the entries that lie wholly before upstream position ``oldest``."""
+        """Drop what lies wholly before upstream position ``oldest``."""
+        if self.kept is not None:
+            first = self.kept.trim(oldest)
+            if first is None:
+                return
+            oldest = first
         index = self.index
         while len(index) > 1 and index[0][0] + len(index[0][1]) <= oldest:
             index.popleft()

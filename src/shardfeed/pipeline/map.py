@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any
 
 from .dataset import Dataset, UnaryDataset, positive_int
+from .frames import FrameRecorder
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node
 from .policy import ErrorPolicy
 from .workers import WorkerPool
@@ -43,15 +44,25 @@ class MapDataset(UnaryDataset):
         return self.parent.cardinality() if self.policy.raises else None
 
     def _record_source(self) -> Dataset | None:
-        # one output an input, in order, unless fn's failures are skipped
+        # one output an input, in order, unless fn's failures are skipped; a parallel map
+        # above a filter would resume by re-reading elements the filter numbers no more
         if not self.policy.raises or not self.deterministic:
             return None
+        if self._parallel and self.parent._filters_records():
+            return None
         return self.parent._record_source()
+
+    def _filters_records(self) -> bool:
+        return self.parent._filters_records()
+
+    @property
+    def _parallel(self) -> bool:
+        return self.num_parallel_calls is not None or self.use_processes
 
     def _records_before(self, state: Mapping[str, Any] | None) -> int:
         if state is None:
             return 0
-        if self.num_parallel_calls is None and not self.use_processes:  # its state is its parent's
+        if not self._parallel:  # its state is its parent's
             return self.parent._records_before(state)
         return int(state["skip"]) + self.parent._records_before(state["parent"])
 
@@ -248,17 +259,40 @@ class FilterDataset(UnaryDataset):
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return _FilterNode(b.but(raw=False), self, state)
 
+    def _record_source(self) -> Dataset | None:
+        # some of the records, in order: the node tells a shuffle above which (one filter at most)
+        return None if self.parent._filters_records() else self.parent._record_source()
+
+    def _filters_records(self) -> bool:
+        return True
+
+    def _records_before(self, state: Mapping[str, Any] | None) -> int:
+        return self.parent._records_before(state)
+
 
 class _FilterNode(_MapNode):
     def __init__(self, b: Build, ds: FilterDataset, state: Mapping[str, Any] | None) -> None:
         self.parent = ds.parent._build(b, state)
         self.predicate = ds.predicate
+        # a shuffle above restoring by record offsets: which record each element let through is
+        rec = b.frames if isinstance(b.frames, FrameRecorder) else None
+        self.kept = rec.kept if rec is not None else None
+        self.record = rec.count + ds.parent._records_before(state) if rec is not None else 0
         Node.__init__(self, b, ds, [self.parent])
 
     def _next(self) -> Any:
         pred = self.predicate
         parent = self.parent
+        kept = self.kept
+        if kept is None:
+            while True:
+                x = next(parent)
+                if pred(x):
+                    return x
         while True:
             x = next(parent)
+            r = self.record
+            self.record = r + 1
             if pred(x):
+                kept.append(r)
                 return x

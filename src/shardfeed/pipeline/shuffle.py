@@ -34,7 +34,7 @@ import numpy as np
 
 from ..formats.tfrecord import ReadStats
 from .dataset import Dataset, UnaryDataset, positive_int
-from .frames import FrameRecorder, Frames, Replay, fetch_frames
+from .frames import FrameRecorder, Frames, Replay, fetch_frames, records_of
 from .node import Build, Node
 
 _DRAWS = 4096
@@ -175,7 +175,11 @@ class _ShuffleNode(Node):
         """Upstream from ``state`` (upstream position ``base``), its source telling a
         recorder where each record lies when it can."""
         if self.src is not None:
-            self.recorder = FrameRecorder(base - ds.parent._records_before(state))
+            if ds.parent._filters_records():  # records numbered from 0; the filter says which each element is
+                self.recorder = FrameRecorder(0, kept_base=base)
+                self.first_record = ds.parent._records_before(state)  # the filter's first input
+            else:
+                self.recorder = FrameRecorder(base - ds.parent._records_before(state))
         return ds.parent._build(b.but(frames=self.recorder), state)
 
     # -- reading upstream, remembering cursors to resume from ----------------------------
@@ -254,8 +258,14 @@ class _ShuffleNode(Node):
         # upstream is now at position `read`: skip the rest of the already-read range
         while self.read < read:
             self._read_one()
-        if self.src is not None:  # its records one for one: every one from the anchor was read again
-            self.src._merge_stats(ReadStats(reread=read - anchor_pos))
+        if self.src is not None:  # every record from the anchor's was read again
+            again = read - anchor_pos  # its records one for one
+            kept = self.recorder.kept if self.recorder is not None else None
+            if kept is not None and read > anchor_pos:  # some of them: up to the last element's record
+                last = records_of(kept.snapshot(), np.array([read - 1], np.int64))
+                if last is not None:
+                    again = int(last[0]) + 1 - self.first_record
+            self.src._merge_stats(ReadStats(reread=again))
         self.buf, self.pos = buf, positions
         self.exhausted = exhausted
         self.consumed = consumed
@@ -304,8 +314,9 @@ class _ShuffleNode(Node):
         if restored is not None and (not len(restored[0]) or oldest > restored[0][-1]):
             self.restored = restored = None  # none of those records is buffered any more
         # a copy of the list (pointers: microseconds), made into an array only if the state is kept
+        kept = recorder.kept.snapshot() if recorder.kept is not None else None
         return Frames([self.read, self.parent.get_state()], self.pos.copy(), tuple(recorder.index), restored,
-                      self.src.options.compression)
+                      self.src.options.compression, kept)
 
     def get_state(self) -> dict:
         if self.read and not _replayable(self.anchors[-1][1] if self.anchors else None):
