@@ -500,8 +500,7 @@ def test_subprocess_shuffle_state_carries_the_buffer_offsets_asked_from_the_chil
             next(it)
         state = it.get_state()
         rest = list(it)
-        after_end = it.get_state()  # the child has sent its end: it still answers until closed
-    assert "frames" in json.dumps(state) and "frames" not in json.dumps(after_end)
+    assert "frames" in json.dumps(state)
     with ds.iter_from_state(json.loads(json.dumps(state))) as it:
         assert elements_equal(list(it), rest)
     # the restore ran in a child: what it read back shows in that pass's stats, not here; in
@@ -530,3 +529,58 @@ def test_subprocess_state_without_the_childs_answer_falls_back_to_what_it_sent(t
     state = {"version": STATE_VERSION, "pass": 0, "done": False, "root": made}
     with ds.iter_from_state(json.loads(json.dumps(state))) as resumed:  # by the anchor rule, exactly
         assert elements_equal(list(resumed), expected)
+
+
+class _Slow:
+    """A map that takes its time over some elements (picklable, top level)."""
+
+    def __init__(self, ids, seconds: float) -> None:
+        self.ids, self.seconds = set(ids), seconds
+
+    def __call__(self, batch):
+        if int(batch["id"][0]) in self.ids:
+            time.sleep(self.seconds)
+        return batch
+
+
+def test_subprocess_get_state_does_not_wait_for_the_element_being_made(tmp_path):
+    # a thread of the child answers: the element the child is making (slow here) does not delay it
+    files = write_bytes_shards(tmp_path, n_files=1, per_file=400)
+    src = sf.read_tfrecord(files, spec=BSPEC)
+    order = [int(b["id"][0]) for b in src.shuffle(100, seed=2).batch(4)]
+    ds = src.shuffle(100, seed=2).batch(4).map(_Slow(order[2:3], 1.5)).in_subprocess(1)
+    with iter(ds) as it:
+        next(it)
+        next(it)  # the child is making the third batch now, slowly
+        time.sleep(0.2)
+        t = time.perf_counter()
+        state = it.get_state()
+        waited = time.perf_counter() - t
+        t = time.perf_counter()
+        next(it)
+        busy = time.perf_counter() - t
+        rest = list(it)
+    assert "frames" in json.dumps(state)
+    assert busy > 0.5, busy  # the child was still making the third batch when the state was asked for ...
+    assert waited < 0.5, waited  # ... and did not make the question wait for it
+    with ds.iter_from_state(json.loads(json.dumps(state))) as it:
+        assert elements_equal(list(it)[1:], rest)
+
+
+def test_subprocess_get_state_inside_a_get_state_falls_back_instead_of_hanging(tmp_path):
+    # a signal handler that saves the state while the program is already saving it
+    files = write_bytes_shards(tmp_path, n_files=1, per_file=600)
+    ds = sf.read_tfrecord(files, spec=BSPEC).shuffle(100, seed=2).batch(4).in_subprocess(2)
+    with iter(ds) as it:
+        for _ in range(10):
+            next(it)
+        node = it._root
+        node.reading = threading.get_ident()  # as if interrupted in the middle of reading an answer
+        inner = it.get_state()
+        node.reading = None
+        outer = it.get_state()
+        rest = list(it)
+    assert "frames" not in json.dumps(inner) and "frames" in json.dumps(outer)
+    for state in (inner, outer):
+        with ds.iter_from_state(json.loads(json.dumps(state))) as resumed:
+            assert elements_equal(list(resumed), rest)

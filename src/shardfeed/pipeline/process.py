@@ -19,8 +19,11 @@ The child sends, with each element, the upstream state after it, so this stage's
 what was delivered, never what was read ahead. Parts of a state that cost real work to make
 (a shuffle's buffered-record offsets, :mod:`~shardfeed.pipeline.deferred`) are left out of
 what it sends: the child keeps the last few elements' full states, and the consumer's
-``get_state()`` asks the child for its element's when the state is made (without them, if
-the child has moved too far on or is gone, the shuffle restores by its anchor rule). And,
+``get_state()`` asks the child for its element's when the state is made, over a pipe of their
+own that a thread of the child answers (so it never waits for the element being made);
+without an answer (the child has moved too far on, is gone, or a ``get_state`` is already
+asking in this thread: a signal handler's) the state is what the child sent, and the shuffle
+restores by its anchor rule. And,
 at most every ``STATS_EVERY_S`` and at the end, the upstream stages' statistics, which the
 consumer's ``stats()`` shows as its own. An exception in the child reaches the consumer
 with the child's traceback (the same type when it pickles); a child that dies is one
@@ -57,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 STATS_EVERY_S = 0.05  # the child sends its statistics at most this often (and at the end)
 GROWTH = 1.25  # a slot that is too small is replaced by one this much larger than needed
-KEPT_STATES = 64  # full states (deferred parts unmade) the child keeps for the consumer to ask for, beyond the slots
+KEPT_STATES = 8  # full states (deferred parts unmade) the child keeps for the consumer to ask for, beyond the slots
 JOIN_TIMEOUT_S = 10.0
 _STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
                  "queue_samples", "mix_share_sum", "mix_batches", "extra")
@@ -197,7 +200,12 @@ class SubprocessNode(Node):
         self.conn: Any = None  # elements, errors, the end: child -> consumer
         self.ctrl: Any = None  # free slots and stop: consumer -> child
         self.pending: collections.deque = collections.deque()
-        self.recv_lock = threading.Lock()  # one reader of `conn` at a time (get_state may run in another thread)
+        self.asks: Any = None  # questions for a full state: consumer -> child
+        self.answers: Any = None  # ... and their answers
+        self.ask_lock = threading.RLock()
+        self.answered: dict[int, Any] = {}  # answers read by a get_state that waited for another
+        self.ask_broken = False  # a get_state was interrupted while reading an answer
+        self.reading: int | None = None  # the thread reading an answer now (its signal handler must not read too)
         self.cur_ref: int | None = None  # the child's number for the current element's full state
         self.done = False
         self.closed = False
@@ -227,12 +235,15 @@ class SubprocessNode(Node):
         mp = multiprocessing.get_context("spawn")
         self.conn, child_conn = mp.Pipe(duplex=False)
         child_ctrl, self.ctrl = mp.Pipe(duplex=False)
-        self.proc = mp.Process(target=_child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots),
+        child_asks, self.asks = mp.Pipe(duplex=False)
+        self.answers, child_answers = mp.Pipe(duplex=False)
+        self.proc = mp.Process(target=_child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots,
+                                                         child_asks, child_answers),
                                name="shardfeed-subprocess", daemon=True)
         self.proc.start()
         self.ring.ctrl = self.ctrl
-        child_conn.close()
-        child_ctrl.close()
+        for c in (child_conn, child_ctrl, child_asks, child_answers):
+            c.close()
         self.stats.extra["child_pid"] = self.proc.pid
 
     def close(self) -> None:
@@ -260,6 +271,8 @@ class SubprocessNode(Node):
             with self.ring.lock:
                 for c in (self.conn, self.ctrl):
                     c.close()
+            for c in (self.asks, self.answers):  # a get_state waiting in another thread gives up
+                c.close()
         self.pending.clear()
         self.maps.clear()  # a mapping the user's arrays still view lives on until they go
         if proc is not None:
@@ -275,9 +288,8 @@ class SubprocessNode(Node):
         """Take every message waiting; block until there is one (or the child is gone)."""
         while True:
             try:
-                with self.recv_lock:
-                    while self.conn.poll():
-                        self.pending.append(self.conn.recv())
+                while self.conn.poll():
+                    self.pending.append(self.conn.recv())
             except EOFError:
                 if self.pending:
                     return
@@ -317,8 +329,6 @@ class SubprocessNode(Node):
         self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
         msg = self.pending.popleft()
         kind = msg[0]
-        if kind == "state":  # an answer to a get_state() that gave up waiting (the pass was closing)
-            return self._next()
         if kind == "data":
             _, slot, gen, structure, layout, state, size, work_s, snap, ref = msg
             t = time.perf_counter()
@@ -407,31 +417,40 @@ class SubprocessNode(Node):
         return {"parent": _ChildState(self, self.cur_ref, self.cur_state)}
 
     def _ask(self, ref: int) -> Any:
-        """The child's full state number ``ref`` (its deferred parts made there), or None when
-        it no longer has it or is gone. Elements that arrive meanwhile wait in ``pending``."""
-        if self.proc is None or self.closed:
+        """The child's full state number ``ref`` (its deferred parts made there, by a thread
+        that answers while the child makes elements), or None when it no longer has it or is
+        gone. Answers to other questions (a get_state inside another: a signal handler's, or
+        another thread's) are kept for them."""
+        if self.proc is None or self.closed or self.ask_broken or self.reading == threading.get_ident():
             return None
-        try:
-            with self.recv_lock:
-                with self.ring.lock:
-                    self.ctrl.send(("state", ref))
+        with self.ask_lock:
+            if ref in self.answered:
+                return self.answered.pop(ref)
+            try:
+                self.asks.send(ref)
                 while True:
-                    if not self.conn.poll():
-                        ready = wait([self.conn, self.proc.sentinel], timeout=1.0)
-                        if self.closed:
-                            return None
-                        if self.proc.sentinel in ready and not self.conn.poll():
-                            return None  # the child is gone
+                    if ref in self.answered:
+                        return self.answered.pop(ref)
+                    if not self.answers.poll():
+                        ready = wait([self.answers, self.proc.sentinel], timeout=1.0)
+                        if self.closed or (self.proc.sentinel in ready and not self.answers.poll()):
+                            return None  # closing, or the child is gone
                         if not ready:
                             continue
-                    msg = self.conn.recv()
-                    if msg[0] == "state":
-                        if msg[1] == ref:
-                            return msg[2]
-                        continue  # the answer to an earlier question nobody waits for any more
-                    self.pending.append(msg)
-        except (EOFError, OSError, ValueError):
-            return None
+                    self.reading = threading.get_ident()
+                    try:
+                        got, made = self.answers.recv()
+                    finally:
+                        self.reading = None
+                    if got == ref:
+                        return made
+                    if len(self.answered) < 64:
+                        self.answered[got] = made
+            except (EOFError, OSError, ValueError, TypeError):
+                return None
+            except BaseException:
+                self.ask_broken = True  # perhaps in the middle of an answer: the pipe is out of step
+                raise
 
 
 class _ChildState(DeferredState):
@@ -467,7 +486,8 @@ def _snapshot(stats: PipelineStats) -> dict:
     return {"stages": stages, "storage": storage, "errors": stats.errors.to_dict()}
 
 
-def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -> None:
+def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, asks: Any = None,
+                answers: Any = None) -> None:
     """Run the upstream chain and fill the ring until the end, an error, or a stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     segments: list[Any] = [None] * nslots
@@ -475,16 +495,27 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
     free = collections.deque(range(nslots))
     ctx: Context | None = None
     kept: collections.OrderedDict[int, Any] = collections.OrderedDict()  # ref -> full state of an element sent
+    kept_lock = threading.Lock()
 
-    def answer(ref: int) -> None:
-        full = kept.get(ref)
+    def answer_questions() -> None:
+        """The consumer's questions for a full state, answered while elements are made (the
+        kept states are snapshots: making them here does not touch the pass)."""
         try:
-            made = materialize(full) if full is not None else None
-        except Exception:  # noqa: BLE001 - the consumer falls back to the state it has
-            logger.exception("in_subprocess child: making a state's deferred parts failed")
-            made = None
-        conn.send(("state", ref, made))
+            while True:
+                ref = asks.recv()
+                with kept_lock:
+                    full = kept.get(ref)
+                try:
+                    made = materialize(full) if full is not None else None
+                except Exception:  # noqa: BLE001 - the consumer falls back to the state it has
+                    logger.exception("in_subprocess child: making a state's deferred parts failed")
+                    made = None
+                answers.send((ref, made))
+        except (EOFError, OSError, ValueError):
+            return  # the consumer is gone or closed the pipes
 
+    if asks is not None:
+        threading.Thread(target=answer_questions, name="shardfeed-subprocess-states", daemon=True).start()
     try:
         try:
             ds, state, epoch, scope, budget = pickle.loads(payload)
@@ -499,7 +530,7 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
         last_stats = time.perf_counter()
         refs = 0
         while True:
-            if _take_messages(ctrl, free, False, answer):
+            if _take_messages(ctrl, free, block=False):
                 return
             try:
                 x = next(root)
@@ -507,7 +538,7 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
                 conn.send(("end", _snapshot(ctx.stats)))
                 ctx.close()
                 # the consumer may still ask for the last elements' full states, until it stops us
-                while not _take_messages(ctrl, free, True, answer):
+                while not _take_messages(ctrl, free, block=True):
                     pass
                 return
             # deferred parts left out (made for every element they would cost what deferring
@@ -518,15 +549,16 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
             if state is not full:
                 refs += 1
                 ref = refs
-                kept[ref] = full
-                while len(kept) > nslots + KEPT_STATES:
-                    kept.popitem(last=False)
+                with kept_lock:
+                    kept[ref] = full
+                    while len(kept) > nslots + KEPT_STATES:
+                        kept.popitem(last=False)
             t = time.perf_counter()
             structure, arrays, layout, size = shm.encode(x)
             del x
             work_s = time.perf_counter() - t
             while not free:  # backpressure: wait for the consumer to hand a slot back
-                if _take_messages(ctrl, free, True, answer):
+                if _take_messages(ctrl, free, block=True):
                     return
             t = time.perf_counter()
             k = free.popleft()
@@ -566,23 +598,18 @@ def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int) -
         for seg in segments:
             if seg is not None:
                 seg.close()  # the consumer removes the segments
-        conn.close()
-        ctrl.close()
+        for c in (conn, ctrl, asks, answers):
+            if c is not None:
+                c.close()
 
 
-def _take_messages(ctrl: Any, free: collections.deque, block: bool, answer: Any = None) -> bool:
-    """Read the consumer's messages (slots handed back, questions for a full state, which
-    ``answer`` answers); with ``block``, until a slot comes back. True when the consumer
-    asked to stop or is gone."""
+def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
+    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
     try:
         while block or ctrl.poll():
             msg = ctrl.recv()
             if msg[0] == "stop":
                 return True
-            if msg[0] == "state":
-                if answer is not None:
-                    answer(msg[1])
-                continue
             free.append(msg[1])
             block = False
     except (EOFError, OSError):
