@@ -362,3 +362,43 @@ def test_index_files_parse_fast_and_still_name_a_bad_line(tmp_path):
     p.write_bytes(b"0 20\n5 7\n")
     with pytest.raises(sf.ShardfeedError, match="line 2"):
         sf.read_index(str(p))
+
+
+def test_threads_reading_fused_batches_at_once_share_the_cores(monkeypatch):
+    import threading
+
+    from shardfeed.pipeline import source_batch as sb
+
+    monkeypatch.setattr(sb, "_readers", {})
+    monkeypatch.setattr(sb, "ACTIVE_S", 60.0)  # everything below happens "now"
+    assert sb._share(4) == 4  # alone
+    got = []
+    t = threading.Thread(target=lambda: got.append(sb._share(4)))
+    t.start()
+    t.join()
+    assert got == [2]  # two threads read now: two cores each
+    assert sb._share(4) == 2 and sb._share(4) == 2  # the same thread again counts once
+    monkeypatch.setattr(sb, "ACTIVE_S", 0.0)  # the other thread has not read for a while
+    assert sb._share(4) == 4
+
+
+def test_two_slices_read_in_two_threads_give_every_record_once(tmp_path):
+    import threading
+
+    files = [str(tmp_path / f"p{f}.tfrecord") for f in range(4)]
+    for f, p in enumerate(files):
+        sf.write_records(p, [sf.encode_example({"id": [f * 10_000 + i]}) for i in range(3000)])
+    spec = {"id": sf.FixedLen("int64")}
+    out: list = [None, None]
+
+    def read(i):
+        ds = sf.read_shard(files, spec, slice_id=i, slice_count=2).batch(100)
+        out[i] = np.concatenate([b["id"] for b in ds]).tolist()
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(out[0] + out[1]) == sorted(f * 10_000 + i for f in range(4) for i in range(3000))
+    assert not set(out[0]) & set(out[1])

@@ -7,6 +7,8 @@ TFRecord source's plain producer rebatches its chunks; the fused shuffle
 from __future__ import annotations
 
 import collections
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -19,11 +21,34 @@ from ..formats.native import Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
-from .node import Build, Node
+from .node import AUTOTUNE, Build, Node
 from .span_reader import SpanChunks, close_generator, cursor_state
 from .workers import WorkerPool
 
 _IN_POOL = object()  # a _Pending's result: taken from the node's ParsePool, in order
+ACTIVE_S = 0.05
+"""A thread that took a fused batch this recently reads batches now (see :func:`_share`)."""
+_readers: dict[int, float] = {}  # consumer thread -> when it last took a fused batch
+
+
+def _share(threads: int) -> int:
+    """Parse threads one reader of this process should keep busy: ``threads`` (its cores)
+    divided among the threads that read fused batches now (two ``read_shard`` slices in two
+    threads, say), so that together they use the cores without crowding them: 4 parsing
+    threads on 2 cores ran 7 % slower than 2. One thread reading several sources (a mix)
+    counts once. A reader whose share is one parses in its own thread only (a pool, once
+    started, keeps its size)."""
+    now = time.monotonic()
+    _readers[threading.get_ident()] = now
+    if len(_readers) == 1:
+        return threads
+    active = 0
+    for ident, t in list(_readers.items()):
+        if now - t <= ACTIVE_S:
+            active += 1
+        elif now - t > 10 * ACTIVE_S:
+            _readers.pop(ident, None)
+    return max(1, threads // max(1, active))
 
 
 class _Pending(NamedTuple):
@@ -141,6 +166,7 @@ class SourceBatchNode(Node):
         elif self.state is None:
             self.state = cursor_state(None, 0, None, src.replayable)
         self.threads = src.threads
+        self.autotuned = src.num_parallel_reads == AUTOTUNE
         self.pool: WorkerPool | None = None
         # Under the raising policy, batches are parsed on native threads that never take the
         # GIL, and here when no pool thread has started the batch this thread needs next; the
@@ -165,6 +191,8 @@ class SourceBatchNode(Node):
 
     def _fill(self) -> None:
         want = 1 if self.threads <= 1 else 2 * self.threads
+        # with AUTOTUNE, other threads of this process reading batches now share the cores
+        share = _share(self.threads) if self.native and self.autotuned else self.threads
         while not self.exhausted and len(self.pending) < want:
             try:
                 batch, where, state, token = next(self.producer)
@@ -176,6 +204,9 @@ class SourceBatchNode(Node):
                 self.pending.append(_Pending(exc, None, None, None, None))
                 break
             if self.threads <= 1:
+                self.pending.append(_Pending(None, batch, where, state, token))
+                continue
+            if self.native and share <= 1:  # the cores are taken: this thread parses it, when taken
                 self.pending.append(_Pending(None, batch, where, state, token))
                 continue
             if self.native:
