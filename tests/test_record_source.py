@@ -371,14 +371,27 @@ def test_threads_reading_fused_batches_at_once_share_the_cores(monkeypatch):
 
     monkeypatch.setattr(sb, "_readers", {})
     monkeypatch.setattr(sb, "ACTIVE_S", 60.0)  # everything below happens "now"
-    assert sb._share(4) == 4  # alone
-    got = []
-    t = threading.Thread(target=lambda: got.append(sb._share(4)))
-    t.start()
-    t.join()
-    assert got == [2]  # two threads read now: two cores each
+
+    def other(batches):
+        got = []
+        t = threading.Thread(target=lambda: got.extend(sb._share(4) for _ in range(batches)))
+        t.start()
+        t.join()
+        return got
+
+    assert [sb._share(4) for _ in range(sb.BUSY_BATCHES)] == [4] * sb.BUSY_BATCHES  # alone, flat out
+    assert other(1) == [2]  # another thread sees this one busy ...
+    assert sb._share(4) == 4  # ... but it took one batch: not reading flat out, not counted
+    assert other(sb.BUSY_BATCHES)[-1] == 2  # now it reads flat out too: two cores each
     assert sb._share(4) == 2 and sb._share(4) == 2  # the same thread again counts once
     monkeypatch.setattr(sb, "ACTIVE_S", 0.0)  # the other thread has not read for a while
+    assert sb._share(4) == 4
+    monkeypatch.setattr(sb, "ACTIVE_S", 60.0)
+    assert other(sb.BUSY_BATCHES)[-1] == 2 and sb._share(4) == 2
+    # a pass that ends or closes leaves at once
+    for ident in list(sb._readers):
+        if ident != threading.get_ident():
+            sb._done_reading(ident)
     assert sb._share(4) == 4
 
 

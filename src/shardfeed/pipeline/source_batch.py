@@ -27,28 +27,42 @@ from .workers import WorkerPool
 
 _IN_POOL = object()  # a _Pending's result: taken from the node's ParsePool, in order
 ACTIVE_S = 0.05
-"""A thread that took a fused batch this recently reads batches now (see :func:`_share`)."""
-_readers: dict[int, float] = {}  # consumer thread -> when it last took a fused batch
+BUSY_BATCHES = 4
+"""A thread that took this many fused batches within ``ACTIVE_S`` reads flat out now (see :func:`_share`)."""
+_readers: dict[int, collections.deque] = {}  # consumer thread -> when it took its last BUSY_BATCHES batches
 
 
 def _share(threads: int) -> int:
     """Parse threads one reader of this process should keep busy: ``threads`` (its cores)
-    divided among the threads that read fused batches now (two ``read_shard`` slices in two
-    threads, say), so that together they use the cores without crowding them: 4 parsing
-    threads on 2 cores ran 7 % slower than 2. One thread reading several sources (a mix)
-    counts once. A reader whose share is one parses in its own thread only (a pool, once
-    started, keeps its size)."""
+    divided among the threads that read fused batches flat out now (two ``read_shard``
+    slices in two threads, say: ``BUSY_BATCHES`` batches within ``ACTIVE_S`` each), so that
+    together they use the cores without crowding them: 4 parsing threads on 2 cores ran 7 %
+    slower than 2. A thread that takes a batch now and then (an evaluation or logging reader)
+    does not count; one thread reading several sources (a mix) counts once. A reader whose
+    share is one parses in its own thread only (a pool, once started, keeps its size)."""
     now = time.monotonic()
-    _readers[threading.get_ident()] = now
+    ident = threading.get_ident()
+    times = _readers.get(ident)
+    if times is None:
+        times = _readers[ident] = collections.deque(maxlen=BUSY_BATCHES)
+    times.append(now)
     if len(_readers) == 1:
         return threads
-    active = 0
-    for ident, t in list(_readers.items()):
-        if now - t <= ACTIVE_S:
-            active += 1
-        elif now - t > 10 * ACTIVE_S:
-            _readers.pop(ident, None)
-    return max(1, threads // max(1, active))
+    busy = 1  # this one
+    for other, ts in list(_readers.items()):
+        if other == ident:
+            continue
+        if len(ts) == BUSY_BATCHES and now - ts[0] <= ACTIVE_S:
+            busy += 1
+        elif now - ts[-1] > 10 * ACTIVE_S:
+            _readers.pop(other, None)
+    return max(1, threads // busy)
+
+
+def _done_reading(ident: int | None) -> None:
+    """A reader's thread stopped taking its batches (the pass ended or closed)."""
+    if ident is not None:
+        _readers.pop(ident, None)
 
 
 class _Pending(NamedTuple):
@@ -167,6 +181,7 @@ class SourceBatchNode(Node):
             self.state = cursor_state(None, 0, None, src.replayable)
         self.threads = src.threads
         self.autotuned = src.num_parallel_reads == AUTOTUNE
+        self.reader: int | None = None  # the thread taking the batches (for _share)
         self.pool: WorkerPool | None = None
         # Under the raising policy, batches are parsed on native threads that never take the
         # GIL, and here when no pool thread has started the batch this thread needs next; the
@@ -192,7 +207,10 @@ class SourceBatchNode(Node):
     def _fill(self) -> None:
         want = 1 if self.threads <= 1 else 2 * self.threads
         # with AUTOTUNE, other threads of this process reading batches now share the cores
-        share = _share(self.threads) if self.native and self.autotuned else self.threads
+        share = self.threads
+        if self.native and self.autotuned:
+            share = _share(self.threads)
+            self.reader = threading.get_ident()
         while not self.exhausted and len(self.pending) < want:
             try:
                 batch, where, state, token = next(self.producer)
@@ -232,6 +250,7 @@ class SourceBatchNode(Node):
     def _next(self) -> Any:
         self._fill()
         if not self.pending:
+            _done_reading(self.reader)
             self.producer.finish_all()
             raise StopIteration
         fut, batch, where, state, token = self.pending.popleft()
@@ -280,6 +299,8 @@ class SourceBatchNode(Node):
         return self.state
 
     def close(self) -> None:
+        _done_reading(self.reader)
+        self.reader = None
         for p in self.pending:
             if hasattr(p.result, "cancel"):
                 p.result.cancel()
