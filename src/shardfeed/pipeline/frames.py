@@ -105,31 +105,31 @@ class Frames(DeferredState):
             for u in np.unique(rurl_of[k[hit]]).tolist():
                 url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
             dense = ~hit
-        records = before  # the record of each position: the same number, unless a filter sits between
-        if self.kept is not None:
-            records = np.zeros(len(before), np.int64)
-            got = records_of(self.kept, before[dense])
+        if self.kept is not None:  # a filter between: where each element it let through lies
+            got = kept_frames(self.kept, before[dense])
             if got is None:
                 return None
-            records[dense] = got
-        bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
-        which = np.searchsorted(bases, records, side="right") - 1
-        which[~dense] = -2
-        if (which == -1).any():
-            return None
-        for w in np.unique(which[dense]).tolist():
-            base, offsets, lengths, url = self.index[w]
-            sel = dense & (which == w)
-            j = records[sel] - base
-            if j.max() >= len(offsets):
+            at[dense], lens[dense] = got[0], got[1]
+            url_of[dense] = [urls.setdefault(u, len(urls)) for u in got[2]]
+        else:
+            bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
+            which = np.searchsorted(bases, before, side="right") - 1
+            which[~dense] = -2
+            if (which == -1).any():
                 return None
-            at[sel], lens[sel] = offsets[j], lengths[j]
-            if isinstance(url, tuple):  # a global shuffle's window: each record's own file
-                names, files = url
-                ids = np.array([urls.setdefault(u, len(urls)) for u in names], np.int64)
-                url_of[sel] = ids[files[j]]
-            else:
-                url_of[sel] = urls.setdefault(url, len(urls))
+            for w in np.unique(which[dense]).tolist():
+                base, offsets, lengths, url = self.index[w]
+                sel = dense & (which == w)
+                j = before[sel] - base
+                if j.max() >= len(offsets):
+                    return None
+                at[sel], lens[sel] = offsets[j], lengths[j]
+                if isinstance(url, tuple):  # a global shuffle's window: each record's own file
+                    names, files = url
+                    ids = np.array([urls.setdefault(u, len(urls)) for u in names], np.int64)
+                    url_of[sel] = ids[files[j]]
+                else:
+                    url_of[sel] = urls.setdefault(url, len(urls))
         if any(normalize_compression(self.compression, u) is not None for u in urls):
             return None  # a compressed stream has no byte offsets to read back from
         return {"resume": self.resume, "urls": list(urls), "pos": pack_ints(before), "url": pack_ints(url_of),
@@ -193,46 +193,57 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
 
 
 class KeptRecords:
-    """Which record each element a ``filter`` let through is (its number as the recorder
-    counts records), in order; the element numbered ``base`` first. Append-only blocks, so
-    that a state's snapshot of it costs little (the frozen blocks are shared)."""
+    """Where the record of each element a ``filter`` let through lies (file offset, length,
+    file), in order, the element numbered ``base`` first; and the number of the last one's
+    record. Append-only blocks, so that a state's snapshot of it costs little (the frozen
+    blocks are shared); only the elements let through are kept, however few they are."""
 
     BLOCK = 4096
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.blocks: collections.deque = collections.deque()  # frozen int64 arrays of BLOCK records
-        self.cur: list[int] = []
+        self.blocks: collections.deque = collections.deque()  # frozen (offsets, lengths, url ids) arrays
+        self.cur: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.urls: list[str] = []
+        self.url_ids: dict[str, int] = {}
+        self.last_record = -1
 
-    def append(self, record: int) -> None:
+    def append(self, record: int, at: int, length: int, url: str) -> None:
         cur = self.cur
-        cur.append(record)
-        if len(cur) >= self.BLOCK:
-            self.blocks.append(np.array(cur, np.int64))
-            self.cur = []
+        uid = self.url_ids.get(url)
+        if uid is None:
+            uid = self.url_ids[url] = len(self.urls)
+            self.urls.append(url)
+        offsets = cur[0]
+        offsets.append(at)
+        cur[1].append(length)
+        cur[2].append(uid)
+        self.last_record = record
+        if len(offsets) >= self.BLOCK:
+            self.blocks.append(tuple(np.array(c, np.int64) for c in cur))
+            self.cur = ([], [], [])
 
     def snapshot(self) -> tuple:
-        return self.base, tuple(self.blocks), np.array(self.cur, np.int64)
+        return (self.base, tuple(self.blocks), tuple(np.array(c, np.int64) for c in self.cur), tuple(self.urls))
 
-    def trim(self, oldest: int) -> int | None:
-        """Drop the blocks wholly before element ``oldest``; the record of the first element
-        kept (None when there is none)."""
-        while self.blocks and self.base + len(self.blocks[0]) <= oldest:
-            self.base += len(self.blocks.popleft())
-        if self.blocks:
-            return int(self.blocks[0][0])
-        return self.cur[0] if self.cur else None
+    def trim(self, oldest: int) -> None:
+        """Drop the blocks wholly before element ``oldest``."""
+        while self.blocks and self.base + len(self.blocks[0][0]) <= oldest:
+            self.base += len(self.blocks.popleft()[0])
 
 
-def records_of(kept: tuple, positions: np.ndarray) -> np.ndarray | None:
-    """The records of elements at ``positions`` from a :meth:`KeptRecords.snapshot`; None
-    when some position is not in it."""
-    base, blocks, cur = kept
-    table = np.concatenate([*blocks, cur]) if blocks else cur
+def kept_frames(kept: tuple, positions: np.ndarray) -> tuple | None:
+    """``(offsets, lengths, urls)`` of the elements at ``positions`` from a
+    :meth:`KeptRecords.snapshot` (``urls``: each element's file); None when some position is
+    not in it."""
+    base, blocks, cur, urls = kept
+    at = np.concatenate([*(b[0] for b in blocks), cur[0]])
+    lens = np.concatenate([*(b[1] for b in blocks), cur[1]])
+    uid = np.concatenate([*(b[2] for b in blocks), cur[2]])
     j = positions - base
-    if len(j) and (j.min() < 0 or j.max() >= len(table)):
+    if len(j) and (j.min() < 0 or j.max() >= len(at)):
         return None
-    return table[j]
+    return at[j], lens[j], [urls[u] for u in uid[j].tolist()]
 
 
 class FrameRecorder:
@@ -247,21 +258,69 @@ class FrameRecorder:
         self.count = base
         self.index: collections.deque = collections.deque()
         self.kept = KeptRecords(kept_base) if kept_base is not None else None
+        self._at: tuple | None = None  # the chunk locate() used last, as lists
 
     def add(self, chunk: FrameChunk, span: Any) -> None:
         self.index.append(chunk_entry(self.count, chunk, span))
         self.count += chunk.count
 
     def trim(self, oldest: int) -> None:
-        """Drop what lies wholly before upstream position ``oldest``."""
+        """Drop what lies wholly before upstream position ``oldest`` (with a filter between:
+        the kept elements' places; the filter forgets the chunks it has passed itself)."""
         if self.kept is not None:
-            first = self.kept.trim(oldest)
-            if first is None:
-                return
-            oldest = first
+            self.kept.trim(oldest)
+            return
+        self.forget_before(oldest)
+
+    def forget_before(self, record: int) -> None:
+        """Drop the chunks wholly before ``record``."""
         index = self.index
-        while len(index) > 1 and index[0][0] + len(index[0][1]) <= oldest:
+        while len(index) > 1 and index[0][0] + len(index[0][1]) <= record:
             index.popleft()
+
+    def keep(self, record: int) -> None:
+        """A filter let ``record``'s element through: where it lies goes into ``kept`` (the
+        per-element path of a filter under a shuffle, so all of it here)."""
+        at = self._at
+        if at is None or not at[0] <= record < at[1]:
+            at = self._at = self._chunk_of(record)
+            self.forget_before(at[0])  # the chunks the filter has passed: only kept elements' places stay
+        j = record - at[0]
+        url = at[4]
+        if not isinstance(url, str):
+            url = url[j]
+        kept = self.kept
+        uid = kept.url_ids.get(url)
+        if uid is None:
+            uid = kept.url_ids[url] = len(kept.urls)
+            kept.urls.append(url)
+        cur = kept.cur
+        offsets = cur[0]
+        offsets.append(at[2][j])
+        cur[1].append(at[3][j])
+        cur[2].append(uid)
+        kept.last_record = record
+        if len(offsets) >= kept.BLOCK:
+            kept.blocks.append(tuple(np.array(c, np.int64) for c in cur))
+            kept.cur = ([], [], [])
+
+    def locate(self, record: int) -> tuple[int, int, str]:
+        """Where ``record`` lies: file offset, length, file (a chunk handed out lately; the
+        chunk of the last record asked for is kept at hand as lists)."""
+        at = self._at
+        if at is None or not at[0] <= record < at[1]:
+            at = self._at = self._chunk_of(record)
+        j = record - at[0]
+        url = at[4]
+        return at[2][j], at[3][j], url if isinstance(url, str) else url[j]
+
+    def _chunk_of(self, record: int) -> tuple:
+        for base, offsets, lengths, url in reversed(self.index):
+            if base <= record < base + len(offsets):
+                if not isinstance(url, str):  # a global shuffle's window: each record's own file
+                    url = [url[0][f] for f in url[1].tolist()]
+                return base, base + len(offsets), offsets.tolist(), lengths.tolist(), url
+        raise RuntimeError(f"shuffle offsets: record #{record} is not among the chunks the source handed out")
 
 
 class Replay:

@@ -274,25 +274,30 @@ class _FilterNode(_MapNode):
     def __init__(self, b: Build, ds: FilterDataset, state: Mapping[str, Any] | None) -> None:
         self.parent = ds.parent._build(b, state)
         self.predicate = ds.predicate
-        # a shuffle above restoring by record offsets: which record each element let through is
-        rec = b.frames if isinstance(b.frames, FrameRecorder) else None
-        self.kept = rec.kept if rec is not None else None
+        # a shuffle above restoring by record offsets: where each element let through lies
+        rec = b.frames if isinstance(b.frames, FrameRecorder) and b.frames.kept is not None else None
+        self.recorder = rec
         self.record = rec.count + ds.parent._records_before(state) if rec is not None else 0
         Node.__init__(self, b, ds, [self.parent])
 
     def _next(self) -> Any:
         pred = self.predicate
         parent = self.parent
-        kept = self.kept
-        if kept is None:
+        rec = self.recorder
+        if rec is None:
             while True:
                 x = next(parent)
                 if pred(x):
                     return x
-        while True:
-            x = next(parent)
-            r = self.record
-            self.record = r + 1
-            if pred(x):
-                kept.append(r)
-                return x
+        r = self.record
+        try:
+            while True:
+                x = next(parent)
+                r += 1
+                if pred(x):
+                    rec.keep(r - 1)
+                    return x
+                if not r & 4095:
+                    rec.forget_before(r - 1)  # a long run dropped: the chunks passed go
+        finally:
+            self.record = r

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..formats.tfrecord import ReadStats
 from .dataset import Dataset, UnaryDataset, positive_int
-from .frames import FrameRecorder, Frames, Replay, fetch_frames, records_of
+from .frames import FrameRecorder, Frames, Replay, fetch_frames
 from .node import Build, Node
 
 _DRAWS = 4096
@@ -262,9 +262,7 @@ class _ShuffleNode(Node):
             again = read - anchor_pos  # its records one for one
             kept = self.recorder.kept if self.recorder is not None else None
             if kept is not None and read > anchor_pos:  # some of them: up to the last element's record
-                last = records_of(kept.snapshot(), np.array([read - 1], np.int64))
-                if last is not None:
-                    again = int(last[0]) + 1 - self.first_record
+                again = kept.last_record + 1 - self.first_record
             self.src._merge_stats(ReadStats(reread=again))
         self.buf, self.pos = buf, positions
         self.exhausted = exhausted
