@@ -195,40 +195,33 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
 class KeptRecords:
     """Where the record of each element a ``filter`` let through lies (file offset, length,
     file), in order, the element numbered ``base`` first; and the number of the last one's
-    record. Append-only blocks, so that a state's snapshot of it costs little (the frozen
-    blocks are shared); only the elements let through are kept, however few they are."""
-
-    BLOCK = 4096
+    record. Blocks of arrays, appended as the recorder looks records up, so that a state's
+    snapshot of it costs little; only the elements let through are kept, however few."""
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.blocks: collections.deque = collections.deque()  # frozen (offsets, lengths, url ids) arrays
-        self.cur: tuple[list[int], list[int], list[int]] = ([], [], [])
+        self.blocks: collections.deque = collections.deque()  # (offsets, lengths, url ids) arrays
         self.urls: list[str] = []
         self.url_ids: dict[str, int] = {}
         self.last_record = -1
 
-    def append(self, record: int, at: int, length: int, url: str) -> None:
-        cur = self.cur
+    def url_id(self, url: str) -> int:
         uid = self.url_ids.get(url)
         if uid is None:
             uid = self.url_ids[url] = len(self.urls)
             self.urls.append(url)
-        offsets = cur[0]
-        offsets.append(at)
-        cur[1].append(length)
-        cur[2].append(uid)
-        self.last_record = record
-        if len(offsets) >= self.BLOCK:
-            self.blocks.append(tuple(np.array(c, np.int64) for c in cur))
-            self.cur = ([], [], [])
+        return uid
+
+    def add_block(self, at: np.ndarray, lens: np.ndarray, uid: np.ndarray) -> None:
+        self.blocks.append((at, lens, uid))
 
     def snapshot(self) -> tuple:
-        return (self.base, tuple(self.blocks), tuple(np.array(c, np.int64) for c in self.cur), tuple(self.urls))
+        empty = np.zeros(0, np.int64)
+        return (self.base, tuple(self.blocks), (empty, empty, empty), tuple(self.urls))
 
     def trim(self, oldest: int) -> None:
         """Drop the blocks wholly before element ``oldest``."""
-        while self.blocks and self.base + len(self.blocks[0][0]) <= oldest:
+        while len(self.blocks) > 1 and self.base + len(self.blocks[0][0]) <= oldest:
             self.base += len(self.blocks.popleft()[0])
 
 
@@ -258,9 +251,11 @@ class FrameRecorder:
         self.count = base
         self.index: collections.deque = collections.deque()
         self.kept = KeptRecords(kept_base) if kept_base is not None else None
-        self._at: tuple | None = None  # the chunk locate() used last, as lists
+        self.pending: list[int] = []  # records of elements a filter let through, not looked up yet
 
     def add(self, chunk: FrameChunk, span: Any) -> None:
+        if self.pending and len(self.index) >= 4:  # a filter's elements let through: where they lie, now
+            self.resolve()
         self.index.append(chunk_entry(self.count, chunk, span))
         self.count += chunk.count
 
@@ -268,6 +263,7 @@ class FrameRecorder:
         """Drop what lies wholly before upstream position ``oldest`` (with a filter between:
         the kept elements' places; the filter forgets the chunks it has passed itself)."""
         if self.kept is not None:
+            self.resolve()
             self.kept.trim(oldest)
             return
         self.forget_before(oldest)
@@ -279,49 +275,38 @@ class FrameRecorder:
             index.popleft()
 
     def keep(self, record: int) -> None:
-        """A filter let ``record``'s element through: where it lies goes into ``kept`` (the
-        per-element path of a filter under a shuffle, so all of it here)."""
-        at = self._at
-        if at is None or not at[0] <= record < at[1]:
-            at = self._at = self._chunk_of(record)
-            self.forget_before(at[0])  # the chunks the filter has passed: only kept elements' places stay
-        j = record - at[0]
-        url = at[4]
-        if not isinstance(url, str):
-            url = url[j]
-        kept = self.kept
-        uid = kept.url_ids.get(url)
-        if uid is None:
-            uid = kept.url_ids[url] = len(kept.urls)
-            kept.urls.append(url)
-        cur = kept.cur
-        offsets = cur[0]
-        offsets.append(at[2][j])
-        cur[1].append(at[3][j])
-        cur[2].append(uid)
-        kept.last_record = record
-        if len(offsets) >= kept.BLOCK:
-            kept.blocks.append(tuple(np.array(c, np.int64) for c in cur))
-            kept.cur = ([], [], [])
+        """A filter let ``record``'s element through (where it lies is looked up in bulk, see
+        :meth:`resolve`; a filter appends to ``pending`` itself on its hot path)."""
+        self.pending.append(record)
 
-    def locate(self, record: int) -> tuple[int, int, str]:
-        """Where ``record`` lies: file offset, length, file (a chunk handed out lately; the
-        chunk of the last record asked for is kept at hand as lists)."""
-        at = self._at
-        if at is None or not at[0] <= record < at[1]:
-            at = self._at = self._chunk_of(record)
-        j = record - at[0]
-        url = at[4]
-        return at[2][j], at[3][j], url if isinstance(url, str) else url[j]
-
-    def _chunk_of(self, record: int) -> tuple:
-        for base, offsets, lengths, url in reversed(self.index):
-            if base <= record < base + len(offsets):
-                if not isinstance(url, str):  # a global shuffle's window: each record's own file
-                    url = [url[0][f] for f in url[1].tolist()]
-                return base, base + len(offsets), offsets.tolist(), lengths.tolist(), url
-        raise RuntimeError(f"shuffle offsets: record #{record} is not among the chunks the source handed out")
-
+    def resolve(self) -> None:
+        """Where the records of ``pending`` lie, into ``kept`` (vectorized, a chunk at a time);
+        then the chunks before the last of them go (the filter has passed them)."""
+        pending, kept = self.pending, self.kept
+        if not pending or kept is None:
+            return
+        recs = np.array(pending, np.int64)
+        self.pending = []
+        kept.last_record = int(recs[-1])
+        at = np.zeros(len(recs), np.int64)
+        lens = np.zeros(len(recs), np.int64)
+        uid = np.full(len(recs), -1, np.int64)
+        for base, offsets, lengths, url in self.index:
+            lo, hi = np.searchsorted(recs, [base, base + len(offsets)])
+            if lo == hi:
+                continue
+            j = recs[lo:hi] - base
+            at[lo:hi], lens[lo:hi] = offsets[j], lengths[j]
+            if isinstance(url, str):
+                uid[lo:hi] = kept.url_id(url)
+            else:  # a global shuffle's window: each record's own file
+                ids = np.array([kept.url_id(u) for u in url[0]], np.int64)
+                uid[lo:hi] = ids[url[1][j]]
+        if (uid < 0).any():
+            raise RuntimeError(f"shuffle offsets: record #{int(recs[uid < 0][0])} is not among the chunks the "
+                               "source handed out")
+        kept.add_block(at, lens, uid)
+        self.forget_before(int(recs[-1]))
 
 class Replay:
     """Passed as ``Build.frames``: the source yields these serialized records (parsed as it

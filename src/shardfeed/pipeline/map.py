@@ -295,9 +295,9 @@ class _FilterNode(_MapNode):
                 x = next(parent)
                 r += 1
                 if pred(x):
-                    rec.keep(r - 1)
+                    rec.pending.append(r - 1)  # where it lies is looked up in bulk (FrameRecorder.resolve)
                     return x
-                if not r & 4095:
+                if not r & 4095 and not rec.pending:
                     rec.forget_before(r - 1)  # a long run dropped: the chunks passed go
         finally:
             self.record = r

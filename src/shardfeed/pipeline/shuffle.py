@@ -262,6 +262,7 @@ class _ShuffleNode(Node):
             again = read - anchor_pos  # its records one for one
             kept = self.recorder.kept if self.recorder is not None else None
             if kept is not None and read > anchor_pos:  # some of them: up to the last element's record
+                self.recorder.resolve()
                 again = kept.last_record + 1 - self.first_record
             self.src._merge_stats(ReadStats(reread=again))
         self.buf, self.pos = buf, positions
@@ -312,7 +313,10 @@ class _ShuffleNode(Node):
         if restored is not None and (not len(restored[0]) or oldest > restored[0][-1]):
             self.restored = restored = None  # none of those records is buffered any more
         # a copy of the list (pointers: microseconds), made into an array only if the state is kept
-        kept = recorder.kept.snapshot() if recorder.kept is not None else None
+        kept = None
+        if recorder.kept is not None:
+            recorder.resolve()
+            kept = recorder.kept.snapshot()
         return Frames([self.read, self.parent.get_state()], self.pos.copy(), tuple(recorder.index), restored,
                       self.src.options.compression, kept)
 
