@@ -723,6 +723,20 @@ def test_a_reader_that_stops_early_leaves_no_partial_entry_and_the_next_one_fill
     assert len(committed) == 1 and parts == []
 
 
+def _upload_examples(s3_bucket, tmp_path, prefix, make, per_file, files=2):
+    """``files`` TFRecord files of ``per_file`` Examples (``make(file, i)``'s features) in
+    the bucket under ``prefix``; their URLs."""
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    urls = []
+    for f in range(files):
+        path = tmp_path / f"{prefix}{f}.tfrecord"
+        sf.write_records(str(path), [sf.encode_example(make(f, i)) for i in range(per_file)])
+        client.upload_file(str(path), bucket, f"{prefix}/{prefix}{f}.tfrecord")
+        urls.append(f"s3://{bucket}/{prefix}/{prefix}{f}.tfrecord")
+    return urls
+
+
 def test_a_fused_shuffle_restores_over_s3_reading_back_only_its_buffer(s3_bucket, tmp_path):
     import json
 
@@ -730,15 +744,9 @@ def test_a_fused_shuffle_restores_over_s3_reading_back_only_its_buffer(s3_bucket
 
     from shardfeed.pipeline.state import elements_equal
 
-    bucket, opts = s3_bucket
-    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
-    urls = []
-    for f in range(2):
-        path = tmp_path / f"p{f}.tfrecord"
-        sf.write_records(str(path), [sf.encode_example({"id": [f * 100_000 + i], "x": [float(i)] * 8})
-                                     for i in range(6000)])
-        client.upload_file(str(path), bucket, f"shuffle/p{f}.tfrecord")
-        urls.append(f"s3://{bucket}/shuffle/p{f}.tfrecord")
+    _, opts = s3_bucket
+    urls = _upload_examples(s3_bucket, tmp_path, "shuffle",
+                            lambda f, i: {"id": [f * 100_000 + i], "x": [float(i)] * 8}, 6000)
     spec = {"id": sf.FixedLen("int64"), "x": sf.FixedLen("float32", shape=(8,))}
     src = sf.read_tfrecord(urls, spec=spec, storage_options=opts)
     ds = src.shuffle(800, seed=4).batch(100)
@@ -762,14 +770,8 @@ def _first_id(x):
 def test_a_shuffle_over_a_map_restores_over_s3_reading_back_only_its_buffer(s3_bucket, tmp_path):
     import json
 
-    bucket, opts = s3_bucket
-    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
-    urls = []
-    for f in range(2):
-        path = tmp_path / f"m{f}.tfrecord"
-        sf.write_records(str(path), [sf.encode_example({"id": [f * 100_000 + i]}) for i in range(5000)])
-        client.upload_file(str(path), bucket, f"mapped/m{f}.tfrecord")
-        urls.append(f"s3://{bucket}/mapped/m{f}.tfrecord")
+    _, opts = s3_bucket
+    urls = _upload_examples(s3_bucket, tmp_path, "mapped", lambda f, i: {"id": [f * 100_000 + i]}, 5000)
     src = sf.read_tfrecord(urls, spec={"id": sf.FixedLen("int64")}, storage_options=opts)
     ds = src.map(_first_id, num_parallel_calls=2).shuffle(600, seed=3)
     with iter(ds) as it:

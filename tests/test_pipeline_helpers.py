@@ -16,6 +16,17 @@ def example(i: int) -> bytes:
     return sf.encode_example({"id": [i], "x": np.array([i, -i], np.float32), "ids": list(range(i % 3))})
 
 
+def example_files(tmp_path, sizes: list[int], tag: str = "s") -> list[str]:
+    """One TFRecord file per entry of ``sizes`` (record ``i`` of file ``f``: ``example(f *
+    100_000 + i)``)."""
+    out = []
+    for f, n in enumerate(sizes):
+        p = str(tmp_path / f"{tag}-{f}.tfrecord")
+        sf.write_records(p, [example(f * 100_000 + i) for i in range(n)])
+        out.append(p)
+    return out
+
+
 def write_shards(tmp_path, n_files: int = 3, per_file: int = 7, compression: str | None = None) -> list[str]:
     """``n_files`` TFRecord files; record ``i`` of file ``f`` has id ``f * 1000 + i``."""
     return write_sized_shards(tmp_path, [per_file] * n_files, compression=compression, prefix="part")

@@ -13,16 +13,7 @@ import shardfeed as sf
 from shardfeed.pipeline import check_resume_everywhere
 from shardfeed.pipeline.state import elements_equal
 
-from .test_pipeline_helpers import SPEC, example
-
-
-def _files(tmp_path, sizes, tag="s"):
-    out = []
-    for f, n in enumerate(sizes):
-        p = str(tmp_path / f"{tag}-{f}.tfrecord")
-        sf.write_records(p, [example(f * 100_000 + i) for i in range(n)])
-        out.append(p)
-    return out
+from .test_pipeline_helpers import SPEC, example, example_files
 
 
 def _unfused(files, size, k, seed, **kw):
@@ -35,7 +26,7 @@ def _fused(files, size, k, seed, **kw):
 
 
 def test_the_fused_node_is_used(tmp_path):
-    files = _files(tmp_path, [10])
+    files = example_files(tmp_path, [10])
     with iter(_fused(files, 4, 3, 1)) as it:
         assert type(it._root).__name__ == "SourceBatchNode"
     with iter(_unfused(files, 4, 3, 1)) as it:
@@ -46,7 +37,7 @@ def test_same_batches_as_the_unfused_chain_for_many_shapes(tmp_path):
     rnd = random.Random(5)
     for trial in range(40):
         sizes = [rnd.randint(0, 30) for _ in range(rnd.randint(1, 4))]
-        files = _files(tmp_path, sizes, f"t{trial}")
+        files = example_files(tmp_path, sizes, f"t{trial}")
         size, k, seed = rnd.randint(1, 40), rnd.randint(1, 7), rnd.randint(0, 9)
         drop = rnd.random() < 0.3
         a = [b["id"].tolist() for b in _fused(files, size, k, seed, drop_remainder=drop)]
@@ -56,7 +47,7 @@ def test_same_batches_as_the_unfused_chain_for_many_shapes(tmp_path):
 
 @pytest.mark.slow  # several seconds: out of the quick loop (make test-fast)
 def test_large_pass_with_compaction_matches_and_resumes_across_chains(tmp_path):
-    files = _files(tmp_path, [30_000, 20_000, 45_000])  # about 30 bytes a record: several 1 MiB chunks
+    files = example_files(tmp_path, [30_000, 20_000, 45_000])  # about 30 bytes a record: several 1 MiB chunks
     fused, unfused = _fused(files, 3000, 500, 7), _unfused(files, 3000, 500, 7)
     with iter(fused) as it:
         start = it.get_state()
@@ -83,14 +74,14 @@ def test_large_pass_with_compaction_matches_and_resumes_across_chains(tmp_path):
 
 @pytest.mark.parametrize("reads", [None, 2])
 def test_fused_shuffle_batch_resumes_at_every_step(tmp_path, reads):
-    files = _files(tmp_path, [13, 0, 9, 21])
+    files = example_files(tmp_path, [13, 0, 9, 21])
     ds = sf.read_tfrecord(files, spec=SPEC, num_parallel_reads=reads).shuffle(8, seed=4).batch(3)
     assert check_resume_everywhere(ds) >= 15
     assert check_resume_everywhere(sf.read_tfrecord(files, spec=SPEC).shuffle(100, seed=4).batch(5)) >= 9
 
 
 def test_fused_shuffle_batch_with_repeat_and_buffers(tmp_path):
-    files = _files(tmp_path, [17, 6])
+    files = example_files(tmp_path, [17, 6])
     two = list(sf.read_tfrecord(files, spec=SPEC).shuffle(5, seed=2).batch(4, bytes_as="buffer").repeat(2))
     ids = np.concatenate([b["id"] for b in two]).tolist()
     assert sorted(ids[:23]) == sorted(ids[23:]) and ids[:23] != ids[23:]
@@ -107,7 +98,7 @@ def _stop_at(ds, stop):
 
 @pytest.mark.slow  # a few seconds: out of the quick loop (make test-fast)
 def test_a_restore_reads_back_the_buffered_records_only_whatever_the_position(tmp_path):
-    files = _files(tmp_path, [30_000, 20_000, 45_000])  # several 1 MiB chunks
+    files = example_files(tmp_path, [30_000, 20_000, 45_000])  # several 1 MiB chunks
     size = 3000
     for stop in (10, 90, 170):  # 5,000 / 45,000 / 85,000 records in
         src = sf.read_tfrecord(files, spec=SPEC)
@@ -132,7 +123,7 @@ def test_a_file_changed_after_the_save_fails_the_restore_naming_it(tmp_path):
     from shardfeed.errors import CorruptRecordError
     from shardfeed.pipeline.frames import unpack_ints
 
-    files = _files(tmp_path, [4000, 4000])
+    files = example_files(tmp_path, [4000, 4000])
     ds = sf.read_tfrecord(files, spec=SPEC).shuffle(500, seed=2).batch(50)
     state, _ = _stop_at(ds, 30)
     frames = state["root"]["frames"]
@@ -161,7 +152,7 @@ def test_compressed_files_restore_from_the_anchor(tmp_path):
 
 
 def test_a_state_saved_after_a_restore_restores_again_from_the_records_read_back(tmp_path):
-    files = _files(tmp_path, [9000, 7000])
+    files = example_files(tmp_path, [9000, 7000])
     src = sf.read_tfrecord(files, spec=SPEC)
     ds = src.shuffle(1500, seed=9).batch(100)
     with iter(ds) as it:  # one pass's order (each pass reshuffles): its start state

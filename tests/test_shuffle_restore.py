@@ -14,16 +14,7 @@ from shardfeed.pipeline import check_resume_everywhere
 from shardfeed.pipeline.frames import unpack_ints
 from shardfeed.pipeline.state import elements_equal
 
-from .test_pipeline_helpers import SPEC, example
-
-
-def _files(tmp_path, sizes, tag="s"):
-    out = []
-    for f, n in enumerate(sizes):
-        p = str(tmp_path / f"{tag}-{f}.tfrecord")
-        sf.write_records(p, [example(f * 100_000 + i) for i in range(n)])
-        out.append(p)
-    return out
+from .test_pipeline_helpers import SPEC, example, example_files
 
 
 def ident(x):
@@ -32,6 +23,17 @@ def ident(x):
 
 def first_id(x):
     return int(x["id"])
+
+
+class CountedFirstId:
+    """``first_id``, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return first_id(x)
 
 
 def not_sevens(x):
@@ -71,7 +73,7 @@ def _resume(ds, state, count):
 @pytest.mark.parametrize("chain", sorted(CHAINS))
 @pytest.mark.parametrize("order", [None, "blocks", "global"])
 def test_a_restore_reads_back_exactly_one_buffer_early_and_late(tmp_path, chain, order):
-    files = _files(tmp_path, [6000, 2500, 4000])
+    files = example_files(tmp_path, [6000, 2500, 4000])
     size = 700
     reread = {}
     for stop in ((5, 1500) if chain == "batched_after" else (40, 9000)):
@@ -86,26 +88,21 @@ def test_a_restore_reads_back_exactly_one_buffer_early_and_late(tmp_path, chain,
 
 
 def test_the_stages_between_map_exactly_the_buffered_records_again(tmp_path):
-    files = _files(tmp_path, [20_000])
-    calls = [0]
-
-    def counted(x):
-        calls[0] += 1
-        return first_id(x)
-
+    files = example_files(tmp_path, [20_000])
+    counted = CountedFirstId()
     ds = sf.read_tfrecord(files, spec=SPEC).map(counted).shuffle(500, seed=2)
     for stop in (600, 19_000):
         state, expected = _run(ds, stop, 40)
         assert len(json.dumps(state)) < 2048 + 3 * 500  # a cursor and a few bytes a buffered record
-        calls[0] = 0
+        counted.calls = 0
         assert _resume(ds, state, 40) == expected
         # the 500 buffered records mapped again, and no more than the 40 records read on from
         # the cursor (the source hands out one chunk at a time; the map takes one at a time)
-        assert 500 <= calls[0] <= 500 + 40, (stop, calls[0])
+        assert 500 <= counted.calls <= 500 + 40, (stop, counted.calls)
 
 
 def test_resumes_at_every_step_over_a_map_and_across_files(tmp_path):
-    files = _files(tmp_path, [9, 0, 14, 5])
+    files = example_files(tmp_path, [9, 0, 14, 5])
     ds = sf.read_tfrecord(files, spec=SPEC).map(first_id, num_parallel_calls=2).shuffle(6, seed=3)
     assert check_resume_everywhere(ds) == 29
     odd = sf.read_tfrecord(files, spec=SPEC).map(ident, num_parallel_calls=2).filter(lambda x: int(x["id"]) % 2)
@@ -114,7 +111,7 @@ def test_resumes_at_every_step_over_a_map_and_across_files(tmp_path):
 
 @pytest.mark.parametrize("filtered", [False, True])
 def test_states_saved_after_restores_restore_again(tmp_path, filtered):
-    files = _files(tmp_path, [5000, 3000])
+    files = example_files(tmp_path, [5000, 3000])
     src = sf.read_tfrecord(files, spec=SPEC)
     ds = src.map(ident, num_parallel_calls=2)
     ds = (ds.filter(not_sevens) if filtered else ds).map(first_id).shuffle(900, seed=8)
@@ -142,7 +139,7 @@ def test_states_saved_after_restores_restore_again(tmp_path, filtered):
 def test_without_offsets_it_restores_from_the_anchor(tmp_path):
     # a map that skips failures (its outputs are no longer the records one for one), a source
     # that skips corrupt records, a gzip file: no offsets in the state, the anchor's re-read
-    plain = _files(tmp_path, [4000])
+    plain = example_files(tmp_path, [4000])
     zipped = str(tmp_path / "z.tfrecord.gz")
     sf.write_records(zipped, [example(i) for i in range(4000)], compression="GZIP")
     cases = [
@@ -160,7 +157,7 @@ def test_without_offsets_it_restores_from_the_anchor(tmp_path):
 
 
 def test_a_restore_over_a_file_changed_since_the_save_names_the_file_and_offset(tmp_path):
-    files = _files(tmp_path, [3000, 3000])
+    files = example_files(tmp_path, [3000, 3000])
     ds = sf.read_tfrecord(files, spec=SPEC).map(first_id).shuffle(400, seed=2)
     state, _ = _run(ds, 1000, 0)
     frames = state["root"]["frames"]
@@ -174,7 +171,7 @@ def test_a_restore_over_a_file_changed_since_the_save_names_the_file_and_offset(
 
 
 def test_a_state_from_another_shuffle_fails_clearly(tmp_path):
-    files = _files(tmp_path, [3000])
+    files = example_files(tmp_path, [3000])
     ds = sf.read_tfrecord(files, spec=SPEC).map(first_id).shuffle(400, seed=2)
     state, _ = _run(ds, 1000, 0)
     frames = state["root"]["frames"]
@@ -187,7 +184,7 @@ def test_a_state_from_another_shuffle_fails_clearly(tmp_path):
 
 
 def test_the_unfused_and_fused_shuffles_resume_from_each_others_offsets(tmp_path):
-    files = _files(tmp_path, [4000, 3000])
+    files = example_files(tmp_path, [4000, 3000])
     src = sf.read_tfrecord(files, spec=SPEC)
     fused = src.shuffle(500, seed=5).batch(10)
     unfused = src.shuffle(500, seed=5)
@@ -224,20 +221,15 @@ def test_a_gzip_file_named_like_a_plain_one_is_not_read_by_offset(tmp_path):
 
 
 def test_a_file_listed_twice_restores_both_copies_of_its_records(tmp_path):
-    a, b = _files(tmp_path, [10, 20])
+    a, b = example_files(tmp_path, [10, 20])
     for ds in (sf.read_tfrecord([a, a, b], spec=SPEC).map(first_id).shuffle(16, seed=1),
                sf.read_tfrecord([a, a, b], spec=SPEC).shuffle(16, seed=1).batch(2)):  # fused
         assert check_resume_everywhere(ds) >= 21
 
 
 def test_a_state_saved_right_after_an_anchor_restore_keeps_its_cursor_and_offsets(tmp_path):
-    files = _files(tmp_path, [30_000])
-    calls = [0]
-
-    def counted(x):
-        calls[0] += 1
-        return first_id(x)
-
+    files = example_files(tmp_path, [30_000])
+    counted = CountedFirstId()
     src = sf.read_tfrecord(files, spec=SPEC)
     ds = src.map(counted).shuffle(500, seed=2)
     state, expected = _run(ds, 20_000, 30)
@@ -246,13 +238,13 @@ def test_a_state_saved_right_after_an_anchor_restore_keeps_its_cursor_and_offset
         again = json.loads(json.dumps(it.get_state()))  # at once: the buffer refilled from the anchor
         assert [next(it) for _ in range(30)] == expected
     assert again["root"]["anchor"] is not None and "frames" in again["root"]
-    calls[0] = 0
+    counted.calls = 0
     assert _resume(ds, again, 30) == expected
-    assert calls[0] <= 500 + 30  # one buffer mapped again, not the pass
+    assert counted.calls <= 500 + 30  # one buffer mapped again, not the pass
 
 
 def test_stages_that_may_drop_an_element_are_not_taken_for_one_record_each(tmp_path):
-    files = _files(tmp_path, [5])
+    files = example_files(tmp_path, [5])
     src = sf.read_tfrecord(files, spec=SPEC)
     assert src.map(first_id)._record_source() is src
     assert src.map(first_id, num_parallel_calls=2).map(ident)._record_source() is src
@@ -276,7 +268,7 @@ def inner_shuffled(path):
 
 def test_parallel_maps_inside_a_threaded_interleave_close_without_spinning(tmp_path):
     # closing the pass stopped the map's chunk loop from ever filling (it spun at 100% CPU)
-    files = _files(tmp_path, [9, 0, 14, 5, 1, 12])
+    files = example_files(tmp_path, [9, 0, 14, 5, 1, 12])
     ds = sf.from_list(files).interleave(inner_shuffled, cycle_length=3, num_parallel_calls=2)
     for _ in range(3):
         assert check_resume_everywhere(ds) == 42

@@ -74,6 +74,15 @@ def chunk_entry(base: int, chunk: FrameChunk, span: Any) -> tuple:
     return base, chunk.positions, chunk.lengths, span.url
 
 
+def entry_url_ids(url: Any, j: np.ndarray, id_of: Any) -> Any:
+    """The ids (``id_of(name)``) of the files of records ``j`` of an index entry whose
+    ``url`` is a name (one id) or a global shuffle window's ``(urls, file of each record)``."""
+    if isinstance(url, str):
+        return id_of(url)
+    names, files = url
+    return np.array([id_of(u) for u in names], np.int64)[files[j]]
+
+
 class Frames(DeferredState):
     """A state's ``"frames"``, made into JSON only when the state is asked for (every element
     or batch carries a state; few are saved): the buffered positions (an array or a list, a
@@ -87,7 +96,7 @@ class Frames(DeferredState):
                  compression: Any, kept: tuple | None = None) -> None:
         self.resume, self.positions, self.index = resume, positions, index
         self.restored, self.compression = restored, compression
-        self.kept = kept  # a KeptRecords snapshot: the record of each position (a filter between)
+        self.kept = kept  # a KeptRecords snapshot: where each position's record lies (a filter between)
 
     def value(self) -> dict | None:
         positions = np.asarray(self.positions, np.int64)
@@ -96,6 +105,10 @@ class Frames(DeferredState):
         lens = np.zeros(len(before), np.int64)
         url_of = np.zeros(len(before), np.int64)
         urls: dict[str, int] = {}
+
+        def url_id(u: str) -> int:
+            return urls.setdefault(u, len(urls))
+
         dense = np.ones(len(before), bool)
         if self.restored is not None:  # records a restore read back: their offsets as the state gave them
             rpos, rat, rlens, rurl_of, rurls = self.restored
@@ -103,14 +116,14 @@ class Frames(DeferredState):
             hit = (rpos[k] == before) if len(rpos) else np.zeros(len(before), bool)
             at[hit], lens[hit] = rat[k[hit]], rlens[k[hit]]
             for u in np.unique(rurl_of[k[hit]]).tolist():
-                url_of[hit & (rurl_of[k] == u)] = urls.setdefault(rurls[u], len(urls))
+                url_of[hit & (rurl_of[k] == u)] = url_id(rurls[u])
             dense = ~hit
         if self.kept is not None:  # a filter between: where each element it let through lies
             got = kept_frames(self.kept, before[dense])
             if got is None:
                 return None
             at[dense], lens[dense] = got[0], got[1]
-            url_of[dense] = [urls.setdefault(u, len(urls)) for u in got[2]]
+            url_of[dense] = [url_id(u) for u in got[2]]
         else:
             bases = np.fromiter((e[0] for e in self.index), dtype=np.int64, count=len(self.index))
             which = np.searchsorted(bases, before, side="right") - 1
@@ -124,12 +137,7 @@ class Frames(DeferredState):
                 if j.max() >= len(offsets):
                     return None
                 at[sel], lens[sel] = offsets[j], lengths[j]
-                if isinstance(url, tuple):  # a global shuffle's window: each record's own file
-                    names, files = url
-                    ids = np.array([urls.setdefault(u, len(urls)) for u in names], np.int64)
-                    url_of[sel] = ids[files[j]]
-                else:
-                    url_of[sel] = urls.setdefault(url, len(urls))
+                url_of[sel] = entry_url_ids(url, j, url_id)
         if any(normalize_compression(self.compression, u) is not None for u in urls):
             return None  # a compressed stream has no byte offsets to read back from
         return {"resume": self.resume, "urls": list(urls), "pos": pack_ints(before), "url": pack_ints(url_of),
@@ -212,12 +220,8 @@ class KeptRecords:
             self.urls.append(url)
         return uid
 
-    def add_block(self, at: np.ndarray, lens: np.ndarray, uid: np.ndarray) -> None:
-        self.blocks.append((at, lens, uid))
-
     def snapshot(self) -> tuple:
-        empty = np.zeros(0, np.int64)
-        return (self.base, tuple(self.blocks), (empty, empty, empty), tuple(self.urls))
+        return self.base, tuple(self.blocks), tuple(self.urls)
 
     def trim(self, oldest: int) -> None:
         """Drop the blocks wholly before element ``oldest``."""
@@ -229,10 +233,10 @@ def kept_frames(kept: tuple, positions: np.ndarray) -> tuple | None:
     """``(offsets, lengths, urls)`` of the elements at ``positions`` from a
     :meth:`KeptRecords.snapshot` (``urls``: each element's file); None when some position is
     not in it."""
-    base, blocks, cur, urls = kept
-    at = np.concatenate([*(b[0] for b in blocks), cur[0]])
-    lens = np.concatenate([*(b[1] for b in blocks), cur[1]])
-    uid = np.concatenate([*(b[2] for b in blocks), cur[2]])
+    base, blocks, urls = kept
+    if not blocks:
+        return None if len(positions) else (positions, positions, [])
+    at, lens, uid = (np.concatenate([b[k] for b in blocks]) for k in range(3))
     j = positions - base
     if len(j) and (j.min() < 0 or j.max() >= len(at)):
         return None
@@ -242,10 +246,11 @@ def kept_frames(kept: tuple, positions: np.ndarray) -> tuple | None:
 class FrameRecorder:
     """Filled by a source built with it (``Build.frames``): where each record it hands out
     lies, an entry of :func:`chunk_entry` a chunk, records numbered from ``base``. With
-    ``kept_base`` (a ``filter`` between the source and the shuffle), ``kept`` says which
-    record each element the filter let through is, the first being upstream position
-    ``kept_base``; without, an element's upstream position is its record's number. The
-    shuffle that made it trims what no buffered element needs any more."""
+    ``kept_base`` (a ``filter`` between the source and the shuffle), the filter puts the
+    number of each record it lets through into ``pending``, and :meth:`resolve` looks up where
+    they lie into ``kept``, the first being upstream position ``kept_base``; without, an
+    element's upstream position is its record's number. The shuffle that made it trims what
+    no buffered element needs any more."""
 
     def __init__(self, base: int = 0, kept_base: int | None = None) -> None:
         self.count = base
@@ -274,11 +279,6 @@ class FrameRecorder:
         while len(index) > 1 and index[0][0] + len(index[0][1]) <= record:
             index.popleft()
 
-    def keep(self, record: int) -> None:
-        """A filter let ``record``'s element through (where it lies is looked up in bulk, see
-        :meth:`resolve`; a filter appends to ``pending`` itself on its hot path)."""
-        self.pending.append(record)
-
     def resolve(self) -> None:
         """Where the records of ``pending`` lie, into ``kept`` (vectorized, a chunk at a time);
         then the chunks before the last of them go (the filter has passed them)."""
@@ -297,16 +297,13 @@ class FrameRecorder:
                 continue
             j = recs[lo:hi] - base
             at[lo:hi], lens[lo:hi] = offsets[j], lengths[j]
-            if isinstance(url, str):
-                uid[lo:hi] = kept.url_id(url)
-            else:  # a global shuffle's window: each record's own file
-                ids = np.array([kept.url_id(u) for u in url[0]], np.int64)
-                uid[lo:hi] = ids[url[1][j]]
+            uid[lo:hi] = entry_url_ids(url, j, kept.url_id)
         if (uid < 0).any():
             raise RuntimeError(f"shuffle offsets: record #{int(recs[uid < 0][0])} is not among the chunks the "
                                "source handed out")
-        kept.add_block(at, lens, uid)
+        kept.blocks.append((at, lens, uid))
         self.forget_before(int(recs[-1]))
+
 
 class Replay:
     """Passed as ``Build.frames``: the source yields these serialized records (parsed as it

@@ -312,11 +312,8 @@ class _ShuffleNode(Node):
         restored = self.restored
         if restored is not None and (not len(restored[0]) or oldest > restored[0][-1]):
             self.restored = restored = None  # none of those records is buffered any more
-        # a copy of the list (pointers: microseconds), made into an array only if the state is kept
-        kept = None
-        if recorder.kept is not None:
-            recorder.resolve()
-            kept = recorder.kept.snapshot()
+        kept = recorder.kept.snapshot() if recorder.kept is not None else None  # resolved by trim()
+        # the positions: a copy of the list (pointers: microseconds), an array only if the state is kept
         return Frames([self.read, self.parent.get_state()], self.pos.copy(), tuple(recorder.index), restored,
                       self.src.options.compression, kept)
 

@@ -224,7 +224,7 @@ class SourceBatchNode(Node):
             if self.threads <= 1:
                 self.pending.append(_Pending(None, batch, where, state, token))
                 continue
-            if self.native and share <= 1:  # the cores are taken: this thread parses it, when taken
+            if share <= 1:  # the cores are taken: this thread parses it, when taken
                 self.pending.append(_Pending(None, batch, where, state, token))
                 continue
             if self.native:
