@@ -24,9 +24,11 @@ reader exists so that PAI scripts run as written.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +39,8 @@ from ..storage.urls import mask
 from .backend import open_table_backend
 from .reader import _cols
 from .urls import parse_table_url
+
+logger = logging.getLogger(__name__)
 
 _END = object()
 BATCH_ROWS = 4096
@@ -50,6 +54,8 @@ class _Item:
         self.url, self.start, self.stop, self.work = url, start, stop, work
         self.q: queue.Queue = queue.Queue(maxsize=depth)
         self.pending: collections.deque = collections.deque()  # pieces taken from q, not all returned yet
+        self.dropped = threading.Event()  # its lease was lost: its thread stops, no more of its rows go out
+        self.renewed = time.monotonic()
 
 
 class TableRecordReader:
@@ -60,7 +66,8 @@ class TableRecordReader:
     row ranges read at once, ahead of the consumer (0: 1); ``capacity``: rows read ahead
     in all (0: 8 x 4096). A ``WorkQueue`` as the input gives this reader its items one by
     one (row ranges when the queue cut tables into ``num_slices``), each acknowledged once
-    its last row was returned."""
+    its last row was returned; the leases of the items read ahead are renewed while rows
+    are returned, and the reader waits for the queue only when it holds no item itself."""
 
     def __init__(self, csv_delimiter: str = ",", selected_cols: str | Sequence[str] | None = None,
                  excluded_cols: str | Sequence[str] | None = None, num_threads: int = 0, capacity: int = 0,
@@ -162,9 +169,14 @@ class _Input:
         if self.done:
             return None
         if self.queue is not None:
-            item = self.queue.take()
+            # Wait for the queue only when holding nothing: while items read ahead are
+            # leased to this reader, a blocking take could wait for those very leases (their
+            # threads wait for the consumer, who would wait here). None then only means
+            # "nothing at once"; the reader asks again when its items are done.
+            holding = bool(self.ahead)
+            item = self.queue.take(block=not holding)
             if item is None:
-                self.done = True
+                self.done = not holding  # a blocking take's None: drained, the end of the input
                 return None
             if item.kind not in ("rows", "file"):
                 raise ValueError(f"work item {mask(item.work)} is {item.kind!r}, not a table: TableRecordReader "
@@ -188,9 +200,28 @@ class _Input:
             self.threads.append(t)
             self.ahead.append(item)
 
+    def _renew(self) -> None:
+        """Renew the leases of the queue's items held (read ahead included) that are due;
+        an item whose lease was lost goes to the worker that has it now: no more of its
+        rows are returned here."""
+        if self.queue is None:
+            return
+        now = time.monotonic()
+        due = self.queue.lease_timeout / 4
+        for item in list(self.ahead):
+            if item.work is None or now - item.renewed <= due:
+                continue
+            item.renewed = now
+            if not self.queue.renew(item.work):
+                logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker that has "
+                               "it now", self.queue.name, item.work.id, mask(item.url))
+                item.dropped.set()
+                self.ahead.remove(item)
+
     def next_piece(self, most: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Up to ``most`` rows of the current item; None at the end of the input."""
         while True:
+            self._renew()
             self._fill_ahead()
             if not self.ahead:
                 return None
@@ -240,7 +271,7 @@ class _Input:
             self._put(item, exc)
 
     def _put(self, item: _Item, x: Any) -> bool:
-        while not self.stop.is_set():
+        while not self.stop.is_set() and not item.dropped.is_set():
             try:
                 item.q.put(x, timeout=0.1)
                 return True
