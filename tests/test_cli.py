@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -188,3 +189,27 @@ def test_commands_on_a_folder_read_its_record_files_and_say_what_they_skipped(sh
     assert len(capsys.readouterr().out.splitlines()) == 25
     # a file named explicitly is read as given, and a bad one is still an error
     assert main(["count", str(shards / "README")]) != 0
+
+
+def test_a_record_file_damaged_from_its_first_bytes_is_corrupt_not_skipped(shards, capsys):
+    # sniffing is for files without a record extension: a .tfrecord that fails it is corruption
+    path = shards / "part-1.tfrecord"
+    data = bytearray(path.read_bytes())
+    data[0:12] = b"\xff" * 12  # the first frame's header: length and its CRC
+    path.write_bytes(bytes(data))
+    assert main(["verify", "--json", str(shards)]) == 1
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert report["files"] == 2 and report["records"] == 19 and report["corrupt_records"] == 1  # resynced
+    assert report["errors"][0]["file"].endswith("part-1.tfrecord") and report["errors"][0]["offset"] == 0
+    assert "part-1.tfrecord" not in out.err  # not said to be "not a TFRecord" and left out
+    assert main(["verify", str(shards / "*.tfrecord")]) == 1
+    assert "CORRUPT (1 of 2 files)" in capsys.readouterr().out
+    for command in (["count"], ["head", "-n", "30"]):  # the damaged file is an error, not left out
+        assert main([*command, str(shards)]) == 2
+        err = capsys.readouterr().err
+        assert "part-1.tfrecord" in err and "offset 0" in err, err
+    # the same bytes under a name with no record extension are sniffed and left out, as before
+    os.replace(path, shards / "part-1")
+    assert main(["verify", str(shards)]) == 0
+    assert "skipped 1 file(s) that are not TFRecords: part-1" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import re
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -42,6 +43,11 @@ _COMPRESSED_PIECE = 16 << 10
 # Files that sit beside shards and are never TFRecords themselves: left out when a
 # directory or a glob is expanded.
 SIDECAR_SUFFIXES = (".idx", ".json", ".csv", ".txt", ".md")
+# Names that say "TFRecord file": ``x.tfrecord``, ``x.tfrecords``, ``x.tfr``, compressed
+# (``.gz``, ``.gzip``, ``.zz``, ``.zlib``) or numbered as TFDS names shards
+# (``mnist-train.tfrecord-00000-of-00001``). Such a file is never sniffed and left out of a
+# folder: if its first bytes are not a frame, it is a corrupt TFRecord file.
+_RECORD_NAME = re.compile(r"\.(tfrecords?|tfr)(\.(gz|gzip|zz|zlib)|-\d+(-of-\d+)?)?$", re.IGNORECASE)
 ON_CORRUPT = ("raise", "skip")
 
 
@@ -290,11 +296,19 @@ def looks_like_tfrecord(url: str, storage_options: Mapping[str, Any] | None = No
     return masked_length_crc(length) == crc
 
 
+def has_record_name(url: str) -> bool:
+    """Whether the file name of ``url`` says it is a TFRecord file (``.tfrecord``,
+    ``.tfrecords``, ``.tfr``, maybe compressed or TFDS-numbered)."""
+    return bool(_RECORD_NAME.search(url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]))
+
+
 def record_files(urls: str | Iterable[str], storage_options: Mapping[str, Any] | None = None
                  ) -> tuple[list[str], list[str]]:
     """``(files, skipped)``: the TFRecord files ``urls`` name, and the files a directory or
-    a glob held that are not (index files, manifests, ``schema.pbtxt``, reports: anything
-    that does not start like a TFRecord file). Files named explicitly are kept as given."""
+    a glob held that are not (index files, manifests, ``schema.pbtxt``, reports: a file
+    without a record extension that does not start like a TFRecord file). A file with a
+    record extension (:func:`has_record_name`) is kept whatever its first bytes, so damage
+    there is reported as corruption; files named explicitly are kept as given."""
     items = [os.fspath(urls)] if isinstance(urls, (str, os.PathLike)) else [os.fspath(u) for u in urls]
     files: list[str] = []
     skipped: list[str] = []
@@ -307,7 +321,8 @@ def record_files(urls: str | Iterable[str], storage_options: Mapping[str, Any] |
             continue
         for u in storage.expand(item, storage_options):
             name = u.split("?", 1)[0]
-            if name.endswith(SIDECAR_SUFFIXES) or not looks_like_tfrecord(u, storage_options):
+            if name.endswith(SIDECAR_SUFFIXES) or (
+                    not has_record_name(name) and not looks_like_tfrecord(u, storage_options)):
                 skipped.append(u)
             else:
                 files.append(u)
