@@ -11,8 +11,10 @@ Queue state, the same in every backend:
 - ``inflight``: id -> ``{"worker", "token", "deadline"}``; acknowledged ids leave it and
   are never handed out again in that epoch.
 - ``next_epoch``: the next epoch whose order is pushed when ``pending`` runs dry.
-- counters (``taken``, ``acked``, ``expired``, ``late_acks``, ``released``), per-epoch
-  ``done`` counts and per-worker ``{"taken", "acked", "first", "last"}``.
+- counters (``taken``, ``acked``, ``expired``, ``late_acks``, ``released``,
+  ``redelivered``: takes of an id handed out before in its epoch, after its lease expired
+  or it was released), per-epoch ``done`` counts and per-worker ``{"taken", "acked",
+  "first", "last"}``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..storage.urls import mask
 
-COUNTERS = ("taken", "acked", "expired", "late_acks", "released")
+COUNTERS = ("taken", "acked", "expired", "late_acks", "released", "redelivered")
 ENV_BACKEND = "SHARDFEED_WORKQUEUE_BACKEND"
 
 

@@ -28,6 +28,7 @@ class _Queue:
         self.epoch_done: dict[int, int] = {}
         self.workers: dict[str, dict[str, float]] = {}
         self.token = 0
+        self.returned: set[str] = set()  # ids handed out, then given back (expired or released)
 
     def worker(self, w: str, now: float) -> dict[str, float]:
         st = self.workers.get(w)
@@ -73,9 +74,13 @@ class MemoryBackend(QueueBackend):
             for item_id in expired:
                 del q.inflight[item_id]
                 q.pending.appendleft(item_id)
+                q.returned.add(item_id)
                 q.counters["expired"] += 1
             if q.pending:
                 item_id = q.pending.popleft()
+                if item_id in q.returned:
+                    q.returned.discard(item_id)
+                    q.counters["redelivered"] += 1
                 q.token += 1
                 deadline = now + lease_s
                 q.inflight[item_id] = {"worker": worker, "token": q.token, "deadline": deadline}
@@ -133,6 +138,7 @@ class MemoryBackend(QueueBackend):
                 return False
             del q.inflight[item_id]
             q.pending.appendleft(item_id)
+            q.returned.add(item_id)
             q.counters["released"] += 1
             return True
 

@@ -6,10 +6,12 @@ shard (:func:`read_shard`, a :class:`~shardfeed.pipeline.spans.StaticSpans` of t
 plan) or what a worker takes off a :class:`WorkQueue` (:class:`QueueSpans`, which
 ``sf.read_tfrecord(queue, ...)`` uses).
 
-The queue provider acknowledges an item once its last record was delivered (together with
-the next take: one round trip), renews its lease while its records are read, stops an
-item at once if its lease was lost (another worker has it now), and gives back the items
-it holds when the pass is closed early.
+The queue provider acknowledges an item as soon as its last record was delivered (the
+source says so when a record of a later item goes out, or at the end of the pass), so a
+worker that dies leaves unacknowledged only the item it was delivering and the items it
+had read ahead (none of their records out). It renews its leases while records are read,
+stops an item at once if its lease was lost (another worker has it now), and gives back
+the items it holds when the pass is closed early.
 """
 
 from __future__ import annotations
@@ -216,7 +218,6 @@ class _QueueStream:
         self.storage_options = provider.storage_options
         self.taken = 0
         self.held: dict[str, WorkItem] = {}  # taken, not finished
-        self.to_ack: WorkItem | None = None
         self.renewed: dict[str, float] = {}
         self.done = False
         self.closed = False
@@ -225,15 +226,12 @@ class _QueueStream:
     def next_span(self, block: bool = True) -> Span | None:
         if self.done:
             return None
-        done, self.to_ack = self.to_ack, None
         while True:
             try:
                 # a blocking take waits in slices, so that closing the pass stops it
-                wait = dict(block=True, timeout=TAKE_SLICE_S) if block else dict(block=False)
-                item = self.q.ack_and_take(done, **wait) if done is not None else self.q.take(**wait)
+                item = self.q.take(block=True, timeout=TAKE_SLICE_S) if block else self.q.take(block=False)
                 break
             except TimeoutError:
-                done = None  # acknowledged by the call that timed out
                 if self.closed:
                     return None
         if item is None:
@@ -253,9 +251,10 @@ class _QueueStream:
         if self.held.pop(item.id, None) is None:
             return
         self.renewed.pop(item.id, None)
-        if self.to_ack is not None:  # two finished before the next take: acknowledge the first now
-            self.q.ack(self.to_ack)
-        self.to_ack = item  # acknowledged together with the next take: one round trip
+        # Now, not with the next take: with read-ahead that take may come only after the
+        # next item was delivered, and a worker dying in between would leave two items'
+        # records to be delivered again.
+        self.q.ack(item)
 
     def keep(self, span: Span) -> bool:
         """Renews the leases of every held item that is due (items read ahead included);
@@ -276,9 +275,6 @@ class _QueueStream:
 
     def close(self) -> None:
         self.closed = True
-        done, self.to_ack = self.to_ack, None
-        if done is not None:
-            self.q.ack(done)
         held, self.held = self.held, {}
         for item in held.values():
             try:

@@ -9,7 +9,8 @@ Keys of queue ``N`` (the hash tag keeps them in one cluster slot):
 ``shardfeed:wq:{N}:meta`` (JSON), ``:state`` (hash: next_epoch, num_epochs, token,
 restore_id, counters), ``:pending`` (list), ``:lease`` (hash id -> JSON), ``:dead``
 (sorted set id -> deadline), ``:epochs`` (hash epoch -> done), ``:workers`` (hash
-``taken:<w>``, ``acked:<w>``, ``first:<w>``, ``last:<w>``); ``shardfeed:wq:names`` (set).
+``taken:<w>``, ``acked:<w>``, ``first:<w>``, ``last:<w>``), ``:back`` (set: ids given back,
+expired or released, not taken again yet); ``shardfeed:wq:names`` (set).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .backend import COUNTERS, QueueBackend
 logger = logging.getLogger(__name__)
 
 NAMES_KEY = "shardfeed:wq:names"
-_SUFFIXES = ("meta", "state", "pending", "lease", "dead", "epochs", "workers")
+_SUFFIXES = ("meta", "state", "pending", "lease", "dead", "epochs", "workers", "back")
 
 _NOW = "local t = redis.call('TIME'); local now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"
 
@@ -37,10 +38,10 @@ _OPEN = """
 local m = redis.call('GET', KEYS[1])
 if m then return m end
 redis.call('SET', KEYS[1], ARGV[1])
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 redis.call('HSET', KEYS[2], 'next_epoch', 0, 'num_epochs', ARGV[2], 'token', 0, 'restore_id', '',
-           'taken', 0, 'acked', 0, 'expired', 0, 'late_acks', 0, 'released', 0, 'gen', ARGV[4])
-redis.call('SADD', KEYS[8], ARGV[3])
+           'taken', 0, 'acked', 0, 'expired', 0, 'late_acks', 0, 'released', 0, 'redelivered', 0, 'gen', ARGV[4])
+redis.call('SADD', KEYS[9], ARGV[3])
 return false
 """
 
@@ -56,10 +57,12 @@ local worker, lease_s = ARGV[1], tonumber(ARGV[2])
 local exp = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for i = #exp, 1, -1 do
   redis.call('HDEL', KEYS[3], exp[i]); redis.call('ZREM', KEYS[4], exp[i]); redis.call('LPUSH', KEYS[2], exp[i])
+  redis.call('SADD', BACK, exp[i])
 end
 if #exp > 0 then redis.call('HINCRBY', KEYS[1], 'expired', #exp) end
 local id = redis.call('LPOP', KEYS[2])
 if id then
+  if redis.call('SREM', BACK, id) == 1 then redis.call('HINCRBY', KEYS[1], 'redelivered', 1) end
   local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
   local deadline = now + lease_s
   redis.call('HSET', KEYS[3], id, cjson.encode({worker=worker, token=token, deadline=deadline}))
@@ -77,7 +80,8 @@ local soon = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if #soon > 0 then return cjson.encode({status='wait', retry_s=math.max(0, tonumber(soon[2]) - now)}) end
 return cjson.encode({status='drained'})
 """
-_TAKE = _NOW + "local GEN = ARGV[3]\n" + _TAKE_BODY
+# KEYS: state, pending, lease, dead, workers, back. ARGV: worker, lease_s, generation.
+_TAKE = _NOW + "local GEN = ARGV[3]\nlocal BACK = KEYS[6]\n" + _TAKE_BODY
 
 
 _FILL = """
@@ -114,9 +118,11 @@ return ack(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3
 """
 
 # Acknowledge an item and take the next in one round trip. KEYS: state, pending, lease,
-# dead, workers (the take script's layout), epochs. ARGV: worker, lease_s, item id, token, epoch.
+# dead, workers (the take script's layout), epochs, back. ARGV: worker, lease_s, item id,
+# token, epoch, generation.
 _ACK_TAKE = _NOW + _ACK_FN + """
 local GEN = ARGV[6]
+local BACK = KEYS[7]
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
 """ + _GEN_CHECK + """
 local acked = ack(KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[5], ARGV[3], ARGV[4], ARGV[1], ARGV[5])
@@ -143,6 +149,7 @@ _RELEASE = """
 local v = redis.call('HGET', KEYS[2], ARGV[1])
 if (not v) or cjson.decode(v).token ~= tonumber(ARGV[2]) then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1]); redis.call('ZREM', KEYS[3], ARGV[1]); redis.call('LPUSH', KEYS[4], ARGV[1])
+redis.call('SADD', KEYS[5], ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'released', 1)
 return 1
 """
@@ -150,17 +157,18 @@ return 1
 _RESTORE = """
 if redis.call('HGET', KEYS[2], 'restore_id') == ARGV[2] then return 0 end
 local token = tonumber(redis.call('HGET', KEYS[2], 'token') or '0')
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 redis.call('SET', KEYS[1], ARGV[1])
 local st = cjson.decode(ARGV[3])
 redis.call('HSET', KEYS[2], 'next_epoch', st.next_epoch, 'num_epochs', ARGV[4], 'token', token, 'restore_id', ARGV[2],
            'taken', st.counters.taken or 0, 'acked', st.counters.acked or 0, 'expired', st.counters.expired or 0,
-           'late_acks', st.counters.late_acks or 0, 'released', st.counters.released or 0, 'gen', ARGV[6])
+           'late_acks', st.counters.late_acks or 0, 'released', st.counters.released or 0,
+           'redelivered', st.counters.redelivered or 0, 'gen', ARGV[6])
 for i = 1, #st.pending, 1000 do
   redis.call('RPUSH', KEYS[3], unpack(st.pending, i, math.min(i + 999, #st.pending)))
 end
 for e, d in pairs(st.epoch_done) do redis.call('HSET', KEYS[6], e, d) end
-redis.call('SADD', KEYS[8], ARGV[5])
+redis.call('SADD', KEYS[9], ARGV[5])
 return 1
 """
 
@@ -300,7 +308,8 @@ class RedisBackend(QueueBackend):
 
     def take(self, name: str, worker: str, lease_s: float) -> dict:
         k = self._keys(name)
-        out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6]], [worker, lease_s, self._gens.get(name, "")]))
+        out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6], k[7]],
+                                   [worker, lease_s, self._gens.get(name, "")]))
         self._check_lost(name, out)
         if out["status"] == "item":
             out["token"] = int(out["token"])
@@ -322,7 +331,7 @@ class RedisBackend(QueueBackend):
 
     def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
         k = self._keys(name)
-        out = json.loads(self._run("ack_take", [k[1], k[2], k[3], k[4], k[6], k[5]],
+        out = json.loads(self._run("ack_take", [k[1], k[2], k[3], k[4], k[6], k[5], k[7]],
                                    [worker, lease_s, item_id, token, item_id.split(":")[0], self._gens.get(name, "")]))
         self._check_lost(name, out)
         if out["status"] == "item":
@@ -335,7 +344,7 @@ class RedisBackend(QueueBackend):
 
     def release(self, name: str, item_id: str, token: int) -> bool:
         k = self._keys(name)
-        return self._run("release", [k[1], k[3], k[4], k[2]], [item_id, token]) == 1
+        return self._run("release", [k[1], k[3], k[4], k[2], k[7]], [item_id, token]) == 1
 
     def snapshot(self, name: str) -> dict | None:
         k = self._keys(name)

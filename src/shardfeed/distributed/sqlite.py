@@ -26,16 +26,21 @@ CREATE TABLE IF NOT EXISTS wq_queues (
     name TEXT PRIMARY KEY, meta TEXT NOT NULL, num_epochs INTEGER, next_epoch INTEGER NOT NULL DEFAULT 0,
     token INTEGER NOT NULL DEFAULT 0, restore_id TEXT,
     taken INTEGER NOT NULL DEFAULT 0, acked INTEGER NOT NULL DEFAULT 0, expired INTEGER NOT NULL DEFAULT 0,
-    late_acks INTEGER NOT NULL DEFAULT 0, released INTEGER NOT NULL DEFAULT 0);
+    late_acks INTEGER NOT NULL DEFAULT 0, released INTEGER NOT NULL DEFAULT 0,
+    redelivered INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS wq_items (
     name TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, worker TEXT, token INTEGER, deadline REAL,
-    PRIMARY KEY (name, id));
+    returned INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (name, id));
 CREATE INDEX IF NOT EXISTS wq_items_order ON wq_items (name, worker, seq);
 CREATE TABLE IF NOT EXISTS wq_epochs (name TEXT NOT NULL, epoch INTEGER NOT NULL, done INTEGER NOT NULL,
     PRIMARY KEY (name, epoch));
 CREATE TABLE IF NOT EXISTS wq_workers (name TEXT NOT NULL, worker TEXT NOT NULL, taken INTEGER NOT NULL,
     acked INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL, PRIMARY KEY (name, worker));
 """
+
+# columns added since the first release, added to a file made before them
+_ADDED = (("wq_queues", "redelivered", "INTEGER NOT NULL DEFAULT 0"),
+          ("wq_items", "returned", "INTEGER NOT NULL DEFAULT 0"))
 
 
 class SQLiteBackend(QueueBackend):
@@ -61,6 +66,14 @@ class SQLiteBackend(QueueBackend):
         self._all_lock = threading.Lock()
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self._conn().executescript(_SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._tx() as c:
+            for table, column, decl in _ADDED:
+                have = {row[1] for row in c.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
@@ -123,17 +136,18 @@ class SQLiteBackend(QueueBackend):
             if expired:
                 (low,) = c.execute("SELECT MIN(seq) FROM wq_items WHERE name=?", (name,)).fetchone()
                 for k, (item_id,) in enumerate(expired, 1):
-                    c.execute("UPDATE wq_items SET worker=NULL, token=NULL, deadline=NULL, seq=? "
+                    c.execute("UPDATE wq_items SET worker=NULL, token=NULL, deadline=NULL, returned=1, seq=? "
                               "WHERE name=? AND id=?", (low - k, name, item_id))
                 c.execute("UPDATE wq_queues SET expired=expired+? WHERE name=?", (len(expired), name))
-            row = c.execute("SELECT id FROM wq_items WHERE name=? AND worker IS NULL ORDER BY seq LIMIT 1",
+            row = c.execute("SELECT id, returned FROM wq_items WHERE name=? AND worker IS NULL ORDER BY seq LIMIT 1",
                             (name,)).fetchone()
             if row is not None:
                 token += 1
                 deadline = now + lease_s
-                c.execute("UPDATE wq_items SET worker=?, token=?, deadline=? WHERE name=? AND id=?",
+                c.execute("UPDATE wq_items SET worker=?, token=?, deadline=?, returned=0 WHERE name=? AND id=?",
                           (worker, token, deadline, name, row[0]))
-                c.execute("UPDATE wq_queues SET token=?, taken=taken+1 WHERE name=?", (token, name))
+                c.execute("UPDATE wq_queues SET token=?, taken=taken+1, redelivered=redelivered+? WHERE name=?",
+                          (token, 1 if row[1] else 0, name))
                 c.execute("INSERT INTO wq_workers (name, worker, taken, acked, first, last) VALUES (?, ?, 1, 0, ?, ?) "
                           "ON CONFLICT (name, worker) DO UPDATE SET taken=taken+1", (name, worker, now, now))
                 return {"status": "item", "id": row[0], "token": token, "deadline": deadline}
@@ -182,7 +196,7 @@ class SQLiteBackend(QueueBackend):
     def release(self, name: str, item_id: str, token: int) -> bool:
         with self._tx() as c:
             (low,) = c.execute("SELECT MIN(seq) FROM wq_items WHERE name=?", (name,)).fetchone()
-            cur = c.execute("UPDATE wq_items SET worker=NULL, token=NULL, deadline=NULL, seq=? "
+            cur = c.execute("UPDATE wq_items SET worker=NULL, token=NULL, deadline=NULL, returned=1, seq=? "
                             "WHERE name=? AND id=? AND token=? AND worker IS NOT NULL",
                             ((low or 0) - 1, name, item_id, token))
             if cur.rowcount == 1:

@@ -346,9 +346,11 @@ class WorkQueue:
     def metrics(self) -> dict:
         """Items remaining (pending, plus epochs not started), in flight, done; the current
         epoch; ``fraction_full`` (pending / items per epoch, the queue's water level); lease
-        expiries and refused late acknowledgements; per worker: taken, acknowledged, in
-        flight and ``items_per_s`` (acknowledged per second between its first take and its
-        last acknowledgement)."""
+        expiries, refused late acknowledgements, items given back (``released``) and
+        ``redelivered`` (takes of an item handed out before in its epoch: the only items
+        whose records may be delivered twice); per worker: taken, acknowledged, in flight
+        and ``items_per_s`` (acknowledged per second between its first take and its last
+        acknowledgement)."""
         snap = self.backend.snapshot(self.name)
         if snap is None:
             raise KeyError(f"no work queue named {self.name!r} on {self.backend.url}")
@@ -363,7 +365,8 @@ class WorkQueue:
         logs a warning and only returns them."""
         m = self.metrics()
         step = m["done"] if step is None else step
-        scalars = {k: m[k] for k in ("remaining", "in_flight", "done", "fraction_full", "expired", "late_acks")}
+        scalars = {k: m[k] for k in ("remaining", "in_flight", "done", "fraction_full", "expired", "late_acks",
+                                     "redelivered")}
         for w, st in m["workers"].items():
             if st["items_per_s"] is not None:
                 scalars[f"items_per_s/{w}"] = st["items_per_s"]
@@ -431,5 +434,6 @@ def summarize(meta: Mapping[str, Any], snap: Mapping[str, Any], name: str = "") 
         "fraction_full": (len(pending) / n) if n else 0.0,
         "drained": not pending and not inflight and not_started == 0,
         "expired": int(c["expired"]), "late_acks": int(c["late_acks"]), "released": int(c["released"]),
+        "redelivered": int(c.get("redelivered", 0)),
         "taken": int(c["taken"]), "num_clients": meta.get("num_clients"), "workers": workers,
     }
