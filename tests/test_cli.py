@@ -213,3 +213,13 @@ def test_a_record_file_damaged_from_its_first_bytes_is_corrupt_not_skipped(shard
     os.replace(path, shards / "part-1")
     assert main(["verify", str(shards)]) == 0
     assert "skipped 1 file(s) that are not TFRecords: part-1" in capsys.readouterr().err
+
+
+def test_commands_never_print_a_signed_urls_signature(shards, http_dir, capsys):
+    directory, base = http_dir
+    (directory / "p.tfrecord").write_bytes((shards / "part-0.tfrecord").read_bytes())
+    url = f"{base}/p.tfrecord?X-Amz-Credential=cred-9f3e&X-Amz-Signature=sig-9f3e&x=1"
+    for command in (["count", "--json"], ["count", "--per-file"], ["head", "-n", "1", "--raw"], ["verify", "--json"]):
+        assert main([*command, url]) == 0
+        out = capsys.readouterr()
+        assert "9f3e" not in out.out + out.err and ("p.tfrecord" in out.out or "verify" in command), (command, out)

@@ -157,3 +157,16 @@ def test_count_rows_of_a_table_url(pg):
 
     base, name = pg
     assert count_rows(f"{base}/{name}") == 500
+
+
+@pytest.mark.parametrize("password", ["se%ZZcret-9f3e", "pw-9f3e"])
+def test_a_bad_connection_url_is_a_clear_error_without_the_password(pg_server, password):  # noqa: F811
+    # libpq refuses the URL before connecting (a bad percent escape, an unknown option) and
+    # quotes the password in its message: the error names the table and hides it
+    port = pg_server.rsplit(":", 1)[1].split("/", 1)[0]
+    url = f"postgresql://bob:{password}@127.0.0.1:{port}/postgres/t?bogus_option=1"
+    with pytest.raises((ConnectionError, ValueError)) as info:
+        read_table(url, selected_cols="id", record_defaults=[0])
+    text = str(info.value)
+    assert "9f3e" not in text and "bob:***@" in text, text
+    assert "invalid" in text  # libpq's reason is kept

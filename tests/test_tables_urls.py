@@ -138,3 +138,46 @@ def test_a_postgresql_table_in_a_work_queue_is_read_as_a_table(tmp_path, pg_serv
     items, got = _read_queue_as_tables([*files, f"{pg_server}/tq_pg"], 6, "tq-pg")
     assert {it.kind for it in items} == {"rows"} and len(items) == 6
     assert sorted(got) == list(range(100))
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://bob:pa/ss-9f3e@localhost:5432/db/table",   # a raw '/' in the password
+    "postgresql://bob:pa/ss-9f3e@localhost:5432/db",          # ... that leaves two segments
+    "postgresql://bob:pa/ss-9f3e@h/db/public.t/pt=1",
+    "postgres://bob:a@b/ss-9f3e@h/db/t/x",                    # '@' and '/' in it
+    "postgresql://bob:pass-9f3e@h:5432/db/t/u/v",             # too many segments
+    "postgresql://bob:pass-9f3e@h:5432/db/bad-name",          # not a table name
+])
+def test_a_malformed_postgres_url_never_shows_its_password(url):
+    with pytest.raises(ValueError) as info:
+        parse_table_url(url)
+    text = str(info.value)
+    assert "9f3e" not in text and "pa/ss" not in text and "bob:***@" in text, text
+    if "/ss-9f3e@" in url:  # says what is wrong and how to write it
+        assert "%2F" in text
+
+
+def test_a_table_urls_repr_and_str_hide_the_password():
+    t = parse_table_url("postgresql://bob:s3cr%2Ft-9f3e@h:5432/db/t")
+    assert t.location == "postgresql://bob:s3cr%2Ft-9f3e@h:5432/db"  # percent-encoded: accepted as is
+    for text in (repr(t), str(t), f"{t}", repr([t])):
+        assert "s3cr" not in text and "9f3e" not in text and "bob:***@h:5432" in text, text
+
+
+def test_mask_hides_a_password_with_a_raw_slash_and_the_password_alone_when_given():
+    from shardfeed.storage.urls import mask
+
+    assert mask("postgresql://bob:pa/ss/x@h:1/db/t failed") == "postgresql://bob:***@h:1/db/t failed"
+    assert mask("https://u:p/w@host/obj?X-Amz-Signature=abc&x=1") == "https://u:***@host/obj?X-Amz-Signature=***&x=1"
+    # a library may quote the password without its URL: the URL's own secrets are hidden too
+    assert mask('invalid percent-encoded token: "se%ZZcret"', also=("se%ZZcret",)) == \
+        'invalid percent-encoded token: "***"'
+
+
+def test_a_parsed_storage_urls_repr_hides_signatures_and_passwords():
+    from shardfeed.storage.urls import parse_url
+
+    for url in ("https://u:pw-9f3e@host/o?X-Amz-Signature=sig-9f3e&x=1",
+                "oss://bucket/key?endpoint=e.example&OSSAccessKeyId=id-9f3e&Signature=sig-9f3e"):
+        text = repr(parse_url(url))
+        assert "9f3e" not in text and "ParsedURL(" in text, text

@@ -61,7 +61,7 @@ def cmd_head(args) -> int:
                 if n >= args.n:
                     return 0
                 if args.raw:
-                    line = {"file": url, "index": i, "base64": base64.b64encode(record).decode("ascii")}
+                    line = {"file": mask(url), "index": i, "base64": base64.b64encode(record).decode("ascii")}
                 else:
                     try:
                         feats = decode_example(record)
@@ -95,7 +95,7 @@ def cmd_count(args) -> int:
                         bar.update(reader.stats.bytes - before)
                         before = reader.stats.bytes
                 bar.update(reader.stats.bytes - before)
-                counts[url] = reader.stats.records
+                counts[mask(url)] = reader.stats.records
     if args.json:
         print(json.dumps({"total": sum(counts.values()), "files": counts}))
     else:
@@ -129,14 +129,14 @@ def cmd_verify(args) -> int:
         "records": stats.records,
         "corrupt_records": stats.skipped_records,
         "corrupt_bytes": stats.skipped_bytes,
-        "errors": [{"file": e.url, "offset": e.offset, "record": e.record_index, "check": e.check,
+        "errors": [{"file": mask(e.url), "offset": e.offset, "record": e.record_index, "check": e.check,
                     "detail": e.detail} for e in stats.corrupt],
     }
     if args.json:
         print(json.dumps(report))
     else:
         for e in stats.corrupt:
-            print(f"CORRUPT {e.url} offset={e.offset} record={e.record_index} check={e.check!r}"
+            print(f"CORRUPT {mask(e.url)} offset={e.offset} record={e.record_index} check={e.check!r}"
                   + (f" ({e.detail})" if e.detail else ""))
         verdict = "OK" if not stats.corrupt else f"CORRUPT ({bad_files} of {len(urls)} files)"
         print(f"{verdict}: {stats.records} good records in {len(urls)} files, "
@@ -149,7 +149,7 @@ def cmd_index(args) -> int:
     for url in progress_bar(urls, desc="index", unit="file", disable=args.quiet or len(urls) < 2):
         idx = build_index(url, (url + args.suffix))
         if not args.quiet:
-            print(f"{len(idx)} records\t{url}{args.suffix}")
+            print(f"{len(idx)} records\t{mask(url + args.suffix)}")
     return 0
 
 

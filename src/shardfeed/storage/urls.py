@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -23,8 +23,10 @@ _SECRET_PARAMS = {
     "access_key_secret", "accesskeysecret", "ossaccesskeyid", "accesskeyid",
     "access_key_id", "key",
 }
-# the password runs to the last '@' of the authority: passwords may hold '@'
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^/\s]+)@")
+# the password runs to the last '@' before a blank: passwords may hold '@', and a '/'
+# (malformed, but typed: "postgresql://bob:pa/ss@host/db"); a port and a path with an '@'
+# in them ("http://h:80/a@b") are masked too: too much hidden rather than a password shown
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s]*):(?P<pw>\S+)@")
 _QUERY_PARAM = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.\-]+)=(?P<value>[^&#\s'\"]*)")
 
 _secrets: set[str] = set()
@@ -42,11 +44,15 @@ def register_secret(value: str | None) -> None:
             _secrets.add(value)
 
 
-def mask(text: object) -> str:
-    """Return ``str(text)`` with passwords, signatures and registered secrets replaced by ``***``."""
+def mask(text: object, also: Iterable[str | None] = ()) -> str:
+    """Return ``str(text)`` with passwords, signatures and registered secrets replaced by ``***``.
+
+    ``also``: secrets of this one message (a URL's own password, which a library may
+    quote without its URL), hidden as the registered ones are (those of 4 characters or
+    more: a shorter one would hide every such piece of text; in a URL it is masked anyway)."""
     s = str(text)
     with _secrets_lock:
-        secrets = sorted(_secrets, key=len, reverse=True)
+        secrets = sorted(_secrets.union(a for a in also if a and len(a) >= 4), key=len, reverse=True)
     for secret in secrets:  # first: the patterns below may split a secret that holds '@'
         s = s.replace(secret, "***")
     s = _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", s)
@@ -56,7 +62,7 @@ def mask(text: object) -> str:
     return s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ParsedURL:
     """A storage URL split into what fsspec needs.
 
@@ -83,6 +89,11 @@ class ParsedURL:
     @property
     def is_local(self) -> bool:
         return self.protocol in LOCAL_PROTOCOLS
+
+    def __repr__(self) -> str:  # the dataclass's would show a signed URL's signature
+        query = tuple((k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in self.query)
+        return (f"ParsedURL(protocol={self.protocol!r}, path={mask(self.path)!r}, query={query!r}, "
+                f"original={mask(self.original)!r})")
 
 
 def parse_url(url: str) -> ParsedURL:

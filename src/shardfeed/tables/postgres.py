@@ -66,7 +66,11 @@ class PostgresBackend(TableBackend):
         try:
             return self.psycopg.connect(self.turl.location, autocommit=autocommit, connect_timeout=10)
         except self.psycopg.OperationalError as exc:
-            raise ConnectionError(f"{self.masked}: cannot connect to PostgreSQL: {mask(exc)}") from None
+            raise ConnectionError(f"{self.masked}: cannot connect to PostgreSQL: "
+                                  f"{mask(exc, also=self.turl.secrets)}") from None
+        except self.psycopg.Error as exc:  # libpq refused the URL itself, quoting pieces of it
+            raise ValueError(f"{self.masked}: not a valid PostgreSQL connection URL: "
+                             f"{mask(exc, also=self.turl.secrets)}") from None
 
     def _where(self, con: Any) -> str:
         if not self.turl.partitions:

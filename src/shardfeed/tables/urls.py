@@ -38,7 +38,7 @@ _PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class TableURL:
     """A parsed table URL.
 
@@ -59,6 +59,23 @@ class TableURL:
     def masked(self) -> str:
         """The URL with credentials masked, for messages."""
         return mask(self.url)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The password the URL holds, as written and percent-decoded (``()`` without one):
+        a driver's message may quote it without its URL; pass it to ``mask(text, also=...)``."""
+        if self.kind != "postgresql":
+            return ()
+        userinfo = self.location.split("://", 1)[1].rpartition("@")[0]
+        password = userinfo.partition(":")[2]
+        return (password, unquote(password)) if password else ()
+
+    def __repr__(self) -> str:  # the dataclass's would show the password (in url and location)
+        return (f"TableURL(kind={self.kind!r}, location={mask(self.location)!r}, table={self.table!r}, "
+                f"partitions={self.partitions!r}, url={self.masked!r})")
+
+    def __str__(self) -> str:
+        return self.masked
 
     @property
     def partition_columns(self) -> dict[str, str]:
@@ -109,6 +126,9 @@ def parse_table_url(url: str | os.PathLike) -> TableURL:
         netloc, _, path = rest.partition("/")
         segments = [s for s in path.split("/") if s != ""]
         segments, parts = _split_partitions(segments, url)
+        if any("@" in seg for seg in segments):  # libpq ends the user:password part at the first '/'
+            raise ValueError(f"{mask(url)}: the user name or password holds a raw '/' (or a name after the "
+                             "host an '@'): percent-encode them in the URL, '/' as %2F and '@' as %40")
         if len(segments) != 2 or not netloc:
             raise ValueError(f"{mask(url)}: a PostgreSQL table URL is "
                              "postgresql://user[:password]@host:port/database/table[/k=v]")
