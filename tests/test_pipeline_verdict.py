@@ -72,11 +72,22 @@ def test_a_map_over_threads_starving_a_python_step_asks_to_move_it_off_the_train
     assert fix.expected_gain == pytest.approx(m["wall_s"] / (m["wall_s"] - m["lost_s"]))
 
 
+def test_a_short_map_starving_a_python_step_beyond_its_own_work_asks_for_in_subprocess():
+    # a 1 ms map on two threads beside a 3.6 ms Python step: the step loses more than the map
+    # works (each GIL hand-back can cost a switch interval), which once read as "a larger prefetch"
+    ds = from_list(list(range(300))).map(lambda x: spin(0.001), num_parallel_calls=2)
+    st = drain(ds, lambda: spin(0.0036))
+    fix = st.remedy()
+    assert fix.id == "in_subprocess", st.verdict()
+    assert fix.measured["lost_to_threads"] >= 0.5
+
+
 def test_a_step_that_sleeps_is_not_starved():
     # the same low CPU share outside next(), but no pipeline thread worked meanwhile
     st = drain(from_list(list(range(30))).prefetch(4), lambda: time.sleep(0.01))
     assert st.consumer_cpu_fraction < 0.5
     assert st.remedy().id != "in_subprocess"
+    assert st.consumer_lost_to_threads < 0.5  # nothing of this process ran while it slept
 
 
 def test_a_bursty_source_asks_for_a_larger_prefetch():

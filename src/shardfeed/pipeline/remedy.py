@@ -7,7 +7,9 @@ and names one of the known remedies, checked in this order (the first that appli
     The trainer thread is starved: outside ``next`` (in its own step) the consumer thread
     had CPU for less than :data:`STARVED_CPU_FRACTION` of the wall time, the time it lost
     is at least :data:`MIN_SHARE` of the pass, and the pipeline's threads worked at least
-    that long meanwhile (they held the GIL it waited for). Fix: run the Python stages in
+    that long meanwhile, or the process's other threads ran for at least
+    :data:`GIL_COVERED_SHARE` of the time it went without CPU (they held the GIL it waited
+    for; a sleep, a device or other processes leave them idle). Fix: run the Python stages in
     their own process, ``Dataset.in_subprocess()``. Gain: the step gets the lost time back,
     ``wall / (wall - lost)`` with ``lost = own * (1 - cpu_fraction)``.
 ``input_fast_enough``
@@ -50,6 +52,10 @@ STARVED_CPU_FRACTION = 0.75
 
 MIN_SHARE = 0.10
 """A remedy for lost or waited time must be about at least this share of the pass."""
+
+GIL_COVERED_SHARE = 0.5
+"""The consumer is starved by the pipeline's threads when they ran for at least this share
+of the time its thread went without CPU outside ``next``."""
 
 STORAGE_SHARE = 0.5
 """Storage requests in flight this share of the pass or more: storage latency dominates."""
@@ -130,7 +136,14 @@ def _starved(st: "PipelineStats", wall: float, own: float) -> Remedy | None:
         return None
     lost = own * (1.0 - cpu)
     threads = sum(s.work_s for s in st.stages if s.threaded)
-    if lost < MIN_SHARE * wall or threads < lost:
+    # Pipeline threads that worked as long as the consumer lost explain the loss. But their work
+    # is no bound on it: each time the consumer gives the GIL up it may wait a whole switch
+    # interval (5 ms) to get it back, so a 1 ms map starves a Python step of more than the map's
+    # time. Then what tells the GIL from a sleep, a device or other processes on the cores is
+    # whether this process's other threads ran while the consumer had no CPU.
+    covered = st.consumer_lost_to_threads
+    by_gil = threads >= lost or (threads > 0 and covered is not None and covered >= GIL_COVERED_SHARE)
+    if lost < MIN_SHARE * wall or not by_gil:
         return None
     return Remedy(
         "in_subprocess",
@@ -141,7 +154,7 @@ def _starved(st: "PipelineStats", wall: float, own: float) -> Remedy | None:
         f"wall / (wall - lost): lost = own x (1 - cpu_fraction) = {own:.3f} x (1 - {cpu:.3f}) = {lost:.3f} s of "
         f"{wall:.3f} s the step would not spend waiting",
         measured={"wall_s": wall, "own_s": own, "cpu_fraction": cpu, "lost_s": lost, "thread_work_s": threads,
-                  "cpu_samples": st.cpu_samples})
+                  "lost_to_threads": covered, "cpu_samples": st.cpu_samples})
 
 
 def _cache(st: "PipelineStats", wall: float, wait: float, own: float) -> Remedy | None:

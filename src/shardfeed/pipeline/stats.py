@@ -139,11 +139,14 @@ class PipelineStats:
         # the consumer thread's CPU time in sampled gaps between two next() calls
         self.cpu_sampled_s = 0.0
         self.cpu_sampled_wall_s = 0.0
+        # CPU time the process's other threads used in those gaps (pipeline threads holding the GIL)
+        self.cpu_sampled_others_s = 0.0
         self.cpu_samples = 0
         self.cpu_next = 0.0  # perf_counter time after which the next gap is sampled
         self.cpu_open = False
         self._cpu_t0 = 0.0
         self._cpu_c0 = 0.0
+        self._cpu_p0 = 0.0
         self._cpu_thread = 0
 
     # -- what the iterator records (kept cheap: it runs on every next()) ----------------
@@ -159,15 +162,19 @@ class PipelineStats:
         self._cpu_t0 = now
         self._cpu_thread = threading.get_ident()
         self._cpu_c0 = time.thread_time()
+        self._cpu_p0 = time.process_time()
         self.cpu_open = True
         self.cpu_next = now + CPU_SAMPLE_S
 
     def close_cpu_sample(self, now: float) -> None:
         """End the open CPU sample at ``now`` (the start of the next ``next``)."""
         cpu = time.thread_time()
+        proc = time.process_time()
         self.cpu_open = False
         if threading.get_ident() == self._cpu_thread:  # thread_time is per thread
-            self.cpu_sampled_s += cpu - self._cpu_c0
+            own = cpu - self._cpu_c0
+            self.cpu_sampled_s += own
+            self.cpu_sampled_others_s += max(0.0, proc - self._cpu_p0 - own)
             self.cpu_sampled_wall_s += now - self._cpu_t0
             self.cpu_samples += 1
 
@@ -184,6 +191,17 @@ class PipelineStats:
         if self.cpu_sampled_wall_s <= 0:
             return None
         return min(1.0, self.cpu_sampled_s / self.cpu_sampled_wall_s)
+
+    @property
+    def consumer_lost_to_threads(self) -> float | None:
+        """Of the wall time the consumer's thread went without CPU outside ``next`` (in the
+        samples), the share during which this process's other threads ran (``None``: no
+        sample, or no time lost). Near 1: it waited on them (the GIL); near 0: on something
+        outside the process (a sleep, a device, other processes on the cores)."""
+        lost = self.cpu_sampled_wall_s - self.cpu_sampled_s
+        if self.cpu_sampled_wall_s <= 0 or lost <= 1e-9:
+            return None
+        return min(1.0, self.cpu_sampled_others_s / lost)
 
     @property
     def long_waits(self) -> int:
@@ -241,10 +259,11 @@ class PipelineStats:
 
     def consumer_dict(self) -> dict[str, Any]:
         """The consumer's own numbers: time outside ``next``, its CPU share there, its waits."""
-        cpu = self.consumer_cpu_fraction
+        cpu, covered = self.consumer_cpu_fraction, self.consumer_lost_to_threads
         return {
             "own_s": round(self.consumer_own_s, 6),
             "cpu_fraction": None if cpu is None else round(cpu, 4), "cpu_samples": self.cpu_samples,
+            "lost_to_threads": None if covered is None else round(covered, 4),
             "waits": {"min_s": WAIT_MIN_S, "bounds_s": list(WAIT_BOUNDS_S), "counts": list(self.waits),
                       "sum_s": round(self.waits_sum_s, 6), "max_s": round(self.wait_max_s, 6)},
         }
