@@ -131,7 +131,40 @@ def _split_list(v: Any, sep: str) -> list:
     return [p.strip() for p in s.split(sep)] if s else []
 
 
+def _is_null(v: Any) -> bool:
+    """A null value (None, NaN, pandas NA/NaT), unlike :func:`is_missing` not a blank str."""
+    return not isinstance(v, str) and is_missing(v)
+
+
+def _nested(column: str, v: Any, what: str) -> Discard:
+    kind = "struct" if isinstance(v, Mapping) else "list"
+    return Discard(f"column {column!r}: a {kind} is not {what}")
+
+
+def _json_value(column: str, v: Any) -> Any:
+    if hasattr(v, "tolist"):  # a numpy array or scalar in a DataFrame's cell
+        return v.tolist()
+    if hasattr(v, "isoformat"):  # a date or timestamp field: ISO 8601, as JSON has no such type
+        return v.isoformat()
+    raise Discard(f"column {column!r}: a struct or list holding {type(v).__name__} cannot be written as JSON")
+
+
+def _to_text(column: str, v: Any) -> str:
+    """A text cell: a str as it is, bytes decoded, a struct (dict) or list as JSON of the
+    values' own types (a Parquet struct's ints stay ints), anything else ``str``."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    if isinstance(v, (Mapping, list, tuple)):
+        try:
+            return json.dumps(v, ensure_ascii=False, default=lambda o: _json_value(column, o))
+        except (TypeError, ValueError) as exc:  # keys JSON cannot hold, a cycle
+            raise Discard(f"column {column!r}: cannot be written as JSON ({exc})") from None
+    return str(v)
+
+
 def _to_int(column: str, v: Any) -> int:
+    if isinstance(v, (Mapping, list, tuple)):
+        raise _nested(column, v, "an integer")
     if isinstance(v, (bool, np.bool_)):  # numpy's too: a nullable boolean column iterates as np.bool_
         return int(v)
     if isinstance(v, int):
@@ -153,6 +186,8 @@ def _to_int(column: str, v: Any) -> int:
 
 
 def _to_float(column: str, v: Any) -> float:
+    if isinstance(v, (Mapping, list, tuple)):
+        raise _nested(column, v, "a number")
     try:
         return float(v)
     except (TypeError, ValueError):
@@ -161,12 +196,17 @@ def _to_float(column: str, v: Any) -> float:
 
 def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
     """The typed value of one cell; a missing cell takes the declared default or raises
-    :class:`Discard` naming the column."""
+    :class:`Discard` naming the column.
+
+    Missing: empty, blank, None, NaN, pandas NA; for a list column only a null (a blank text
+    cell is the empty list, as ``"a;b"`` is two items). A null item in a list discards the
+    row (a float list's NaN is a float, not a null). A struct or list in a text column is
+    written as JSON."""
     t = schema.columns[column]
     if not isinstance(raw, (list, tuple)) and is_missing(raw):
         if column in schema.defaults:
             return schema.defaults[column]
-        if t.endswith(" list"):
+        if t.endswith(" list") and isinstance(raw, str):
             return []
         raise Discard(f"column {column!r} is missing and has no default")
     if t in ("int", "integer label"):
@@ -174,13 +214,16 @@ def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
     if t == "float":
         return _to_float(column, raw)
     if t in ("string", "string label", "split", "image_uri"):
-        return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-    items = [x for x in _split_list(raw, schema.separator)]
+        return _to_text(column, raw)
+    items = _split_list(raw, schema.separator)
+    for k, x in enumerate(items):
+        if _is_null(x) and not (t == "float list" and isinstance(x, float)):
+            raise Discard(f"column {column!r}: null element in list (item {k})")
     if t == "int list":
         return [_to_int(column, x) for x in items]
     if t == "float list":
         return [_to_float(column, x) for x in items]
-    return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in items]
+    return [_to_text(column, x) for x in items]
 
 
 def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:

@@ -202,15 +202,24 @@ def _frame(url: str, fmt: str, storage_options: Mapping[str, Any] | None) -> Any
         raise ImportError(f"reading {mask(url)} ({fmt}) needs pandas: pip install 'shardfeed[convert]'") from exc
     if fmt == "parquet":
         try:
+            import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError(f"reading {mask(url)} (Parquet) needs pyarrow: pip install pyarrow") from exc
         try:
-            return pq.read_table(io.BytesIO(storage.read_bytes(url, storage_options=storage_options))).to_pandas()
+            table = pq.read_table(io.BytesIO(storage.read_bytes(url, storage_options=storage_options)))
+            df = table.to_pandas()
         except (OSError, ValueError) as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
             raise ValueError(f"{mask(url)}: not a readable Parquet file ({exc})") from None
+        # lists, structs and maps as Python gives them: pandas would make a list of ints with
+        # a null a float array ([nan, 3.0]) and a struct's ints floats where a row holds a null
+        # (by name: a pandas index stored in the file is no column of the frame)
+        for j, f in enumerate(table.schema):
+            if pa.types.is_nested(f.type) and f.name in df.columns:
+                df[f.name] = pd.Series(table.column(j).to_pylist(), index=df.index, dtype=object)
+        return df
     text = storage.read_bytes(url, storage_options=storage_options).decode("utf-8-sig")
     try:
         return pd.read_json(io.StringIO(text), lines=True, dtype=False) if text.strip() else pd.DataFrame()

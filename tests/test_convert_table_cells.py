@@ -1,0 +1,85 @@
+"""Cells of a converted table as Parquet, DataFrames and CSVs give them: null lists, null
+list elements, structs; and CSVs whose layout or cell size is not what the reader expects."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from shardfeed.convert.schema import Schema
+from shardfeed.convert.sources import read_dataframe, read_table_file
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def _parquet(tmp_path, columns):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(columns), path)
+    return str(path)
+
+
+def _read(url, schema, defaults=None):
+    rows, discards, _ = read_table_file(url, Schema(schema, dict(defaults or {})))
+    return {r.number: r.values for r in rows}, {d.row: d.reason for d in discards}
+
+
+def test_a_null_parquet_list_is_a_missing_cell_and_a_null_element_discards_the_row(tmp_path):
+    url = _parquet(tmp_path, {
+        "label": [1, 2, 3, 4, 5],
+        "ids": pa.array([[1, 2], None, [None, 3], [], [4]], pa.list_(pa.int64())),
+        "xs": pa.array([[0.5], [1.0], [2.0], [float("nan")], [1.0, None]], pa.list_(pa.float64())),
+    })
+    rows, discards = _read(url, {"label": "integer label", "ids": "int list", "xs": "float list"})
+    assert rows[1] == {"ids": [1, 2], "xs": [0.5]} and rows[4]["ids"] == []  # an empty list stays one
+    assert math.isnan(rows[4]["xs"][0])  # NaN is a float, not a null
+    assert discards == {2: "column 'ids' is missing and has no default",
+                        3: "column 'ids': null element in list (item 0)",
+                        5: "column 'xs': null element in list (item 1)"}
+    rows, discards = _read(url, {"label": "integer label", "ids": "int list", "xs": "float list"},
+                           defaults={"ids": [-1]})
+    assert rows[2]["ids"] == [-1] and sorted(discards) == [3, 5]
+
+
+def test_a_parquet_struct_is_written_as_json_of_its_own_types(tmp_path):
+    meta = pa.array([{"a": 1, "b": "x", "c": [1, 2]}, {"a": None, "b": "y", "c": None}, None],
+                    pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.list_(pa.int64()))]))
+    url = _parquet(tmp_path, {"label": [0, 1, 2], "meta": meta,
+                              "tags": pa.array([[{"k": 1}], [{"k": 2}, {"k": 3}], []],
+                                               pa.list_(pa.struct([("k", pa.int32())])))})
+    rows, discards = _read(url, {"label": "integer label", "meta": "string", "tags": "string list"},
+                           defaults={"meta": "{}"})
+    assert json.loads(rows[1]["meta"]) == {"a": 1, "b": "x", "c": [1, 2]}
+    assert '"a": 1,' in rows[1]["meta"]  # an int, not 1.0
+    assert json.loads(rows[2]["meta"]) == {"a": None, "b": "y", "c": None}
+    assert rows[3]["meta"] == "{}" and rows[2]["tags"] == ['{"k": 2}', '{"k": 3}'] and not discards
+
+
+def test_a_struct_that_json_cannot_hold_or_in_a_number_column_is_discarded_naming_the_column(tmp_path):
+    url = _parquet(tmp_path, {"label": [0], "meta": pa.array([{"raw": b"\x00\x01"}], pa.struct([("raw", pa.binary())])),
+                              "n": pa.array([{"v": 1}], pa.struct([("v", pa.int64())]))})
+    _, discards = _read(url, {"label": "integer label", "meta": "string"})
+    assert discards == {1: "column 'meta': a struct or list holding bytes cannot be written as JSON"}
+    _, discards = _read(url, {"label": "integer label", "n": "int"})
+    assert discards == {1: "column 'n': a struct is not an integer"}
+
+
+def test_dataframe_cells_follow_the_same_rules():
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"label": [0, 1, 2, 3], "ids": [[1], None, [None, 2], float("nan")],
+                       "meta": [{"a": 1}, {"a": 2}, {"a": 3}, {"a": 4}]})
+    rows, discards, _ = read_dataframe(df, Schema({"label": "integer label", "ids": "int list", "meta": "string"}))
+    assert [(r.number, r.values) for r in rows] == [(1, {"ids": [1], "meta": '{"a": 1}'})]
+    assert [(d.row, d.reason) for d in discards] == [
+        (2, "column 'ids' is missing and has no default"), (3, "column 'ids': null element in list (item 0)"),
+        (4, "column 'ids' is missing and has no default")]
+
+
+def test_nested_columns_of_a_parquet_written_by_pandas_with_its_index_keep_their_place(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"label": [0, 1], "ids": [[1, None], [2]]}, index=pd.Index([10, 20], name="key"))
+    df.to_parquet(tmp_path / "t.parquet")  # the index is stored as a column before or after the others
+    rows, discards = _read(str(tmp_path / "t.parquet"), {"label": "integer label", "ids": "int list"})
+    assert rows == {2: {"ids": [2]}} and discards == {1: "column 'ids': null element in list (item 1)"}
