@@ -27,7 +27,7 @@ import shardfeed as sf
 
 backend, name, works_file, out, stall_marker = sys.argv[1:6]
 works = open(works_file).read().split()
-q = sf.WorkQueue(works, seed=5, backend=backend, name=name, lease_timeout=1.5, poll_interval=0.05)
+q = sf.WorkQueue(works, seed=5, backend=backend, name=name, lease_timeout=3.0, poll_interval=0.05)
 fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 files = []
 for rec in sf.read_tfrecord(q, num_parallel_reads=4):
@@ -144,3 +144,177 @@ def test_a_sqlite_file_from_before_the_redelivered_counter_is_upgraded(tmp_path)
     q.release(q.take())
     q.ack(q.take())
     assert q.metrics()["redelivered"] == 1
+
+
+# -- a Redis restart that keeps its data (AOF) ----------------------------------------------------
+def _redis_with_aof(prefix: str):
+    from .test_workqueue_redis_restart import _server_place, _start
+
+    exe, d, port = _server_place(prefix)
+    _start(exe, d, port)  # appendonly yes, appendfsync always
+    return exe, d, port
+
+
+def _restart(exe: str, d: str, port: int, down_s: float) -> None:
+    from .test_workqueue_redis_restart import _start, _stop
+
+    _stop(d)
+    time.sleep(down_s)
+    _start(exe, d, port)
+
+
+def _stop_quietly(d: str) -> None:
+    import shutil
+
+    from .test_workqueue_redis_restart import _stop
+
+    try:
+        _stop(d)
+    except OSError:
+        pass
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_leases_do_not_run_out_while_redis_is_down(tmp_path):
+    exe, d, port = _redis_with_aof("sf-redis-lease-")
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
+        works = [f"/w/{i}" for i in range(4)]
+        w1 = sf.WorkQueue(works, backend=url, name="grace", seed=1, lease_timeout=1.0)
+        w2 = sf.WorkQueue(works, backend=url, name="grace", seed=1, lease_timeout=1.0)
+        a = w1.take()
+        w1.ack(a)
+        b = w1.take()  # w1 works on b; the server goes away for longer than b's lease
+        _restart(exe, d, port, down_s=1.5)
+        c = w2.take()
+        assert c.id not in (a.id, b.id), "an item acknowledged or still leased was handed out again"
+        assert w1.ack(b)  # w1 had a full lease after the restart to finish b
+        w2.ack(c)
+        assert w2.take().id not in (a.id, b.id, c.id)
+        m = w1.metrics()
+        assert m["redelivered"] == 0 and m["expired"] == 0 and m["late_acks"] == 0 and m["done"] == 3
+    finally:
+        _stop_quietly(d)
+
+
+def test_readers_through_a_redis_restart_repeat_nothing(tmp_path):
+    import threading
+
+    exe, d, port = _redis_with_aof("sf-redis-aof-")
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
+        paths, records = _gz_shards(tmp_path)
+        sf.WorkQueue(paths, backend=url, name="aof", seed=2, lease_timeout=2.0).close()
+        seen: Counter = Counter()
+        errors: list[BaseException] = []
+        started = threading.Barrier(4)
+
+        def reader() -> None:
+            try:
+                q = sf.WorkQueue(paths, backend=url, name="aof", seed=2, lease_timeout=2.0)
+                first = True
+                for rec in sf.read_tfrecord(q, num_parallel_reads=4):
+                    if first:
+                        started.wait(60)
+                        first = False
+                    seen[rec.decode()] += 1
+                    time.sleep(0.003)
+                q.close()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        started.wait(60)
+        _restart(exe, d, port, down_s=2.5)  # longer than a lease: nobody can renew meanwhile
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        assert not errors, errors
+        m = sf.WorkQueue(paths, backend=url, name="aof", seed=2, lease_timeout=2.0).metrics()
+        assert set(seen) == set(records) and max(seen.values()) == 1, \
+            f"repeated: {sorted({r.split('-')[0] for r, n in seen.items() if n > 1})} {m}"
+        assert m["drained"] and m["done"] == len(paths) and m["redelivered"] == 0 and m["late_acks"] == 0
+    finally:
+        _stop_quietly(d)
+
+
+class _ReplyDropper:
+    """A TCP proxy in front of a Redis server that, when armed, lets the next request through
+    and then cuts the connection instead of passing the reply on (a reply lost when the
+    server restarts, say): the client retries a call the server already ran."""
+
+    def __init__(self, port: int) -> None:
+        import socket
+        import threading
+
+        self.target = port
+        self.armed = threading.Event()
+        self.dropped = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, src, dst, replies: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if replies and self.armed.is_set():
+                    self.armed.clear()
+                    self.dropped += 1
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_call_retried_after_its_reply_was_lost_is_not_run_twice(tmp_path):
+    exe, d, port = _redis_with_aof("sf-redis-lost-reply-")
+    proxy = _ReplyDropper(port)
+    try:
+        url = f"redis://127.0.0.1:{proxy.port}/0?reconnect_s=30"
+        works = [f"/w/{i}" for i in range(7)]
+        q = sf.WorkQueue(works, backend=url, name="once", seed=3)
+        q.ack(q.ack_and_take(q.take()))  # the server knows the scripts now (no NOSCRIPT round trips)
+        a = q.take()
+        proxy.armed.set()
+        assert q.ack(a)  # ran, reply lost, retried: the retry gets the first answer, not a refusal
+        b = q.take()
+        proxy.armed.set()
+        c = q.ack_and_take(b)  # ran (b acknowledged, c leased), reply lost, retried
+        proxy.armed.set()
+        d_ = q.take()  # a take whose reply is lost: one item leased, not two
+        assert proxy.dropped == 3
+        q.ack(c)
+        q.ack(d_)
+        rest = []
+        while (x := q.take(block=False)) is not None:
+            rest.append(x.id)
+            q.ack(x)
+        m = q.metrics()
+        assert len({a.id, b.id, c.id, d_.id, *rest}) == 5 and len(rest) == 1
+        assert m["late_acks"] == 0 and m["taken"] == 7 and m["in_flight"] == 0 and m["drained"]
+    finally:
+        proxy.close()
+        _stop_quietly(d)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,10 +51,34 @@ local g = redis.call('HGET', KEYS[1], 'gen')
 if g and GEN ~= '' and g ~= GEN then return cjson.encode({status='recreated'}) end
 """
 
+# A lease measures how long its worker has been silent; while the server was down no
+# worker could speak. So the first take after a restart (a new run_id: the data came back
+# from the AOF) gives every lease its full term again from now, before any is reclaimed.
+_GRACE = """
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local seen = redis.call('HGET', KEYS[1], 'run_id')
+if run and seen ~= run then
+  if seen then
+    local all = redis.call('HGETALL', KEYS[3])
+    for i = 1, #all, 2 do
+      local l = cjson.decode(all[i + 1])
+      local d = now + (tonumber(l.lease_s) or lease_s)
+      if d > l.deadline then
+        l.deadline = d
+        redis.call('HSET', KEYS[3], all[i], cjson.encode(l)); redis.call('ZADD', KEYS[4], d, all[i])
+      end
+    end
+    redis.call('HINCRBY', KEYS[1], 'restarts', 1)
+  end
+  redis.call('HSET', KEYS[1], 'run_id', run)
+end
+"""
+
 _TAKE_BODY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
 """ + _GEN_CHECK + """
 local worker, lease_s = ARGV[1], tonumber(ARGV[2])
+""" + _GRACE + """
 local exp = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 for i = #exp, 1, -1 do
   redis.call('HDEL', KEYS[3], exp[i]); redis.call('ZREM', KEYS[4], exp[i]); redis.call('LPUSH', KEYS[2], exp[i])
@@ -65,7 +90,7 @@ if id then
   if redis.call('SREM', BACK, id) == 1 then redis.call('HINCRBY', KEYS[1], 'redelivered', 1) end
   local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
   local deadline = now + lease_s
-  redis.call('HSET', KEYS[3], id, cjson.encode({worker=worker, token=token, deadline=deadline}))
+  redis.call('HSET', KEYS[3], id, cjson.encode({worker=worker, token=token, deadline=deadline, lease_s=lease_s}))
   redis.call('ZADD', KEYS[4], deadline, id)
   redis.call('HINCRBY', KEYS[1], 'taken', 1)
   redis.call('HINCRBY', KEYS[5], 'taken:' .. worker, 1)
@@ -80,8 +105,36 @@ local soon = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
 if #soon > 0 then return cjson.encode({status='wait', retry_s=math.max(0, tonumber(soon[2]) - now)}) end
 return cjson.encode({status='drained'})
 """
-# KEYS: state, pending, lease, dead, workers, back. ARGV: worker, lease_s, generation.
-_TAKE = _NOW + "local GEN = ARGV[3]\nlocal BACK = KEYS[6]\n" + _TAKE_BODY
+# A call retried because its reply was lost with the connection (the server restarting
+# after it ran the script) gets the answer the first run gave, instead of acknowledging
+# again (refused as late) or taking a second item (leased to a worker that never hears of
+# it). Each call carries a request id; the last one of each worker is kept with its answer.
+_ONCE = """
+local function replayed(state, worker, req)
+  if req == '' then return nil end
+  local last = redis.call('HGET', state, 'req:' .. worker)
+  if last and string.sub(last, 1, #req + 1) == req .. ' ' then return string.sub(last, #req + 2) end
+  return nil
+end
+local function remember(state, worker, req, out)
+  if req ~= '' and redis.call('EXISTS', state) == 1 then
+    redis.call('HSET', state, 'req:' .. worker, req .. ' ' .. out)
+  end
+  return out
+end
+"""
+
+# KEYS: state, pending, lease, dead, workers, back. ARGV: worker, lease_s, generation, request id.
+_TAKE = _NOW + _ONCE + """
+local GEN = ARGV[3]
+local BACK = KEYS[6]
+local r = replayed(KEYS[1], ARGV[1], ARGV[4])
+if r then return r end
+local function take()
+""" + _TAKE_BODY + """
+end
+return remember(KEYS[1], ARGV[1], ARGV[4], take())
+"""
 
 
 _FILL = """
@@ -111,27 +164,32 @@ local function ack(state, lease, dead, epochs, workers, id, token, worker, epoch
   return 1
 end
 """
-# KEYS: state, lease, dead, epochs, workers. ARGV: item id, token, worker, epoch.
-_ACK = _NOW + _ACK_FN + """
+# KEYS: state, lease, dead, epochs, workers. ARGV: item id, token, worker, epoch, request id.
+_ACK = _NOW + _ACK_FN + _ONCE + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-return ack(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+local r = replayed(KEYS[1], ARGV[3], ARGV[5])
+if r then return tonumber(r) end
+local got = ack(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return tonumber(remember(KEYS[1], ARGV[3], ARGV[5], tostring(got)))
 """
 
 # Acknowledge an item and take the next in one round trip. KEYS: state, pending, lease,
 # dead, workers (the take script's layout), epochs, back. ARGV: worker, lease_s, item id,
-# token, epoch, generation.
-_ACK_TAKE = _NOW + _ACK_FN + """
+# token, epoch, generation, request id.
+_ACK_TAKE = _NOW + _ACK_FN + _ONCE + """
 local GEN = ARGV[6]
 local BACK = KEYS[7]
 if redis.call('EXISTS', KEYS[1]) == 0 then return cjson.encode({status='missing'}) end
 """ + _GEN_CHECK + """
+local r = replayed(KEYS[1], ARGV[1], ARGV[7])
+if r then return r end
 local acked = ack(KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[5], ARGV[3], ARGV[4], ARGV[1], ARGV[5])
 local function take()
 """ + _TAKE_BODY + """
 end
 local out = cjson.decode(take())
 out['acked'] = acked
-return cjson.encode(out)
+return remember(KEYS[1], ARGV[1], ARGV[7], cjson.encode(out))
 """
 
 
@@ -140,7 +198,7 @@ local v = redis.call('HGET', KEYS[1], ARGV[1])
 if (not v) then return 0 end
 local lease = cjson.decode(v)
 if lease.token ~= tonumber(ARGV[2]) then return 0 end
-lease.deadline = now + tonumber(ARGV[3])
+lease.deadline = now + tonumber(ARGV[3]); lease.lease_s = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(lease)); redis.call('ZADD', KEYS[2], lease.deadline, ARGV[1])
 return 1
 """
@@ -309,7 +367,7 @@ class RedisBackend(QueueBackend):
     def take(self, name: str, worker: str, lease_s: float) -> dict:
         k = self._keys(name)
         out = json.loads(self._run("take", [k[1], k[2], k[3], k[4], k[6], k[7]],
-                                   [worker, lease_s, self._gens.get(name, "")]))
+                                   [worker, lease_s, self._gens.get(name, ""), secrets.token_hex(8)]))
         self._check_lost(name, out)
         if out["status"] == "item":
             out["token"] = int(out["token"])
@@ -324,7 +382,8 @@ class RedisBackend(QueueBackend):
 
     def ack(self, name: str, item_id: str, token: int, worker: str) -> bool:
         k = self._keys(name)
-        got = self._run("ack", [k[1], k[3], k[4], k[5], k[6]], [item_id, token, worker, item_id.split(":")[0]])
+        got = self._run("ack", [k[1], k[3], k[4], k[5], k[6]],
+                        [item_id, token, worker, item_id.split(":")[0], secrets.token_hex(8)])
         if got == -1:
             raise self._missing(name)
         return got == 1
@@ -332,7 +391,8 @@ class RedisBackend(QueueBackend):
     def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
         k = self._keys(name)
         out = json.loads(self._run("ack_take", [k[1], k[2], k[3], k[4], k[6], k[5], k[7]],
-                                   [worker, lease_s, item_id, token, item_id.split(":")[0], self._gens.get(name, "")]))
+                                   [worker, lease_s, item_id, token, item_id.split(":")[0], self._gens.get(name, ""),
+                                    secrets.token_hex(8)]))
         self._check_lost(name, out)
         if out["status"] == "item":
             out["token"] = int(out["token"])
