@@ -83,3 +83,51 @@ def test_nested_columns_of_a_parquet_written_by_pandas_with_its_index_keep_their
     df.to_parquet(tmp_path / "t.parquet")  # the index is stored as a column before or after the others
     rows, discards = _read(str(tmp_path / "t.parquet"), {"label": "integer label", "ids": "int list"})
     assert rows == {2: {"ids": [2]}} and discards == {1: "column 'ids': null element in list (item 1)"}
+
+
+@pytest.mark.parametrize("text, schema, says", [
+    # no schema: the AutoML layout, and line 1 is another layout's header
+    ("path,cls,fold\nx.jpg,cat,TRAIN\n", None, "not the AutoML layout split,image_uri,label"),
+    ("split,image,label\nTRAIN,x.jpg,cat\n", None, "not the AutoML layout split,image_uri,label"),
+    ("TRAIN,x.jpg,cat,extra\nTRAIN,y.jpg,dog,extra\n", None, "4 cells"),
+    # a schema: a header that names some of its columns but not all, or another count of cells
+    ("path,kind\nx.jpg,a\n", {"path": "image_uri", "kind": "string label", "w": "float"}, "lacks w"),
+    ("a,b,c,d\n1,2,3,4\n", {"path": "image_uri", "kind": "string label"}, "4 cells"),
+])
+def test_a_csv_whose_first_row_is_not_the_expected_layout_is_one_clear_error(tmp_path, text, schema, says):
+    from shardfeed.convert import api as sc
+
+    (tmp_path / "t.csv").write_text(text)
+    with pytest.raises(ValueError, match=r"t\.csv: the first row") as info:
+        sc.convert(str(tmp_path / "t.csv"), str(tmp_path / "out"), schema=schema, progress=False)
+    assert says in str(info.value), str(info.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # refused before converting
+
+
+def test_the_cli_refuses_a_csv_of_another_layout_with_one_line(tmp_path, capsys):
+    from shardfeed.cli.main import main
+
+    (tmp_path / "t.csv").write_text("path,cls,fold\nx.jpg,cat,TRAIN\n")
+    assert main(["convert", str(tmp_path / "t.csv"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "t.csv: the first row" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_csv_cells_past_pythons_default_limit_are_read_and_past_ours_are_an_error_naming_the_line(
+        tmp_path, monkeypatch):
+    import csv
+
+    from shardfeed.convert import csv_text, sources
+
+    big = "a" * 300_000  # Python's csv stops at 131072 characters
+    (tmp_path / "t.csv").write_text(f"split,image_uri,label\nTRAIN,x.jpg,cat\nTRAIN,y.jpg,{big}\n")
+    rows, discards, _ = sources.read_csv(str(tmp_path / "t.csv"), None)
+    assert [r.label for r in rows] == ["cat", big] and not discards
+    saved = csv.field_size_limit()
+    try:
+        monkeypatch.setattr(csv_text, "CSV_FIELD_LIMIT", 100_000)
+        csv.field_size_limit(100_000)
+        with pytest.raises(ValueError, match=r"t\.csv: line 3: .*longer than 100000 characters"):
+            sources.read_csv(str(tmp_path / "t.csv"), None)
+    finally:
+        csv.field_size_limit(saved)

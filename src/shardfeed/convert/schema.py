@@ -28,6 +28,24 @@ COLUMN_TYPES = (
 _ALIASES = {t.replace(" ", "_"): t for t in COLUMN_TYPES} | {"str": "string", "label": "string label",
                                                            "int label": "integer label", "image": "image_uri"}
 AUTOML_COLUMNS = ("split", "image_uri", "label")
+SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+               "val": "validation", "test": "test", "testing": "test"}
+"""A split cell's value (lowercased) -> the split it names."""
+_UNASSIGNED = ("", "unassigned")
+
+
+def normalize_split(value: Any) -> str | None:
+    """``TRAIN``/``VALIDATION``/``TEST`` in any case -> ``train``/``validation``/``test``;
+    empty or ``UNASSIGNED`` -> ``None`` (``test_ratio`` decides); anything else raises
+    :class:`Discard`."""
+    if value is None or is_missing(value):
+        return None
+    s = str(value).strip().lower()
+    if s in _UNASSIGNED:
+        return None
+    if s not in SPLIT_NAMES:
+        raise Discard(f"unknown split {str(value)[:40]!r} (expected TRAIN, VALIDATION, TEST or UNASSIGNED)")
+    return SPLIT_NAMES[s]
 
 
 def _normalize_type(column: str, t: Any) -> str:

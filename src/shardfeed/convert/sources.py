@@ -7,7 +7,6 @@ default). Nothing is read from the images here; that happens in the workers.
 
 from __future__ import annotations
 
-import csv
 import io
 import itertools
 import logging
@@ -20,36 +19,19 @@ import numpy as np
 
 from .. import storage
 from ..storage.urls import mask, parse_url
+from .csv_text import csv_layout, csv_lines
 from .options import Discard, DiscardRecord, Row
 from .schema import (
     AUTOML_COLUMNS,
+    SPLIT_NAMES,
     Schema,
     automl_schema,
     cell_parser,
-    header_matches_automl,
     is_missing,
+    normalize_split,
 )
 
 logger = logging.getLogger(__name__)
-
-_SPLIT_NAMES = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
-                "val": "validation", "test": "test", "testing": "test"}
-_UNASSIGNED = ("", "unassigned")
-
-
-def normalize_split(value: Any) -> str | None:
-    """``TRAIN``/``VALIDATION``/``TEST`` in any case -> ``train``/``validation``/``test``;
-    empty or ``UNASSIGNED`` -> ``None`` (``test_ratio`` decides); anything else raises
-    :class:`Discard`."""
-    if value is None or is_missing(value):
-        return None
-    s = str(value).strip().lower()
-    if s in _UNASSIGNED:
-        return None
-    if s not in _SPLIT_NAMES:
-        raise Discard(f"unknown split {str(value)[:40]!r} (expected TRAIN, VALIDATION, TEST or UNASSIGNED)")
-    return _SPLIT_NAMES[s]
-
 
 def resolve_uri(uri: str, base: str | None) -> str:
     """``uri`` as is when it is absolute (a URL or an absolute path), else relative to ``base``."""
@@ -294,24 +276,16 @@ def read_csv(url: str, schema: Schema | None, storage_options: Mapping[str, Any]
     except UnicodeDecodeError as exc:
         raise ValueError(f"{mask(url)}: not UTF-8 text (byte offset {exc.start}); save the CSV as UTF-8") from None
     del data
-    # the lines as the rows are built, never all at once (a row's cells as str take more
-    # memory than the row); a line of blank cells is no row (a cell with anything but
-    # whitespace in it makes their join non-blank)
-    lines = (ln for ln in csv.reader(io.StringIO(text, newline=""))
-             if ln and (ln[0].strip() or "".join(ln).strip()))
     origin = mask(url)
+    # the lines as the rows are built, never all at once (a row's cells as str take more
+    # memory than the row)
+    lines = csv_lines(text, origin)
     head = next(lines, None)
     if head is None:
         logger.warning("%s: the CSV holds no rows", origin)
         return [], [], schema or automl_schema()
-    first = [c.strip() for c in head]
-    if header is None:
-        header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
-    if header:
-        columns, body = first, lines
-    else:
-        columns = list(schema.columns) if schema is not None else list(AUTOML_COLUMNS)
-        body = itertools.chain([head], lines)
+    header, columns = csv_layout([c.strip() for c in head], schema, origin, header)
+    body = lines if header else itertools.chain([head], lines)
     if schema is None:
         schema = default_schema(columns, origin)
     absent = [c for c in schema.columns if c not in columns]
@@ -418,14 +392,14 @@ def folder_layout(root: str, storage_options: Mapping[str, Any] | None = None
     ``folder_files(root, under=parts)``."""
     tops = folder_entries(root, storage_options)
     dirs = [n for n, is_dir in tops if is_dir]
-    others = [n for n in dirs if n.lower() not in _SPLIT_NAMES]
+    others = [n for n in dirs if n.lower() not in SPLIT_NAMES]
     if any(_has_file(root, (n,), storage_options) for n in others):
         with_split = False  # a non-empty folder that is no split name: the label/file layout
     else:
         with_split = any(_has_file(root, (n,), storage_options) for n in dirs)
     parts: list[tuple[tuple[str, ...], bool]] = []
     for name, is_dir in tops:
-        if with_split and is_dir and name.lower() in _SPLIT_NAMES:
+        if with_split and is_dir and name.lower() in SPLIT_NAMES:
             parts.extend(((name, n), d) for n, d in folder_entries(root, storage_options, (name,)))
         else:
             parts.append(((name,), is_dir))
@@ -446,7 +420,7 @@ def folder_item(number: int, parts: tuple[str, ...], uri: str, with_split: bool,
     if len(parts) != (3 if with_split else 2):
         layout = "split/label/file" if with_split else "label/file"
         return DiscardRecord(number, uri, f"not in the {layout} layout")
-    return Row(number, origin, uri, _SPLIT_NAMES[parts[0].lower()] if with_split else None, parts[-2])
+    return Row(number, origin, uri, SPLIT_NAMES[parts[0].lower()] if with_split else None, parts[-2])
 
 
 def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
@@ -460,7 +434,7 @@ def read_image_folder(url: str, storage_options: Mapping[str, Any] | None = None
     root = url.rstrip("/")
     rels = folder_files(root, storage_options)
     tops = {p[0].lower() for p, _ in rels if len(p) > 1}
-    with_split = bool(tops) and tops <= set(_SPLIT_NAMES)
+    with_split = bool(tops) and tops <= set(SPLIT_NAMES)
     origin = mask(root)
     rows: list[Row] = []
     discards: list[DiscardRecord] = []

@@ -1,0 +1,81 @@
+"""CSV text to rows: cells as long as :data:`CSV_FIELD_LIMIT`, errors naming the file and
+line, and the layout a CSV's first row says (a header, or a row of the expected columns)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator, Sequence
+
+from .options import Discard
+from .schema import AUTOML_COLUMNS, Schema, header_matches_automl, normalize_split
+
+CSV_FIELD_LIMIT = 1 << 30
+"""The longest CSV cell read, in characters (1 Gi; Python's csv module stops at 128 Ki):
+a cell past it is an error naming the file and line."""
+
+
+def csv_lines(text: str, origin: str) -> Iterator[list[str]]:
+    """The rows of a CSV text, lines of blank cells left out; a row the csv module refuses
+    is a ``ValueError`` naming ``origin`` and the line."""
+    if csv.field_size_limit() < CSV_FIELD_LIMIT:  # process-wide: only ever raised
+        csv.field_size_limit(CSV_FIELD_LIMIT)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        for ln in reader:
+            # a line of blank cells is no row (a cell with anything but whitespace in it makes
+            # their join non-blank)
+            if ln and (ln[0].strip() or "".join(ln).strip()):
+                yield ln
+    except csv.Error as exc:
+        limit = csv.field_size_limit()
+        what = (f"a cell longer than {limit} characters (CSV_FIELD_LIMIT)" if "field limit" in str(exc)
+                else f"not CSV ({exc})")
+        raise ValueError(f"{origin}: line {reader.line_num}: {what}") from None
+
+
+def _shown(cells: Sequence[str]) -> str:
+    return ",".join(c[:40] for c in cells[:8]) + (",..." if len(cells) > 8 else "")
+
+
+def csv_layout(first: Sequence[str], schema: Schema | None, origin: str, header: bool | None = None
+               ) -> tuple[bool, list[str]]:
+    """``(whether the first row is a header, the columns)`` of a CSV whose first row is
+    ``first`` (cells stripped). ``header=None`` detects one: a row holding all the schema's
+    column names, or ``split,image_uri,label``. A first row that is neither such a header
+    nor a row of the expected layout raises ``ValueError`` (before any row is converted):
+    another layout's header would otherwise be read as data and every row discarded."""
+    if header is None:
+        header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
+    if header:
+        return True, list(first)
+    columns = list(schema.columns) if schema is not None else list(AUTOML_COLUMNS)
+    where = f"{origin}: the first row ({_shown(first)})"
+    if schema is None:
+        try:
+            normalize_split(first[0] if first else "")
+            is_split = True
+        except Discard:
+            is_split = False
+        if len(first) != len(columns) or not is_split:
+            why = (f"has {len(first)} cells" if len(first) != len(columns)
+                   else f"starts with {first[0][:40]!r}, which is no split (TRAIN, VALIDATION, TEST, UNASSIGNED "
+                        "or empty)")
+            raise ValueError(
+                f"{where} {why}: not the AutoML layout split,image_uri,label (header optional); for other "
+                "columns pass schema={column: type} (--schema), with a header naming them")
+        return False, columns
+    named = [c for c in first if c in schema.columns]
+    if named:
+        lacks = [c for c in columns if c not in first]
+        raise ValueError(f"{where} looks like a header (it names {', '.join(named[:8])}) but lacks "
+                         f"{', '.join(lacks)} of the schema's columns; name every schema column in the header")
+    if len(first) != len(columns):
+        raise ValueError(
+            f"{where} has {len(first)} cells, the schema {len(columns)} columns: without a header naming "
+            f"them the cells are read in the schema's order ({', '.join(columns[:8])}); add a header row "
+            "naming the columns")
+    return False, columns
+
+
+__all__ = ["CSV_FIELD_LIMIT", "csv_layout", "csv_lines"]
