@@ -292,3 +292,25 @@ def test_an_error_in_a_later_thread_arrives_after_the_rows_before_it(db):
             got.append(int(row[0]))
     assert got == list(range(300)) * 2  # the third thread failed first; its error waits for its turn
     assert wait_threads_back_to(before) == []
+
+
+def test_csv_tables_with_cells_longer_than_a_block_are_read_and_bad_lines_name_the_file(tmp_path, monkeypatch):
+    from shardfeed.errors import ShardfeedError
+    from shardfeed.tables import parquet as files_backend
+
+    big = "b" * 9_000_000  # past pyarrow's blocks: "straddling object straddles two block boundaries"
+    rows = [f"{i},{'x' * (i % 7)}" for i in range(3000)] + [f"3000,{big}", "3001,y"]
+    (tmp_path / "t.csv").write_text("id,text\n" + "\n".join(rows) + "\n")
+    (tmp_path / "first.csv").write_text(f"id,text\n0,{big}\n1,y\n")  # in the block the columns are typed from
+    assert [int(r[0]) for r in read_table(str(tmp_path / "first.csv"), record_defaults=[0, ""])] == [0, 1]
+    for batch in (None, 4):  # small batches read small blocks
+        ds = read_table(str(tmp_path / "t.csv"), record_defaults=[0, ""])
+        got = [(int(i), t) for b in ds.batch(batch or 1000) for i, t in zip(*b)]
+        assert [i for i, _ in got] == list(range(3002)) and len(got[3000][1]) == len(big) and got[3001][1] == "y"
+    # past the bound, an error naming the file instead of pyarrow's own
+    monkeypatch.setattr(files_backend, "CSV_BLOCK_LIMIT", 4 << 20)
+    with pytest.raises(ShardfeedError, match=r"t\.csv: a row after row 3000 is longer than"):
+        list(read_table(str(tmp_path / "t.csv"), record_defaults=[0, ""]).batch(4))
+    (tmp_path / "bad.csv").write_text("id,text\n1,a\n2,b,extra\n")
+    with pytest.raises(ShardfeedError, match=r"bad\.csv: .*Expected 2 columns, got 3"):
+        list(read_table(str(tmp_path / "bad.csv"), record_defaults=[0, ""]))

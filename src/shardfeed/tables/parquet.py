@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 _PARQUET = PARQUET_SUFFIXES
 _CSV = CSV_SUFFIXES
+CSV_BLOCK_LIMIT = 1 << 30
+"""The longest row of a CSV table, in bytes (1 GiB). pyarrow reads a CSV in blocks and a
+row must fit in one: a longer row makes the reader start again with blocks four times
+larger, skipping the rows it gave, up to this bound; past it, an error naming the file."""
 _held_locks: set[tuple[str, int]] = set()
 _held_lock = threading.Lock()
 
@@ -142,12 +146,11 @@ class FilesBackend(TableBackend):
                 first = files[0][0]
                 try:
                     if self.format() == "csv":
-                        with pacsv.open_csv(self._open(first)) as r:
-                            file_schema = r.schema
+                        file_schema = self._csv_schema(first)
                     else:
                         file_schema = pq.ParquetFile(self._open(first)).schema_arrow
                 except (pa.ArrowInvalid, OSError) as exc:
-                    raise ShardfeedError(f"{mask(first)}: cannot read the table file ({exc})") from exc
+                    raise ShardfeedError(f"{mask(first)}: cannot read the table file ({mask(exc)})") from exc
                 fields = [f for f in file_schema if f.name not in {p.name for p in self._partition_schema()}]
                 self._schema = pa.schema(fields + self._partition_schema())
         return self._schema
@@ -171,9 +174,37 @@ class FilesBackend(TableBackend):
         file_cols = [f for f in schema if f.name not in self._part_names()]
         opts = pacsv.ConvertOptions(column_types={f.name: f.type for f in file_cols},
                                     include_columns=columns, strings_can_be_null=True)
-        read = pacsv.ReadOptions(block_size=max(1 << 20, batch_rows * 64))
-        with pacsv.open_csv(self._open(url), read_options=read, convert_options=opts) as r:
-            yield from r
+        yield from self._csv_read(url, max(1 << 20, batch_rows * 64), opts)
+
+    def _csv_schema(self, url: str) -> pa.Schema:
+        """The columns of a CSV file, typed from its first block."""
+        for schema in self._csv_read(url, 1 << 20, None, schema_only=True):
+            return schema
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _csv_read(self, url: str, block: int, opts: Any, schema_only: bool = False) -> Iterator[Any]:
+        """The batches of a CSV file (or, ``schema_only``, its schema), read in blocks of
+        ``block`` bytes, larger ones where a row does not fit (:data:`CSV_BLOCK_LIMIT`);
+        pyarrow's errors name the file."""
+        given = 0
+        while True:
+            try:
+                with pacsv.open_csv(self._open(url), read_options=pacsv.ReadOptions(block_size=block),
+                                    convert_options=opts) as r:
+                    if schema_only:
+                        yield r.schema
+                        return
+                    for b in slice_batches(iter(r), given, None):
+                        given += b.num_rows
+                        yield b
+                return
+            except pa.ArrowInvalid as exc:
+                if "straddl" not in str(exc):
+                    raise ShardfeedError(f"{mask(url)}: {mask(exc)}") from None
+                if block >= CSV_BLOCK_LIMIT:
+                    raise ShardfeedError(f"{mask(url)}: a row after row {given} is longer than {CSV_BLOCK_LIMIT} "
+                                         "bytes (CSV_BLOCK_LIMIT)") from None
+                block = min(block * 4, CSV_BLOCK_LIMIT)
 
     def _part_names(self) -> set[str]:
         return {f.name for f in self._partition_schema()}
