@@ -19,6 +19,7 @@ from typing import Any
 
 from .dataset import Dataset, UnaryDataset, positive_int
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node
+from .userfn import stop_error
 from .workers import WorkerPool
 
 MAX_CHUNK = 1024
@@ -175,7 +176,11 @@ class _InterleaveNode(Node):
                 self.slots[i] = self._open()
 
     def _child(self, element: Any) -> Dataset:
-        child = self.ds.fn(element)
+        fn = self.ds.fn
+        try:
+            child = fn(element)
+        except StopIteration as exc:  # fn's error, not the end of the inputs (userfn.py)
+            raise stop_error(fn, "the interleave stage's function", exc) from exc
         if not isinstance(child, Dataset):
             raise TypeError(f"interleave's function must return a shardfeed Dataset, got {type(child).__name__} "
                             f"for element {element!r:.100}")

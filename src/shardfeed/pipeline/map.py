@@ -20,6 +20,7 @@ from .dataset import Dataset, UnaryDataset, positive_int
 from .frames import FrameRecorder
 from .node import AUTOTUNE, CHUNK_SECONDS, Build, Node
 from .policy import ErrorPolicy
+from .userfn import describe, stop_error
 from .workers import WorkerPool
 
 MAX_CHUNK = 1024
@@ -42,6 +43,11 @@ class MapDataset(UnaryDataset):
 
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality() if self.policy.raises else None
+
+    def __repr__(self) -> str:
+        if self.kind != "map":  # a stage built on map (decode_images): its own arguments, not its function
+            return super().__repr__()
+        return f"{self.parent!r}.map({describe(self.fn)})"
 
     def _record_source(self) -> Dataset | None:
         # one output an input, in order, unless fn's failures are skipped; a parallel map
@@ -83,14 +89,23 @@ class _MapNode(Node):
         super().__init__(b, ds, [self.parent])
 
     def _next(self) -> Any:
+        fn = self.fn
         if self.policy.raises:
-            return self.fn(next(self.parent))
+            x = next(self.parent)
+            try:
+                return fn(x)
+            except StopIteration as exc:  # fn's error, not the end of the data (userfn.py)
+                raise stop_error(fn, "the map stage's function", exc) from exc
         while True:
             x = next(self.parent)
             self.taken += 1
             try:
-                return self.fn(x)
+                return fn(x)
             except Exception as exc:  # noqa: BLE001 - the policy decides
+                if isinstance(exc, StopIteration):
+                    err = stop_error(fn, "the map stage's function", exc)
+                    err.__cause__ = exc
+                    exc = err
                 self.policy.handle(exc, {"stage": "map", "element": self.taken - 1}, self.errors)
 
     def get_state(self) -> dict:
@@ -112,16 +127,24 @@ class _Failed:
         return (_Failed, (self.exc,))
 
 
-def _apply(fn: Callable[[Any], Any], items: list, keep_going: bool = False) -> tuple[list, float]:
+def _apply(fn: Callable[[Any], Any], items: list, keep_going: bool = False,
+           stage: str = "map") -> tuple[list, float]:
     t = time.perf_counter()
     if not keep_going:
-        out = [fn(x) for x in items]
+        try:
+            out = [fn(x) for x in items]
+        except StopIteration as exc:  # fn's error: the pool would hand it on as the end of the data
+            raise stop_error(fn, f"the {stage} stage's function", exc) from exc
     else:
         out = []
         for x in items:
             try:
                 out.append(fn(x))
             except Exception as exc:  # noqa: BLE001 - handed to the policy in order
+                if isinstance(exc, StopIteration):
+                    err = stop_error(fn, f"the {stage} stage's function", exc)
+                    err.__cause__ = exc
+                    exc = err
                 out.append(_Failed(exc))
     return out, time.perf_counter() - t
 
@@ -195,8 +218,8 @@ class _ParallelMapNode(Node):
             except StopIteration:
                 self.exhausted = True
             if items:
-                self.pending.append((st, self.pool.submit(_apply, self.fn, items, not self.policy.raises),
-                                     self.taken))
+                self.pending.append((st, self.pool.submit(_apply, self.fn, items, not self.policy.raises,
+                                                          self.ds.kind), self.taken))
                 self.taken += len(items)
 
     def _take_done(self) -> tuple[Any, Future, int]:
@@ -259,6 +282,9 @@ class FilterDataset(UnaryDataset):
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return _FilterNode(b.but(raw=False), self, state)
 
+    def __repr__(self) -> str:
+        return f"{self.parent!r}.filter({describe(self.predicate)})"
+
     def _record_source(self) -> Dataset | None:
         # some of the records, in order: the node tells a shuffle above which (one filter at most)
         return None if self.parent._filters_records() else self.parent._record_source()
@@ -287,14 +313,22 @@ class _FilterNode(_MapNode):
         if rec is None:
             while True:
                 x = next(parent)
-                if pred(x):
+                try:
+                    keep = pred(x)
+                except StopIteration as exc:  # pred's error, not the end of the data (userfn.py)
+                    raise stop_error(pred, "the filter stage's predicate", exc) from exc
+                if keep:
                     return x
         r = self.record
         try:
             while True:
                 x = next(parent)
                 r += 1
-                if pred(x):
+                try:
+                    keep = pred(x)
+                except StopIteration as exc:
+                    raise stop_error(pred, "the filter stage's predicate", exc) from exc
+                if keep:
                     rec.pending.append(r - 1)  # where it lies is looked up in bulk (FrameRecorder.resolve)
                     return x
                 if not r & 4095 and not rec.pending:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..storage.urls import mask
+from .userfn import stop_error
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,11 @@ class ErrorPolicy:
         if self.mode == "raise":
             raise exc
         if self.handler is not None:
-            self.handler(exc, dict(context))
+            try:
+                self.handler(exc, dict(context))
+            except StopIteration as stop:  # the handler's error, not the end of the data (userfn.py)
+                raise stop_error(self.handler, f"the {context.get('stage', '?')} stage's on_error handler",
+                                 stop) from stop
         if log is not None:
             log.add(exc, context, logged)
 
