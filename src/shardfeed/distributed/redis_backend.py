@@ -7,7 +7,8 @@ registered as a secret, so it never appears in a log line or an error message.
 
 Keys of queue ``N`` (the hash tag keeps them in one cluster slot):
 ``shardfeed:wq:{N}:meta`` (JSON), ``:state`` (hash: next_epoch, num_epochs, token,
-restore_id, counters), ``:pending`` (list), ``:lease`` (hash id -> JSON), ``:dead``
+restore_id, counters, the server's ``run_id`` last seen and ``restarts``, ``req:<w>``: each
+worker's last request id and its answer), ``:pending`` (list), ``:lease`` (hash id -> JSON), ``:dead``
 (sorted set id -> deadline), ``:epochs`` (hash epoch -> done), ``:workers`` (hash
 ``taken:<w>``, ``acked:<w>``, ``first:<w>``, ``last:<w>``), ``:back`` (set: ids given back,
 expired or released, not taken again yet); ``shardfeed:wq:names`` (set).
