@@ -9,6 +9,7 @@ import gc
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -584,3 +585,98 @@ def test_subprocess_get_state_inside_a_get_state_falls_back_instead_of_hanging(t
     for state in (inner, outer):
         with ds.iter_from_state(json.loads(json.dumps(state))) as resumed:
             assert elements_equal(list(resumed), rest)
+
+
+# -- issue 39.12: the unpicklable function named; a frozen child times out ------------------
+def _closure():
+    k = 3
+
+    def add_k(x):
+        return x + k
+    return add_k
+
+
+def takes(resource, x):
+    return x
+
+
+class _SocketHolder:
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+
+    def apply(self, x):
+        return x
+
+
+def _unpicklable_functions(tmp_path):
+    import functools
+
+    f = open(tmp_path / "held.txt", "w")  # noqa: SIM115 - held by the function under test
+    return {
+        "lambda": (lambda x: x, r"does not: tests\.test_pipeline_subprocess\._unpicklable_functions\.<locals>\."
+                                r"<lambda> is a lambda, which pickle cannot find by name"),
+        "closure": (_closure(), r"does not: tests\.test_pipeline_subprocess\._closure\.<locals>\.add_k is defined "
+                                r"inside a function"),
+        "lock": (functools.partial(takes, threading.Lock()),
+                 r"does not: functools\.partial\(tests\.test_pipeline_subprocess\.takes, \.\.\.\) cannot be pickled: "
+                 r"its args\[0\] \(<unlocked _thread\.lock.*cannot pickle '_thread\.lock' object"),
+        "open file": (functools.partial(takes, f),
+                      r"its args\[0\] \(<_io\.TextIOWrapper name=.*cannot pickle '_io\.TextIOWrapper' object"),
+        "generator": (functools.partial(takes, (i for i in range(3))),
+                      r"its args\[0\] \(<generator object.*cannot pickle 'generator' object"),
+        "socket": (_SocketHolder().apply,
+                   r"does not: tests\.test_pipeline_subprocess\._SocketHolder\.apply \(bound to a _SocketHolder "
+                   r"object\) cannot be pickled: its __self__\.sock \(<socket\.socket.*cannot pickle 'socket' object"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["lambda", "closure", "lock", "open file", "generator", "socket"])
+def test_in_subprocess_names_the_unpicklable_user_function_not_the_source(tmp_path, kind):
+    files = write_bytes_shards(tmp_path, n_files=1)
+    fn, why = _unpicklable_functions(tmp_path)[kind]
+    with pytest.raises(TypeError) as info:
+        sf.read_tfrecord(files, spec=BSPEC).batch(4).map(fn).in_subprocess()
+    text = str(info.value)
+    assert "_stats_lock" not in text and "tfrecord stage" not in text, text
+    assert text.startswith("in_subprocess: the chain above it must pickle to reach the spawned child, but the map "
+                           "stage's fn ("), text
+    assert re.search(why, text), text
+
+
+def test_in_subprocess_names_an_unpicklable_predicate_and_handler():
+    with pytest.raises(TypeError, match=r"the filter stage's predicate \(.*\) does not: .*<lambda> is a lambda"):
+        from_list([1, 2]).filter(lambda x: True).in_subprocess()
+    with pytest.raises(TypeError, match=r"the map stage's policy \(.*\) does not: its on_error handler .*<lambda> is a lambda"):
+        from_list([1, 2]).map(fail_at_seven, on_error=lambda e, c: None).in_subprocess()
+
+
+def freeze_at_three(x):
+    if x == 3:
+        threading.Event().wait()  # never set: the child is stuck here
+    return x
+
+
+def test_subprocess_frozen_child_times_out_naming_its_pid_and_where_it_is():
+    ds = from_list(list(range(10))).map(freeze_at_three).in_subprocess(buffer_size=2, timeout=3.0)
+    it = iter(ds)
+    got = [next(it) for _ in range(3)]
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    with pytest.raises(TimeoutError, match=rf"in_subprocess child process \(pid {pid}\) sent no element for 3 s") \
+            as info:
+        next(it)
+    assert got == [0, 1, 2]
+    text = str(info.value)
+    assert "from_list(10 items).map(tests.test_pipeline_subprocess.freeze_at_three)" in text, text  # the stage
+    assert re.search(r"most recent call first:\n.*line \d+ in freeze_at_three", text, re.S), text  # its stack
+    with pytest.raises(StopIteration):  # the pass ended with the error; nothing more, no hang
+        next(it)
+    assert pid not in _children() and not _segments()
+
+
+def test_subprocess_timeout_must_be_a_positive_number():
+    for bad in (0, -1, float("nan"), "3", True):
+        with pytest.raises(ValueError, match="in_subprocess timeout must be a positive number of seconds"):
+            from_list([1]).in_subprocess(timeout=bad)
+    assert list(from_list([1, 2]).in_subprocess(timeout=60)) == [1, 2]

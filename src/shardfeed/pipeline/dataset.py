@@ -237,7 +237,7 @@ class Dataset:
 
         return PrefetchDataset(self, buffer_size)
 
-    def in_subprocess(self, buffer_size: int = 4, zero_copy: bool = True) -> "Dataset":
+    def in_subprocess(self, buffer_size: int = 4, zero_copy: bool = True, timeout: float | None = None) -> "Dataset":
         """Run everything above this stage in one child process (started with ``spawn``,
         so safe with CUDA and threads here) and hand its elements over through
         ``buffer_size`` shared-memory slots: numpy arrays (and object arrays of ``bytes``)
@@ -251,12 +251,16 @@ class Dataset:
         It is named for where the chain runs, as ``map(use_processes=True)`` is; it prefetches
         like ``prefetch(buffer_size)``. ``get_state()``/resume and ``stats()`` see through it.
         The chain above must pickle (user functions at module top level); ``TypeError``
-        names the stage that does not. The child's exception is re-raised here with its
-        traceback; a child that dies raises :class:`~shardfeed.pipeline.process.SubprocessError`
-        naming the signal. See docs/pipeline.md, "Input beside the trainer"."""
+        names the stage, the function and the part of it that does not. The child's exception
+        is re-raised here with its traceback; a child that dies raises
+        :class:`~shardfeed.pipeline.process.SubprocessError` naming the signal. ``timeout``:
+        seconds to wait for one element (30 s more for the first, while the child starts)
+        before ``TimeoutError`` names the child's pid and where its threads are, and the child
+        is stopped; ``None`` (the default) waits as long as the child takes. See
+        docs/pipeline.md, "Input beside the trainer"."""
         from .process import SubprocessDataset  # noqa: PLC0415
 
-        return SubprocessDataset(self, buffer_size, zero_copy)
+        return SubprocessDataset(self, buffer_size, zero_copy, timeout)
 
     def interleave(self, fn: Callable[[Any], "Dataset"], cycle_length: int = AUTOTUNE, block_length: int = 1,
                    num_parallel_calls: int | None = None, deterministic: bool = True) -> "Dataset":

@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import multiprocessing
 import os
 import pickle
 import secrets
 import signal
+import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Mapping
 from multiprocessing.connection import wait
 from typing import Any
@@ -52,18 +53,17 @@ from typing import Any
 from ..errors import SubprocessError
 from . import shm
 from .dataset import Dataset, UnaryDataset, positive_int
-from .deferred import DeferredState, materialize
-from .node import Build, Context, Node
+from .deferred import DeferredState
+from .node import Build, Node
+from .pickling import check_picklable
+from .process_child import STAGE_FIELDS, child_main
 from .stats import PipelineStats, StageStats
 
 logger = logging.getLogger(__name__)
 
-STATS_EVERY_S = 0.05  # the child sends its statistics at most this often (and at the end)
-GROWTH = 1.25  # a slot that is too small is replaced by one this much larger than needed
-KEPT_STATES = 8  # full states (deferred parts unmade) the child keeps for the consumer to ask for, beyond the slots
 JOIN_TIMEOUT_S = 10.0
-_STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
-                 "queue_samples", "mix_share_sum", "mix_batches", "extra")
+STACK_LINES = 60  # of a frozen child's threads' stacks, in the TimeoutError
+START_S = 30.0  # added to in_subprocess(timeout=) for the first element: the child's start (imports)
 
 
 class _RemoteTraceback(Exception):
@@ -80,12 +80,18 @@ class _RemoteTraceback(Exception):
 class SubprocessDataset(UnaryDataset):
     kind = "subprocess"
 
-    def __init__(self, parent: Dataset, buffer_size: int = 4, zero_copy: bool = True) -> None:
+    def __init__(self, parent: Dataset, buffer_size: int = 4, zero_copy: bool = True,
+                 timeout: float | None = None) -> None:
         super().__init__(parent)
         self.buffer_size = positive_int("in_subprocess buffer_size", buffer_size)
         if not isinstance(zero_copy, bool):
             raise TypeError(f"in_subprocess zero_copy must be True or False, got {zero_copy!r}")
         self.zero_copy = zero_copy
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise ValueError("in_subprocess timeout must be a positive number of seconds (or None: wait as long as "
+                             f"the child takes), got {timeout!r}")
+        self.timeout = None if timeout is None else float(timeout)
         check_picklable(parent)
 
     def cardinality(self) -> int | float | None:
@@ -93,40 +99,6 @@ class SubprocessDataset(UnaryDataset):
 
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return SubprocessNode(b, self, state)
-
-
-def check_picklable(ds: Dataset) -> None:
-    """Raise ``TypeError`` naming the stage (and its attribute) of ``ds``'s chain that
-    cannot be pickled to a spawned child: user functions must be top-level functions of an
-    importable module, not lambdas or closures."""
-    try:
-        pickle.dumps(ds, protocol=pickle.HIGHEST_PROTOCOL)
-        return
-    except Exception as exc:  # noqa: BLE001 - any pickling failure is reported below
-        first = exc
-    where = _unpicklable_part(ds)
-    raise TypeError(f"in_subprocess: the chain above it must be picklable to run in a spawned child, but "
-                    f"{where or 'a stage'} is not ({type(first).__name__}: {first}); give map/filter/interleave "
-                    "top-level functions of an importable module (not lambdas, closures or functions defined in "
-                    "__main__ of an interactive session)") from first
-
-
-def _unpicklable_part(ds: Any, depth: int = 0) -> str | None:
-    if depth > 100 or not isinstance(ds, Dataset):
-        return None
-    for attr, value in vars(ds).items():
-        inner = value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(v, Dataset) for v in inner):
-            for v in inner:
-                found = _unpicklable_part(v, depth + 1)
-                if found:
-                    return found
-            continue
-        try:
-            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - this is the part we were looking for
-            return f"the {ds.kind} stage's {attr} ({value!r:.80})"
-    return None
 
 
 class _Ring:
@@ -209,6 +181,10 @@ class SubprocessNode(Node):
         self.cur_ref: int | None = None  # the child's number for the current element's full state
         self.done = False
         self.closed = False
+        self.timeout = ds.timeout  # seconds to wait for one element; None: as long as it takes
+        self.frozen = False  # the child sent nothing within the timeout: stop it at once on close
+        self.heard = False  # the child has sent something (started): the timeout is the element's alone
+        self.stack_path: str | None = None  # where the child writes its threads' stacks on SIGUSR1
         self.child_stages: list[StageStats] | None = None
         self.seen_storage: dict[str, float] = {}
         self.seen_errors: dict[str, int] = {}
@@ -232,13 +208,16 @@ class SubprocessNode(Node):
         except Exception:  # noqa: BLE001 - check_picklable names the stage
             check_picklable(self.ds.parent)
             raise
+        if self.timeout is not None:
+            fd, self.stack_path = tempfile.mkstemp(prefix=f"sf_{self.token}_", suffix=".stack")
+            os.close(fd)
         mp = multiprocessing.get_context("spawn")
         self.conn, child_conn = mp.Pipe(duplex=False)
         child_ctrl, self.ctrl = mp.Pipe(duplex=False)
         child_asks, self.asks = mp.Pipe(duplex=False)
         self.answers, child_answers = mp.Pipe(duplex=False)
-        self.proc = mp.Process(target=_child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots,
-                                                         child_asks, child_answers),
+        self.proc = mp.Process(target=child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots,
+                                                         child_asks, child_answers, self.stack_path),
                                name="shardfeed-subprocess", daemon=True)
         self.proc.start()
         self.ring.ctrl = self.ctrl
@@ -258,10 +237,11 @@ class SubprocessNode(Node):
                     self.ctrl.send(("stop",))
                 except (OSError, ValueError):
                     pass  # the child is gone already
-            proc.join(JOIN_TIMEOUT_S)
+            proc.join(0.5 if self.frozen else JOIN_TIMEOUT_S)  # a frozen child reads no stop message
             if proc.exitcode is None:
-                logger.warning("in_subprocess child %d did not stop within %.0f s; terminating it", proc.pid,
-                               JOIN_TIMEOUT_S)
+                if not self.frozen:
+                    logger.warning("in_subprocess child %d did not stop within %.0f s; terminating it", proc.pid,
+                                   JOIN_TIMEOUT_S)
                 proc.terminate()
                 proc.join(2.0)
                 if proc.exitcode is None:
@@ -282,14 +262,25 @@ class SubprocessNode(Node):
                 for g in (gen, gen + 1):
                     if g >= 0:
                         shm.unlink_quietly(shm.slot_name(self.token, slot, g))
+        if self.stack_path is not None:
+            try:
+                os.unlink(self.stack_path)
+            except OSError:
+                pass
+            self.stack_path = None
 
     # -- the consumer's side ------------------------------------------------------------
     def _receive(self) -> None:
-        """Take every message waiting; block until there is one (or the child is gone)."""
+        """Take every message waiting; block until there is one (or the child is gone, or
+        sent nothing for ``timeout`` seconds)."""
+        deadline = None
+        if self.timeout is not None:  # the first element also waits for the child to start
+            deadline = time.monotonic() + self.timeout + (0.0 if self.heard else START_S)
         while True:
             try:
                 while self.conn.poll():
                     self.pending.append(self.conn.recv())
+                    self.heard = True
             except EOFError:
                 if self.pending:
                     return
@@ -302,6 +293,34 @@ class SubprocessNode(Node):
             ready = wait([self.conn, self.proc.sentinel], timeout=0.1)
             if ready and self.conn not in ready and not self.conn.poll():
                 raise self._died()
+            if deadline is not None and not ready and time.monotonic() >= deadline:
+                raise self._timed_out()
+
+    def _timed_out(self) -> TimeoutError:
+        """The child sent nothing for ``timeout`` seconds: what it was doing (its threads'
+        stacks, which it writes on SIGUSR1), as the error that ends the pass."""
+        self.done = self.frozen = True
+        pid = self.proc.pid
+        stack = ""
+        if self.stack_path is not None:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+                for _ in range(20):  # written by the child's signal handler at once (faulthandler)
+                    time.sleep(0.05)
+                    with open(self.stack_path, encoding="utf-8", errors="replace") as f:
+                        got = f.read()
+                    if got and got == stack:
+                        break
+                    stack = got
+            except OSError:
+                pass
+        lines = stack.strip().splitlines()
+        where = ("\nIts threads, most recent call first:\n" + "\n".join(lines[:STACK_LINES])
+                 + ("\n..." if len(lines) > STACK_LINES else "")) if lines else ""
+        return TimeoutError(f"the in_subprocess child process (pid {pid}) sent no element for {self.timeout:g} s "
+                            f"(in_subprocess(timeout={self.timeout:g})): the stages above it ({self.ds.parent!r:.200}) "
+                            "are stuck, or slower than that for one element; the child is stopped and the elements "
+                            "it had not sent are lost (resume from the last get_state() to read them)" + where)
 
     def _died(self) -> SubprocessError:
         self.done = True
@@ -399,7 +418,7 @@ class SubprocessNode(Node):
             if self.child_stages:
                 self.stats.upstream = [self.child_stages[-1]]
         for s, d in zip(self.child_stages, snap["stages"]):
-            for f in _STAGE_FIELDS:
+            for f in STAGE_FIELDS:
                 setattr(s, f, d[f])
         for f, v in snap["storage"].items():  # add what is new since the last snapshot
             stats.storage.add(**{f: v - self.seen_storage.get(f, 0)})
@@ -426,6 +445,7 @@ class SubprocessNode(Node):
         with self.ask_lock:
             if ref in self.answered:
                 return self.answered.pop(ref)
+            deadline = None if self.timeout is None else time.monotonic() + self.timeout
             try:
                 self.asks.send(ref)
                 while True:
@@ -436,6 +456,8 @@ class SubprocessNode(Node):
                         if self.closed or (self.proc.sentinel in ready and not self.answers.poll()):
                             return None  # closing, or the child is gone
                         if not ready:
+                            if deadline is not None and time.monotonic() >= deadline:
+                                return None  # a frozen child: the state it sent (a late answer is kept)
                             continue
                     self.reading = threading.get_ident()
                     try:
@@ -468,153 +490,6 @@ class _ChildState(DeferredState):
 
     def fallback(self) -> Any:
         return self.sent
-
-
-# -- the child ----------------------------------------------------------------------------
-def _snapshot(stats: PipelineStats) -> dict:
-    index = {id(s): i for i, s in enumerate(stats.stages)}
-    stages = []
-    for s in stats.stages:
-        d = {f: getattr(s, f) for f in _STAGE_FIELDS}
-        d["extra"] = {k: list(v) if isinstance(v, list) else v for k, v in s.extra.items()}
-        d["name"] = s.name.split(":", 1)[-1]
-        d["upstream"] = [index[id(u)] for u in s.upstream if id(u) in index]
-        stages.append(d)
-    st = stats.storage
-    storage = {f: getattr(st, f) for f in st.FIELDS}
-    storage["active_s"] = st.active_s
-    return {"stages": stages, "storage": storage, "errors": stats.errors.to_dict()}
-
-
-def _child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, asks: Any = None,
-                answers: Any = None) -> None:
-    """Run the upstream chain and fill the ring until the end, an error, or a stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
-    segments: list[Any] = [None] * nslots
-    gens = [-1] * nslots
-    free = collections.deque(range(nslots))
-    ctx: Context | None = None
-    kept: collections.OrderedDict[int, Any] = collections.OrderedDict()  # ref -> full state of an element sent
-    kept_lock = threading.Lock()
-
-    def answer_questions() -> None:
-        """The consumer's questions for a full state, answered while elements are made (the
-        kept states are snapshots: making them here does not touch the pass)."""
-        try:
-            while True:
-                ref = asks.recv()
-                with kept_lock:
-                    full = kept.get(ref)
-                try:
-                    made = materialize(full) if full is not None else None
-                except Exception:  # noqa: BLE001 - the consumer falls back to the state it has
-                    logger.exception("in_subprocess child: making a state's deferred parts failed")
-                    made = None
-                answers.send((ref, made))
-        except (EOFError, OSError, ValueError):
-            return  # the consumer is gone or closed the pipes
-
-    if asks is not None:
-        threading.Thread(target=answer_questions, name="shardfeed-subprocess-states", daemon=True).start()
-    try:
-        try:
-            ds, state, epoch, scope, budget = pickle.loads(payload)
-        except Exception as exc:
-            raise SubprocessError(
-                f"the child process could not unpickle the chain above in_subprocess ({type(exc).__name__}: "
-                f"{exc}): every function in it must be importable in a fresh interpreter (defined in a module or "
-                "script file, not in a notebook or an interactive session)") from exc
-        ctx = Context(budget)
-        root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
-        ctx.on_close(root.close)
-        last_stats = time.perf_counter()
-        refs = 0
-        while True:
-            if _take_messages(ctrl, free, block=False):
-                return
-            try:
-                x = next(root)
-            except StopIteration:
-                conn.send(("end", _snapshot(ctx.stats)))
-                ctx.close()
-                # the consumer may still ask for the last elements' full states, until it stops us
-                while not _take_messages(ctrl, free, block=True):
-                    pass
-                return
-            # deferred parts left out (made for every element they would cost what deferring
-            # saves); the full state kept a while, made if the consumer asks for it
-            full = root.get_state()
-            state = materialize(full, make=False)
-            ref = None
-            if state is not full:
-                refs += 1
-                ref = refs
-                with kept_lock:
-                    kept[ref] = full
-                    while len(kept) > nslots + KEPT_STATES:
-                        kept.popitem(last=False)
-            t = time.perf_counter()
-            structure, arrays, layout, size = shm.encode(x)
-            del x
-            work_s = time.perf_counter() - t
-            while not free:  # backpressure: wait for the consumer to hand a slot back
-                if _take_messages(ctrl, free, block=True):
-                    return
-            t = time.perf_counter()
-            k = free.popleft()
-            seg = segments[k]
-            if seg is None or seg.size < size:
-                new = shm.create(shm.slot_name(token, k, gens[k] + 1), int(size * GROWTH) + 4096)
-                if seg is not None:  # the consumer is done with it: it handed this slot back
-                    seg.close()
-                    seg.unlink()
-                segments[k] = new
-                gens[k] += 1
-            shm.write(segments[k].buf, arrays, layout)
-            del arrays
-            work_s += time.perf_counter() - t
-            now = time.perf_counter()
-            snap = None
-            if now - last_stats >= STATS_EVERY_S:
-                snap, last_stats = _snapshot(ctx.stats), now
-            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap, ref))
-    except (BrokenPipeError, EOFError, ConnectionResetError):
-        return  # the consumer is gone
-    except BaseException as exc:  # noqa: BLE001 - carried to the consumer
-        tb = traceback.format_exc()
-        try:
-            blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
-            pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - sent as its type, text and traceback
-            blob = None
-        try:
-            conn.send(("error", blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb,
-                       _snapshot(ctx.stats) if ctx is not None else None))
-        except (OSError, ValueError):
-            pass
-    finally:
-        if ctx is not None:
-            ctx.close()
-        for seg in segments:
-            if seg is not None:
-                seg.close()  # the consumer removes the segments
-        for c in (conn, ctrl, asks, answers):
-            if c is not None:
-                c.close()
-
-
-def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
-    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
-    try:
-        while block or ctrl.poll():
-            msg = ctrl.recv()
-            if msg[0] == "stop":
-                return True
-            free.append(msg[1])
-            block = False
-    except (EOFError, OSError):
-        return True
-    return False
 
 
 __all__ = ["SubprocessDataset", "check_picklable"]

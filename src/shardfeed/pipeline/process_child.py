@@ -1,0 +1,190 @@
+"""The ``in_subprocess`` child: runs the chain above the stage and fills the shared-memory ring.
+
+Started by :class:`~shardfeed.pipeline.process.SubprocessNode` with ``spawn``; see that module
+for the protocol. Messages to the consumer: ``("data", slot, generation, structure, layout,
+state, size, work_s, stats, ref)``, ``("end", stats)``, ``("error", pickled, type, text,
+traceback, stats)``; from it: ``("free", slot)`` and ``("stop",)``; on a pipe pair of their
+own, a full state's number and its answer.
+"""
+
+from __future__ import annotations
+
+import collections
+import faulthandler
+import logging
+import pickle
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+from ..errors import SubprocessError
+from . import shm
+from .deferred import materialize
+from .node import Build, Context
+from .stats import PipelineStats
+
+logger = logging.getLogger(__name__)
+
+STATS_EVERY_S = 0.05  # the child sends its statistics at most this often (and at the end)
+GROWTH = 1.25  # a slot that is too small is replaced by one this much larger than needed
+KEPT_STATES = 8  # full states (deferred parts unmade) the child keeps for the consumer to ask for, beyond the slots
+STAGE_FIELDS = ("elements", "bytes", "inclusive_s", "work_s", "parallelism", "threaded", "queue_fill_sum",
+                "queue_samples", "mix_share_sum", "mix_batches", "extra")
+
+
+def _snapshot(stats: PipelineStats) -> dict:
+    index = {id(s): i for i, s in enumerate(stats.stages)}
+    stages = []
+    for s in stats.stages:
+        d = {f: getattr(s, f) for f in STAGE_FIELDS}
+        d["extra"] = {k: list(v) if isinstance(v, list) else v for k, v in s.extra.items()}
+        d["name"] = s.name.split(":", 1)[-1]
+        d["upstream"] = [index[id(u)] for u in s.upstream if id(u) in index]
+        stages.append(d)
+    st = stats.storage
+    storage = {f: getattr(st, f) for f in st.FIELDS}
+    storage["active_s"] = st.active_s
+    return {"stages": stages, "storage": storage, "errors": stats.errors.to_dict()}
+
+
+def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, asks: Any = None,
+               answers: Any = None, stack_path: str | None = None) -> None:
+    """Run the upstream chain and fill the ring until the end, an error, or a stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+    stack_file = None
+    if stack_path is not None:  # a consumer that gives up waiting asks where we are (C level: even stuck)
+        stack_file = open(stack_path, "w")  # noqa: SIM115 - open for the child's whole life
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    segments: list[Any] = [None] * nslots
+    gens = [-1] * nslots
+    free = collections.deque(range(nslots))
+    ctx: Context | None = None
+    kept: collections.OrderedDict[int, Any] = collections.OrderedDict()  # ref -> full state of an element sent
+    kept_lock = threading.Lock()
+
+    def answer_questions() -> None:
+        """The consumer's questions for a full state, answered while elements are made (the
+        kept states are snapshots: making them here does not touch the pass)."""
+        try:
+            while True:
+                ref = asks.recv()
+                with kept_lock:
+                    full = kept.get(ref)
+                try:
+                    made = materialize(full) if full is not None else None
+                except Exception:  # noqa: BLE001 - the consumer falls back to the state it has
+                    logger.exception("in_subprocess child: making a state's deferred parts failed")
+                    made = None
+                answers.send((ref, made))
+        except (EOFError, OSError, ValueError):
+            return  # the consumer is gone or closed the pipes
+
+    if asks is not None:
+        threading.Thread(target=answer_questions, name="shardfeed-subprocess-states", daemon=True).start()
+    try:
+        try:
+            ds, state, epoch, scope, budget = pickle.loads(payload)
+        except Exception as exc:
+            raise SubprocessError(
+                f"the child process could not unpickle the chain above in_subprocess ({type(exc).__name__}: "
+                f"{exc}): every function in it must be importable in a fresh interpreter (defined in a module or "
+                "script file, not in a notebook or an interactive session)") from exc
+        ctx = Context(budget)
+        root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
+        ctx.on_close(root.close)
+        last_stats = time.perf_counter()
+        refs = 0
+        while True:
+            if _take_messages(ctrl, free, block=False):
+                return
+            try:
+                x = next(root)
+            except StopIteration:
+                conn.send(("end", _snapshot(ctx.stats)))
+                ctx.close()
+                # the consumer may still ask for the last elements' full states, until it stops us
+                while not _take_messages(ctrl, free, block=True):
+                    pass
+                return
+            # deferred parts left out (made for every element they would cost what deferring
+            # saves); the full state kept a while, made if the consumer asks for it
+            full = root.get_state()
+            state = materialize(full, make=False)
+            ref = None
+            if state is not full:
+                refs += 1
+                ref = refs
+                with kept_lock:
+                    kept[ref] = full
+                    while len(kept) > nslots + KEPT_STATES:
+                        kept.popitem(last=False)
+            t = time.perf_counter()
+            structure, arrays, layout, size = shm.encode(x)
+            del x
+            work_s = time.perf_counter() - t
+            while not free:  # backpressure: wait for the consumer to hand a slot back
+                if _take_messages(ctrl, free, block=True):
+                    return
+            t = time.perf_counter()
+            k = free.popleft()
+            seg = segments[k]
+            if seg is None or seg.size < size:
+                new = shm.create(shm.slot_name(token, k, gens[k] + 1), int(size * GROWTH) + 4096)
+                if seg is not None:  # the consumer is done with it: it handed this slot back
+                    seg.close()
+                    seg.unlink()
+                segments[k] = new
+                gens[k] += 1
+            shm.write(segments[k].buf, arrays, layout)
+            del arrays
+            work_s += time.perf_counter() - t
+            now = time.perf_counter()
+            snap = None
+            if now - last_stats >= STATS_EVERY_S:
+                snap, last_stats = _snapshot(ctx.stats), now
+            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap, ref))
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return  # the consumer is gone
+    except BaseException as exc:  # noqa: BLE001 - carried to the consumer
+        tb = traceback.format_exc()
+        try:
+            blob = pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.loads(blob)
+        except Exception:  # noqa: BLE001 - sent as its type, text and traceback
+            blob = None
+        try:
+            conn.send(("error", blob, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb,
+                       _snapshot(ctx.stats) if ctx is not None else None))
+        except (OSError, ValueError):
+            pass
+    finally:
+        if ctx is not None:
+            ctx.close()
+        for seg in segments:
+            if seg is not None:
+                seg.close()  # the consumer removes the segments
+        for c in (conn, ctrl, asks, answers):
+            if c is not None:
+                c.close()
+        if stack_file is not None:
+            faulthandler.unregister(signal.SIGUSR1)
+            stack_file.close()
+
+
+def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
+    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
+    try:
+        while block or ctrl.poll():
+            msg = ctrl.recv()
+            if msg[0] == "stop":
+                return True
+            free.append(msg[1])
+            block = False
+    except (EOFError, OSError):
+        return True
+    return False
+
+
+__all__ = ["child_main", "STAGE_FIELDS"]
