@@ -6,6 +6,7 @@ Tests that start a child have "subprocess" in their names (conftest marks them s
 from __future__ import annotations
 
 import gc
+import glob
 import json
 import multiprocessing
 import os
@@ -13,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -673,6 +675,7 @@ def test_subprocess_frozen_child_times_out_naming_its_pid_and_where_it_is():
     with pytest.raises(StopIteration):  # the pass ended with the error; nothing more, no hang
         next(it)
     assert pid not in _children() and not _segments()
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), f"sf_{os.getpid()}_*.stack"))  # its stack file
 
 
 def test_subprocess_timeout_must_be_a_positive_number():

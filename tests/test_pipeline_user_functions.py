@@ -134,3 +134,18 @@ def test_torch_loader_over_a_map_that_raises_stop_iteration_is_an_error():
     loader = DataLoader(from_list(list(range(N))).map(stop_at_640).to_torch(), batch_size=None, num_workers=0)
     with pytest.raises(RuntimeError, match="stop_at_640 raised StopIteration"):
         list(loader)
+
+
+def takes(resource, x):
+    return x
+
+
+def test_map_in_processes_names_an_unpicklable_function_at_once():
+    import functools
+    import threading
+
+    with pytest.raises(TypeError, match=r"map\(use_processes=True\) .* but .*<lambda> is a lambda"):
+        from_list([1]).map(lambda x: x, num_parallel_calls=2, use_processes=True)
+    with pytest.raises(TypeError, match=r"but functools\.partial\(tests\.test_pipeline_user_functions\.takes, \.\.\.\) "
+                                        r"cannot be pickled: its args\[0\] \(<unlocked _thread\.lock"):
+        from_list([1]).map(functools.partial(takes, threading.Lock()), num_parallel_calls=2, use_processes=True)

@@ -40,6 +40,15 @@ class MapDataset(UnaryDataset):
                                                allow_none=True)
         self.deterministic = bool(deterministic)
         self.use_processes = bool(use_processes)
+        if self.use_processes:
+            from .pickling import why_unpicklable  # noqa: PLC0415 - only processes need it
+
+            why = why_unpicklable(fn)
+            if why is not None:
+                raise TypeError(f"map(use_processes=True) sends its function to worker processes by pickle, but "
+                                f"{why}: give a top-level function of an importable module holding nothing that "
+                                "cannot travel (locks, open files, sockets, generators), or use threads "
+                                "(num_parallel_calls without use_processes)")
 
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality() if self.policy.raises else None

@@ -58,6 +58,11 @@ def unpicklable_part(ds: Any, depth: int = 0) -> str | None:
     return None
 
 
+def why_unpicklable(value: Any) -> str | None:
+    """Why ``value`` (a user function) cannot be pickled, in words, or None when it can."""
+    return None if _pickles(value) is None else _why(value)
+
+
 def _why(value: Any) -> str:
     """Why ``value``, a stage's attribute, does not pickle."""
     who = describe(value) if callable(value) else "it"
@@ -132,4 +137,4 @@ def _pickles(value: Any) -> BaseException | None:
     return None
 
 
-__all__ = ["check_picklable", "unpicklable_part"]
+__all__ = ["check_picklable", "unpicklable_part", "why_unpicklable"]
