@@ -114,6 +114,8 @@ class FaultProxy:
     before forwarding it; ``max_faults`` caps how many faults are injected in all.
     ``failed`` counts injected faults, ``forwarded`` the requests that reached the target;
     ``log`` holds one ``(method, path, Range header or None, outcome)`` a request, in order.
+    ``object_gets`` / ``object_bytes`` count the GETs of objects (not listings) answered
+    200 or 206 and the body bytes they sent: what crossed the wire, for the counters.
     """
 
     SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -130,6 +132,8 @@ class FaultProxy:
         self.count = 0
         self.failed = 0
         self.forwarded = 0
+        self.object_gets = 0
+        self.object_bytes = 0
         self.log: list[tuple[str, str, str | None, str]] = []
         self._lock = threading.Lock()
         proxy = self
@@ -186,6 +190,11 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                if self.command == "GET" and resp.status in (200, 206) and "list-type" not in self.path \
+                        and "delimiter=" not in self.path and not self.path.split("?", 1)[0].endswith("/"):
+                    with proxy._lock:
+                        proxy.object_gets += 1
+                        proxy.object_bytes += len(data)
                 conn.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle

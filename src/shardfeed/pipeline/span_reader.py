@@ -84,7 +84,9 @@ class SpanChunks:
         policy = self.o.policy
         # each frame skipped goes to the policy (a handler may stop the pass) and the log
         self.on_skip = None if policy.raises else functools.partial(_framing_skipped, policy, errors)
-        self.cache = self.o.cache
+        cache = self.o.cache
+        # entries are checked against storage (and their CRC) at their first use in a pass
+        self.cache = cache.for_pass() if cache is not None else None
         self.counters = counters if counters is not None else IOCounters()
         self.cached_seen: set = set()  # cached objects counted as hits in this pass (gathers)
         self.chunk_size = chunk_size

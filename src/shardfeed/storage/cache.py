@@ -4,10 +4,15 @@
 reads as a local file under ``<cache_dir>/objects``, so later passes (and every other
 process on the host) read it from local disk:
 
-- **Checked.** Each entry records the object's size and ETag, the local file's size and
-  modification time and a CRC-32C of its bytes. The first use in a process checks all of
-  them (one HEAD request for the ETag; one read for the CRC); later uses the local size and
-  time, and the ETag again once it was last checked ten minutes ago. A truncated or altered file is fetched again.
+- **Checked at each pass.** Each entry records the object's size and ETag, the local
+  file's size and modification time and a CRC-32C of its bytes. The first use of an entry
+  in each pass (:meth:`ObjectCache.for_pass`; every use, outside a pass) checks all of them:
+  one HEAD request (the object's size and ETag must be those recorded; an entry without the
+  ETag storage reports is never trusted) and one read of the file for the CRC. Later uses
+  in the pass check the local size and time. A stale, truncated or altered copy is dropped
+  and fetched again.
+- **Trusted folder only.** A cache folder another user can write into (not owned by us, or
+  writable by everyone without the sticky bit) is refused: anyone could plant entries.
 - **Shared safely.** A download holds a lock file (``flock``) for its entry and writes a
   temporary file renamed into place, so two processes never download one object twice at
   once, and nobody ever sees a partial file.
@@ -18,7 +23,10 @@ process on the host) read it from local disk:
   the cache's size so keeps one fixed half resident and fetches the other half each epoch,
   where LRU would evict every object before its next use and fetch everything again.
 - **Only its own files.** Eviction deletes only entries it wrote (a 32-hex-digit name
-  with its metadata beside it) in its own folder, never anything else there.
+  with its metadata beside it) in its own folder, never anything else there. Partial
+  downloads of a process that died are deleted at the next open.
+- **Read around on local trouble.** A full disk, or a cache folder that cannot be
+  written, is read around (from storage), with one warning naming the folder.
 """
 
 from __future__ import annotations
@@ -26,11 +34,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -38,6 +46,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .counters import IOCounters
+from .tee import LocalWriteError, TeeStream
 from .urls import endpoint_option, mask, parse_url
 
 logger = logging.getLogger(__name__)
@@ -45,8 +54,8 @@ logger = logging.getLogger(__name__)
 MARKER = ".shardfeed-cache"
 _META = ".json"
 _LOCK = ".lock"
-REVALIDATE_S = 600.0
-"""A copy checked against storage longer ago than this is checked again (one HEAD)."""
+TROUBLE_S = 60.0
+"""After the local disk refused a write, new objects are read around the cache this long."""
 MIN_AGE_S = 3600.0
 """An entry this process has not used can be evicted once nobody used it for this long."""
 
@@ -85,7 +94,10 @@ def parse_size(value: int | str | None) -> int | None:
 
 @contextlib.contextmanager
 def _flock(path: str, blocking: bool = True) -> Iterator[bool]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # the lock of an entry cannot even be made: the disk is the trouble
+        raise LocalWriteError(exc.errno, f"making the lock file {path}: {exc.strerror}") from exc
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -100,9 +112,35 @@ def _flock(path: str, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)
 
 
+class UnsafeCacheFolder(PermissionError):
+    """The cache folder can be written by another user: its entries cannot be trusted."""
+
+
+def _check_folder(path: str, ours: bool) -> None:
+    """Refuse ``path`` when another user can write into it: owned by someone else (for
+    ``ours``, anyone but us; else anyone but us or root) or writable by everyone without
+    the sticky bit."""
+    st = os.stat(path)
+    me = os.geteuid()
+    owners = (me,) if ours else (me, 0)
+    if st.st_uid not in owners:
+        raise UnsafeCacheFolder(
+            f"the cache folder {path} is owned by uid {st.st_uid}, not by this user (uid {me}): anyone who can write "
+            "into it can plant entries that would be served as data; give cache_dir a folder of your own (or "
+            f"`chown {me} {path}`)")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UnsafeCacheFolder(
+            f"the cache folder {path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): anyone could "
+            f"plant entries that would be served as data; `chmod o-w {path}` (or `chmod +t {path}`), or give "
+            "cache_dir a folder of your own")
+
+
 class ObjectCache:
     """Whole remote objects as local files under ``<directory>/objects``, at most
-    ``limit`` bytes of them (``None``: as many as the disk holds, less 1 GiB)."""
+    ``limit`` bytes of them (``None``: as many as the disk holds, less 1 GiB).
+
+    Raises :class:`UnsafeCacheFolder` (a ``PermissionError``) for a folder another user
+    can write into, ``OSError`` when the folder cannot be made."""
 
     def __init__(self, directory: str, limit: int | None = None, min_age_s: float = MIN_AGE_S) -> None:
         self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
@@ -110,13 +148,17 @@ class ObjectCache:
         self.limit = parse_size(limit)
         self.min_age_s = min_age_s
         os.makedirs(self.root, exist_ok=True)
+        _check_folder(self.directory, ours=False)
+        _check_folder(self.root, ours=True)
         marker = os.path.join(self.root, MARKER)
         if not os.path.exists(marker):
             with open(marker, "w", encoding="utf-8") as f:
                 f.write("shardfeed object cache: files here are managed by shardfeed\n")
         self._lock = threading.Lock()
         self._used: set[str] = set()  # keys this process read: never evicted by it
-        self._checked: dict[str, tuple] = {}  # key -> (size, mtime_ns, ino) checked in full
+        self._trouble_until = 0.0  # the disk refused a write: read around until then
+        self._warned = False
+        self._sweep()
 
     def __reduce__(self):
         # a copy in another process is that process's cache of the same folder
@@ -124,6 +166,24 @@ class ObjectCache:
 
     def __repr__(self) -> str:
         return f"ObjectCache({self.directory!r}, limit={self.limit})"
+
+    def for_pass(self) -> "CachePass":
+        """A view of this cache for one pass: each entry checked in full at its first use
+        in the pass (see the module's docstring), trusted for the rest of it."""
+        return CachePass(self)
+
+    def _disk_trouble(self, exc: BaseException, counters: IOCounters | None = None) -> None:
+        """The local disk refused a write: read around the cache for a while, say so once."""
+        self._trouble_until = time.monotonic() + TROUBLE_S
+        if counters is not None:
+            counters.add(cache_bypassed=1)
+        self._warn_once("the cache at %s cannot be written (%s); reading from storage around it", self.directory,
+                        exc)
+
+    def _warn_once(self, fmt: str, *args: Any) -> None:
+        with self._lock:
+            first, self._warned = not self._warned, True
+        (logger.warning if first else logger.debug)(fmt, *args)
 
     # -- names -----------------------------------------------------------------------------
     @staticmethod
@@ -138,24 +198,30 @@ class ObjectCache:
 
     # -- use -------------------------------------------------------------------------------
     def fetch(self, url: str, storage_options: Mapping[str, Any] | None = None,
-              counters: IOCounters | None = None, seen: set | None = None) -> str | None:
+              counters: IOCounters | None = None, seen: set | None = None,
+              scope: "CachePass | None" = None) -> str | None:
         """The local path of ``url``'s bytes, downloading the object when it is not cached
         (or its cached copy is damaged or stale); ``None`` when the cache cannot hold it
-        (read it from storage then). ``seen``: the URLs this pass already counted (a hit or
-        a miss), for a reader that opens the same object many times in one pass."""
+        or the local disk refuses it (read it from storage then). ``seen``: the URLs this
+        pass already counted (a hit or a miss), for a reader that opens the same object
+        many times in one pass; ``scope``: the pass (entries checked in it are trusted)."""
         counters = counters if counters is not None else IOCounters()
         key = self.key_of(url, storage_options)
         data, meta_path, lock = self._paths(key)
         with self._lock:
             self._used.add(key)
-        path = self._valid(key, url, storage_options, counters, seen)
+        path = self._valid(key, url, storage_options, counters, seen, scope)
         if path is not None:
             return path
-        with _flock(lock):
-            path = self._valid(key, url, storage_options, counters, seen)  # another process got it meanwhile
-            if path is not None:
-                return path
-            return self._download(key, url, storage_options, counters, seen)
+        try:
+            with _flock(lock):
+                path = self._valid(key, url, storage_options, counters, seen, scope)  # another process got it
+                if path is not None:
+                    return path
+                return self._download(key, url, storage_options, counters, seen, scope)
+        except LocalWriteError as exc:
+            self._disk_trouble(exc, counters)
+            return None
 
     def _read_meta(self, key: str) -> dict | None:
         _, meta_path, _ = self._paths(key)
@@ -166,7 +232,8 @@ class ObjectCache:
         except (OSError, ValueError):
             return None
 
-    def _valid(self, key: str, url: str, storage_options, counters: IOCounters, seen: set | None = None) -> str | None:
+    def _valid(self, key: str, url: str, storage_options, counters: IOCounters, seen: set | None = None,
+               scope: "CachePass | None" = None) -> str | None:
         data, _, lock = self._paths(key)
         meta = self._read_meta(key)
         if meta is None:
@@ -179,18 +246,15 @@ class ObjectCache:
         if st.st_size != meta.get("size") or st.st_mtime_ns != meta.get("mtime_ns"):
             logger.warning("cached copy of %s was changed on disk (%s); fetching it again", mask(url), data)
             return None
-        now = time.monotonic()
-        with self._lock:
-            checked = self._checked.get(key)
-        if checked is None or checked[0] != stamp:
-            if not self._check_remote(url, storage_options, meta, counters) or not self._check_crc(data, meta, url):
+        if scope is None or not scope.checked(key, stamp):
+            if not self._check_remote(url, storage_options, meta, counters):
                 return None
-        elif now - checked[1] > REVALIDATE_S and not self._check_remote(url, storage_options, meta, counters):
-            return None  # the object changed in storage since it was checked
-        elif now - checked[1] <= REVALIDATE_S:
-            now = checked[1]
-        with self._lock:
-            self._checked[key] = (stamp, now)
+            if not self._check_crc(data, meta, url):
+                with contextlib.suppress(OSError):
+                    self._evict(key)  # damaged: never useful again
+                return None
+            if scope is not None:
+                scope.mark(key, stamp)
         with contextlib.suppress(OSError):
             os.utime(lock)  # last use, for eviction
         if self._first(url, seen):
@@ -209,8 +273,11 @@ class ObjectCache:
         from .io import _remote_info  # noqa: PLC0415 - io imports this module's users
 
         size, etag = _remote_info(url, storage_options, counters)
-        if size != meta.get("size") or (etag and meta.get("etag") and etag != meta.get("etag")):
-            logger.info("%s changed in storage since it was cached; fetching it again", mask(url))
+        # the ETag storage reports must be the one recorded: an entry without one (planted,
+        # or of an object that had none) is trusted only for an object that has none
+        if size != meta.get("size") or etag != meta.get("etag"):
+            logger.info("%s changed in storage since it was cached (or its entry does not say which version it "
+                        "holds); fetching it again", mask(url))
             return False
         return True
 
@@ -228,7 +295,7 @@ class ObjectCache:
         return True
 
     def open_tee(self, url: str, storage_options: Mapping[str, Any] | None = None,
-                 counters: IOCounters | None = None) -> tuple[str | None, Any]:
+                 counters: IOCounters | None = None, scope: "CachePass | None" = None) -> tuple[str | None, Any]:
         """For a reader about to read ``url`` whole, from its first byte:
         ``(path, None)`` when a valid copy is cached; ``(None, stream)`` on a miss, a raw
         stream of the object's bytes that fills the cache entry as the reader reads it
@@ -242,15 +309,15 @@ class ObjectCache:
         _, _, lock = self._paths(key)
         with self._lock:
             self._used.add(key)
-        path = self._valid(key, url, storage_options, counters)
+        path = self._valid(key, url, storage_options, counters, scope=scope)
         if path is not None:
             return path, None
         held = contextlib.ExitStack()
         try:
             if not held.enter_context(_flock(lock, blocking=False)):
                 held.close()  # another process is fetching it, at the link's pace: wait for it
-                return self.fetch(url, storage_options, counters), None
-            path = self._valid(key, url, storage_options, counters)
+                return self.fetch(url, storage_options, counters, scope=scope), None
+            path = self._valid(key, url, storage_options, counters, scope=scope)
             if path is not None:
                 held.close()
                 return path, None
@@ -261,16 +328,23 @@ class ObjectCache:
             from .io import open_range  # noqa: PLC0415 - io imports this module's users
 
             stream = open_range(url, 0, begun[0], storage_options, counters, zero_copy=True)
+        except LocalWriteError as exc:
+            held.close()
+            self._disk_trouble(exc, counters)
+            return None, None
         except BaseException:
             held.close()
             raise
-        return None, _TeeStream(self, key, url, stream, begun, counters, held)
+        return None, TeeStream(self, key, url, stream, begun, counters, held, storage_options, scope)
 
     def _begin(self, key: str, url: str, storage_options, counters: IOCounters) -> tuple | None:
         """``(size, etag, fd, tmp)`` for a download of ``url`` into a new entry; ``None``
         (counted as bypassed) when the cache cannot hold it."""
         from .io import _remote_info  # noqa: PLC0415
 
+        if time.monotonic() < self._trouble_until:
+            counters.add(cache_bypassed=1)  # the disk refused a write a moment ago
+            return None
         size, etag = _remote_info(url, storage_options, counters)
         # a stale copy stays until the new one replaces it (os.replace): a reader that
         # opened it keeps reading a whole file, never a missing one
@@ -281,8 +355,9 @@ class ObjectCache:
         return (size, etag) + reserved
 
     def _commit(self, key: str, url: str, tmp: str, size: int, etag: Any, crc: int, counters: IOCounters,
-                seen: set | None = None) -> str:
-        """The downloaded ``tmp`` made the entry of ``key``, with its metadata."""
+                seen: set | None = None, scope: "CachePass | None" = None) -> str:
+        """The downloaded ``tmp`` made the entry of ``key``, with its metadata (raises
+        :class:`LocalWriteError` when the disk refuses it)."""
         data, meta_path, _ = self._paths(key)
         tmp_meta = None
         replaced = False
@@ -297,20 +372,22 @@ class ObjectCache:
                 json.dump(meta, f)
             os.replace(tmp_meta, meta_path)
             tmp_meta = None
-        except BaseException:
+        except BaseException as exc:
             for path in (tmp, tmp_meta) + ((data, meta_path) if replaced else ()):
                 if path is not None:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)  # nothing half-made stays behind, nothing untracked
+            if isinstance(exc, OSError) and not isinstance(exc, LocalWriteError):
+                raise LocalWriteError(exc.errno, f"committing the cache entry {data}: {exc.strerror}") from exc
             raise
-        with self._lock:
-            self._checked[key] = ((st.st_size, st.st_mtime_ns, st.st_ino), time.monotonic())
+        if scope is not None:
+            scope.mark(key, (st.st_size, st.st_mtime_ns, st.st_ino))  # just made: nothing to check
         self._first(url, seen)
         counters.add(cache_misses=1)
         return data
 
     def _download(self, key: str, url: str, storage_options, counters: IOCounters,
-                  seen: set | None = None) -> str | None:
+                  seen: set | None = None, scope: "CachePass | None" = None) -> str | None:
         from ..crc import crc32c  # noqa: PLC0415
         from .io import open_range  # noqa: PLC0415
 
@@ -324,7 +401,10 @@ class ObjectCache:
             with os.fdopen(fd, "wb") as out, open_range(url, 0, size, storage_options, counters,
                                                           zero_copy=True) as stream:
                 while len(piece := stream.read(16 << 20)):
-                    out.write(piece)
+                    try:
+                        out.write(piece)
+                    except OSError as exc:
+                        raise LocalWriteError(exc.errno, f"writing the cache entry {tmp}: {exc.strerror}") from exc
                     crc = crc32c(piece, crc)
                     got += len(piece)
             if got != size:
@@ -333,7 +413,7 @@ class ObjectCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        return self._commit(key, url, tmp, size, etag, crc, counters, seen)
+        return self._commit(key, url, tmp, size, etag, crc, counters, seen, scope)
 
     # -- room ------------------------------------------------------------------------------
     def entries(self) -> list[tuple[str, int, float]]:
@@ -357,51 +437,59 @@ class ObjectCache:
                 out.append((key, meta["size"], used))
         return out
 
-    def usage(self, but: str | None = None) -> int:
-        """Bytes held by complete entries (``but`` that one) and downloads under way."""
-        total = sum(size for k, size, _ in self.entries() if k != but)
+    def _sweep(self) -> int:
+        """Delete the partial downloads and metadata that a process which died left (their
+        entry's lock is free: nobody writes them); bytes of the downloads under way."""
+        under_way = 0
         for name in os.listdir(self.root):
-            if name.endswith(".meta") and name.startswith(".") and len(name) > 34:
+            if not (name.endswith((".part", ".meta")) and name.startswith(".") and len(name) > 34):
+                continue
+            path = os.path.join(self.root, name)
+            try:
                 with _flock(os.path.join(self.root, name[1:33] + _LOCK), blocking=False) as free:
                     if free:
                         with contextlib.suppress(OSError):
-                            os.unlink(os.path.join(self.root, name))
+                            os.unlink(path)
+                        continue
+            except OSError:  # a lock file that cannot be made (read-only disk): leave it
                 continue
-            if not (name.endswith(".part") and name.startswith(".") and len(name) > 34):
-                continue
-            path = os.path.join(self.root, name)
-            with _flock(os.path.join(self.root, name[1:33] + _LOCK), blocking=False) as free:
-                if free:  # nobody downloads it: left by a process that died
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                    continue
-            with contextlib.suppress(OSError):
-                total += os.stat(path).st_size
-        return total
+            if name.endswith(".part"):
+                with contextlib.suppress(OSError):
+                    under_way += os.stat(path).st_size
+        return under_way
+
+    def usage(self, but: str | None = None) -> int:
+        """Bytes held by complete entries (``but`` that one) and downloads under way."""
+        return sum(size for k, size, _ in self.entries() if k != but) + self._sweep()
 
     def _admit(self, key: str, size: int) -> tuple[int, str] | None:
         """Room for an object of ``size`` bytes, made when allowed: ``(fd, path)`` of its
         download file, already ``size`` bytes long (sparse) so that every other download
         sees the room taken; ``None`` when the cache cannot hold it."""
-        with _flock(os.path.join(self.root, ".admit" + _LOCK)):
-            if not self._room(key, size):
-                return None
-            fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
-            try:
-                os.ftruncate(fd, size)
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-            return fd, tmp
+        try:
+            with _flock(os.path.join(self.root, ".admit" + _LOCK)):
+                if not self._room(key, size):
+                    return None
+                fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".part", dir=self.root)
+                try:
+                    os.ftruncate(fd, size)
+                except BaseException:
+                    os.close(fd)
+                    os.unlink(tmp)
+                    raise
+                return fd, tmp
+        except LocalWriteError:
+            raise
+        except OSError as exc:
+            raise LocalWriteError(exc.errno, f"making room in {self.root}: {exc.strerror}") from exc
 
     def _room(self, key: str, size: int) -> bool:
         limit = self.limit
         if limit is None:
             free = shutil.disk_usage(self.root).free
             if free - size < (1 << 30):
-                logger.warning("the cache at %s has less than 1 GiB free after this object; reading around it",
-                               self.root)
+                self._warn_once("the cache at %s has less than 1 GiB free after this object; reading around it",
+                                self.directory)
                 return False
             return True
         if size > limit:
@@ -442,99 +530,14 @@ _caches: dict[tuple, ObjectCache] = {}
 _caches_lock = threading.Lock()
 
 
-class _TeeStream(io.RawIOBase):
-    """One remote object downloaded into its new cache entry by a thread at the link's
-    pace, read by its reader from the part written so far: the first records arrive after
-    one round trip, and the entry is complete as soon as the link allows whatever the
-    reader's pace (other processes wait for it, as for any download). Committed at the end
-    of the object; when the reader closes it before, the download stops and the partial
-    entry is dropped. Holds the entry's lock until then."""
-
-    def __init__(self, cache: ObjectCache, key: str, url: str, stream: Any, begun: tuple, counters: IOCounters,
-                 held: contextlib.ExitStack) -> None:
-        super().__init__()
-        self.cache, self.key, self.url, self.counters, self.held = cache, key, url, counters, held
-        self.size, self.etag, fd, self.tmp = begun
-        self.rfd = os.open(self.tmp, os.O_RDONLY)
-        self.pos = 0
-        self.written = 0
-        self.error: BaseException | None = None
-        self.finished = False
-        self.stop = threading.Event()
-        self.cond = threading.Condition()
-        self.thread = threading.Thread(target=self._fill, args=(stream, fd), name="shardfeed-cache-fill",
-                                       daemon=True)
-        self.thread.start()
-
-    def _fill(self, stream: Any, fd: int) -> None:
-        from ..crc import crc32c  # noqa: PLC0415
-
-        crc = 0
-        try:
-            with os.fdopen(fd, "wb", buffering=0) as out, stream:
-                while not self.stop.is_set() and len(piece := stream.read(8 << 20)):
-                    view = memoryview(piece)
-                    while len(view):
-                        view = view[out.write(view):]
-                    crc = crc32c(piece, crc)
-                    with self.cond:
-                        self.written += len(piece)
-                        self.cond.notify_all()
-            if not self.stop.is_set():
-                if self.written != self.size:
-                    raise OSError(f"{mask(self.url)}: downloaded {self.written} bytes of {self.size}")
-                self.cache._commit(self.key, self.url, self.tmp, self.size, self.etag, crc, self.counters)
-                self.tmp = None
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader
-            self.error = exc
-        finally:
-            if self.tmp is not None:  # stopped or failed: nothing half-made stays
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.tmp)
-            self.held.close()
-            with self.cond:
-                self.finished = True
-                self.cond.notify_all()
-
-    def readable(self) -> bool:
-        return True
-
-    def _ready(self) -> int:
-        """Bytes readable at ``pos`` now, waiting for the download; 0 at the end."""
-        with self.cond:
-            while self.written <= self.pos and not self.finished:
-                self.cond.wait(1.0)
-            if self.written > self.pos:
-                return self.written - self.pos
-        if self.error is not None:
-            raise self.error
-        return 0
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self.size
-        avail = self._ready()
-        data = os.pread(self.rfd, min(n, avail), self.pos) if avail and n else b""
-        self.pos += len(data)
-        return data
-
-    def readinto(self, b) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.stop.set()
-        self.thread.join()
-        os.close(self.rfd)
-        super().close()
+_unusable: dict[tuple, float] = {}  # cache folders that could not be made: when it was tried
 
 
 def get_cache(directory: str | None, limit: int | str | None = None) -> ObjectCache | None:
     """The process's :class:`ObjectCache` for ``directory`` (``None``: the one named by
-    ``SHARDFEED_CACHE_DIR``, or no cache)."""
+    ``SHARDFEED_CACHE_DIR``, or no cache). A folder that cannot be made or written is no
+    cache (reads go to storage), with one warning naming it; raises
+    :class:`UnsafeCacheFolder` for a folder another user can write into."""
     directory = directory if directory is not None else default_cache_dir()
     if directory is None:
         return None
@@ -542,9 +545,60 @@ def get_cache(directory: str | None, limit: int | str | None = None) -> ObjectCa
     key = (os.path.abspath(os.path.expanduser(os.fspath(directory))), limit, os.getpid())
     with _caches_lock:
         cache = _caches.get(key)
-        if cache is None:
+        if cache is not None:
+            return cache
+        if time.monotonic() - _unusable.get(key, -TROUBLE_S) < TROUBLE_S:
+            return None
+        try:
             cache = _caches[key] = ObjectCache(directory, limit)
+        except UnsafeCacheFolder:
+            raise
+        except OSError as exc:
+            first = key not in _unusable
+            _unusable[key] = time.monotonic()
+            (logger.warning if first else logger.debug)(
+                "the cache folder %s cannot be used (%s: %s); reading from storage without a cache", key[0],
+                type(exc).__name__, exc)
+            return None
         return cache
+
+
+class CachePass:
+    """One pass's view of an :class:`ObjectCache` (:meth:`ObjectCache.for_pass`): the
+    same ``fetch`` and ``open_tee``, with each entry checked in full at its first use in
+    the pass and trusted for the rest of it (while its size, time and inode stay)."""
+
+    def __init__(self, cache: ObjectCache) -> None:
+        self.cache = cache
+        self._checked: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        return CachePass, (self.cache,)  # a copy elsewhere is a pass of its own
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cache, name)
+
+    def checked(self, key: str, stamp: tuple) -> bool:
+        with self._lock:
+            return self._checked.get(key) == stamp
+
+    def mark(self, key: str, stamp: tuple) -> None:
+        with self._lock:
+            self._checked[key] = stamp
+
+    def fetch(self, url: str, storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
+              seen: set | None = None) -> str | None:
+        """:meth:`ObjectCache.fetch` in this pass."""
+        return self.cache.fetch(url, storage_options, counters, seen, scope=self)
+
+    def open_tee(self, url: str, storage_options: Mapping[str, Any] | None = None,
+                 counters: IOCounters | None = None) -> tuple[str | None, Any]:
+        """:meth:`ObjectCache.open_tee` in this pass."""
+        return self.cache.open_tee(url, storage_options, counters, scope=self)
+
+    def for_pass(self) -> "CachePass":
+        return CachePass(self.cache)
 
 
 def cacheable(url: str) -> bool:
