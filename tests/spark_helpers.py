@@ -1,11 +1,12 @@
-"""A SELF_DEFINED converter for the Spark runner's tests, importable by executors: on one
-chosen row it kills its own executor's JVM (once, across attempts), as a lost machine
-would, mid-shard."""
+"""SELF_DEFINED converters for the Spark runner's tests, importable by executors: one that,
+on one chosen row, kills its own executor's JVM (once, across attempts), as a lost machine
+would, mid-shard; one that is slow, for a test to kill an executor from outside mid-job."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 from shardfeed.formats.spec import FixedLen
 
@@ -54,3 +55,38 @@ class KillingConverter:
                     os.kill(pid, signal.SIGKILL)
                     os._exit(1)
         return {"image/encoded": img.data, "image/source_id": row.image_uri, "label": str(row.label)}
+
+
+class SlowConverter:
+    """``image/encoded``, ``image/source_id`` and ``label`` of a row, after sleeping
+    ``sleep`` seconds: a write task that lasts long enough to lose its executor mid-job."""
+
+    def __init__(self, options):
+        self.sleep = float(options["sleep"])
+
+    def feature_spec(self):
+        return {"image/encoded": FixedLen("bytes"), "image/source_id": FixedLen("bytes"), "label": FixedLen("bytes")}
+
+    def convert(self, row, context):
+        time.sleep(self.sleep)
+        img = context.image(row, row.split)
+        return {"image/encoded": img.data, "image/source_id": row.image_uri, "label": str(row.label)}
+
+
+def executor_jvms(driver_pid: int) -> list[int]:
+    """Pids of the executor JVMs a ``local-cluster`` driver JVM started (its children whose
+    cmdline names CoarseGrainedExecutorBackend)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == driver_pid and b"CoarseGrainedExecutorBackend" in cmd:
+            found.append(int(name))
+    return sorted(found)

@@ -404,6 +404,107 @@ def test_write_tasks_each_write_a_run_of_shards_and_a_killed_one_still_writes_ev
     same_output(want, str(tmp_path / "out"))
 
 
+def test_a_dataframe_out_of_a_shuffle_has_its_partitions_sorted_by_content_and_one_of_files_keeps_its_order(
+        spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from shardfeed.convert.spark_source import stable_order
+
+    table = pd.DataFrame({"a": [f"r{i:02}" for i in range(40)], "n": list(range(40))})
+    table.to_csv(tmp_path / "t.csv", index=False)
+    plain = spark.createDataFrame(table)
+    files = spark.read.option("header", "true").csv(str(tmp_path / "t.csv"))
+    assert stable_order(plain) is plain and stable_order(files) is files  # their order: the local runner's
+    with_map = plain.select("a", F.create_map("a", "n").alias("m"))  # a map column: sorted by its JSON text
+    cached = plain.repartition(3).cache()  # a lost cached block is computed again by its plan: sorted too
+    for df in (plain.repartition(3), plain.repartition(3, "a"), with_map.repartition(2), cached,
+               spark.createDataFrame(spark.sparkContext.parallelize([(1, "x")] * 4, 2).repartition(3), "k int, v string")):
+        got = stable_order(df)
+        assert got is not df and got.rdd.getNumPartitions() == df.rdd.getNumPartitions()
+        parts = [[tuple(r)[0] for r in p] for p in got.rdd.glom().collect()]
+        assert sum(map(len, parts)) == df.count() and all(p == sorted(p) for p in parts)
+    cached.unpersist()
+
+
+def _kill_an_executor_once_writing(ctx, group, killed, stop):
+    """Watches ``group``'s jobs; once the write stage (job 2's last, named after
+    runner_spark.py) has finished two tasks and runs more, SIGKILLs one executor JVM of
+    the driver (from outside, as a lost machine) and puts its pid in ``killed``."""
+    import signal
+
+    from .spark_helpers import executor_jvms
+
+    tracker = ctx.statusTracker()
+    while not stop.wait(0.02):
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            stages = [tracker.getStageInfo(s) for s in sorted(info.stageIds)] if info else []
+            last = stages[-1] if stages else None
+            if last is None or "runner_spark" not in last.name or len(stages) < 2:
+                continue
+            if last.numCompletedTasks >= 2 and last.numActiveTasks > 0:
+                pid = executor_jvms(ctx._gateway.proc.pid)[0]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+
+
+def test_an_executor_killed_mid_write_of_a_repartitioned_dataframe_costs_a_retry_and_writes_each_row_once(
+        spark, tmp_path, monkeypatch):
+    # issue 36: a DataFrame whose partitions come out of a shuffle (here repartition(n))
+    # holds its rows in the order its blocks were fetched; job 1 numbered them in that
+    # order, so after a lost executor the recomputed partitions placed other rows at the
+    # same positions, job 2's map output changed, and Spark aborted the job ("A shuffle map
+    # stage with indeterminate output was failed and retried") since it cannot roll back a
+    # write stage with finished tasks
+    import threading
+
+    from shardfeed.convert import spark_write
+    from shardfeed.formats.example_decode import decode_example
+
+    monkeypatch.setattr(spark_write, "WRITE_TASK_ROWS", 4)  # 8 write tasks: a kill finds some finished, more to run
+    n = 48
+    src = dataset(tmp_path, n=n, bad=())
+    table = pd.read_csv(src, keep_default_na=False, dtype=str)
+    table = table.assign(image_uri=[str(tmp_path / u) for u in table.image_uri])
+    # 12 slices round-robined into 6 partitions: a partition's rows come from 12 blocks,
+    # in the order they are fetched
+    rows = list(table.itertuples(index=False, name=None))
+    df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 12), list(table.columns)).repartition(6)
+    opts = {"model_type": "SELF_DEFINED", "converter_class": "tests.spark_helpers:SlowConverter",
+            "converter_options": {"sleep": 0.05}, "num_samples_per_tfrecord": 2, "test_ratio": 0.25,
+            "progress": False}
+    ctx = spark.sparkContext
+    group = f"kill-outside-{os.getpid()}"
+    killed: list[int] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_kill_an_executor_once_writing, args=(ctx, group, killed, stop), daemon=True)
+    ctx.setJobGroup(group, "test: an executor killed from outside")
+    watcher.start()
+    out = str(tmp_path / "out")
+    try:
+        res = sc.convert(df, out, **opts)
+    finally:
+        stop.set()
+        watcher.join()
+        ctx.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert killed, "the write stage ended before an executor could be killed"
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed[0], 0)  # the executor really died
+    # every input row once, read back with shardfeed
+    assert res.rows_read == n and res.records_written == n and res.rows_discarded == 0
+    ids = sorted(decode_example(r)["image/source_id"][0].decode() for v in split_records(out).values() for r in v)
+    assert ids == sorted(table.image_uri)
+    want = str(tmp_path / "local")
+    sc.convert(table, want, **opts)
+    assert split_records(out) == split_records(want)
+    # no partial shard, no staging file left: only what the manifest lists
+    listed = {s["file"] for sp in res.splits.values() for s in sp["shards"]}
+    assert set(os.listdir(out)) == listed | {f + ".idx" for f in listed} | {
+        "data-manifest.json", "data-discards.csv", ".data-state"}
+    assert all(not name.endswith(".tmp") for name in os.listdir(os.path.join(out, ".data-state")))
+
+
 def _convert_in_subprocess(tmp_path, code, env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
                           env=env, cwd=str(tmp_path))

@@ -204,6 +204,65 @@ def annotation_source(spark: Any, url: str, fmt: str, model_type: str,
                        annotated=True, storage_options=storage_options, annotation_format=fmt, model_type=model_type)
 
 
+def _fetch_ordered(plan: Any) -> bool:
+    """Whether a physical plan (a JVM ``SparkPlan``) reads a shuffle's output (or an RDD
+    whose order Spark does not call determinate), so that its partitions' rows come in the
+    order their blocks were fetched, which a recomputation changes."""
+    name = plan.getClass().getSimpleName()
+    if name in ("ShuffleExchangeExec", "ReusedExchangeExec", "ShuffleQueryStageExec"):
+        return True
+    if name == "AdaptiveSparkPlanExec":
+        return _fetch_ordered(plan.inputPlan())
+    if name == "InMemoryTableScanExec":  # a cached DataFrame: a lost block is computed again by its plan
+        return _fetch_ordered(plan.relation().cachedPlan())
+    if name in ("RDDScanExec", "ExternalRDDScanExec"):
+        return plan.rdd().outputDeterministicLevel().toString() != "DETERMINATE"
+    children = plan.children()
+    return any(_fetch_ordered(children.apply(i)) for i in range(children.size()))
+
+
+def _orderable(t: Any) -> bool:
+    """Whether Spark sorts by a column of type ``t`` (not a map or a variant, nor a struct
+    or array holding one)."""
+    from pyspark.sql import types as T
+
+    if isinstance(t, T.UserDefinedType):
+        return _orderable(t.sqlType())
+    if isinstance(t, T.MapType) or type(t).__name__ == "VariantType":
+        return False
+    if isinstance(t, T.ArrayType):
+        return _orderable(t.elementType)
+    if isinstance(t, T.StructType):
+        return all(_orderable(f.dataType) for f in t.fields)
+    return True
+
+
+def stable_order(df: Any) -> Any:
+    """``df``, each partition's rows in an order its content fixes where it reads a shuffle's
+    output (``repartition(n)``, a join, an aggregation), else as it is.
+
+    Job 1 numbers a partition's rows in the order they come, and each row's shard and place
+    there follow from its number. A shuffle's reader gets its blocks in the order they
+    arrive: when an executor dies, Spark computes its partitions again and the same rows come
+    in another order, so job 2's map side sent other rows to the same places; Spark, seeing
+    a retried map stage's output change, aborts a job whose write tasks have finished ("A
+    shuffle map stage with indeterminate output was failed and retried"). Sorted by their
+    columns (a map column by its JSON text), the same rows come in the same order, so a
+    recomputed partition gives the same output and a lost executor costs a retry. Files and
+    a ``parallelize``d collection keep their order (the local runner's); a plan that cannot
+    be inspected (Spark Connect) is sorted."""
+    from pyspark.sql import functions as F
+
+    try:
+        shuffled = _fetch_ordered(df._jdf.queryExecution().executedPlan())
+    except Exception:  # not a classic DataFrame (Spark Connect), or a plan node this does not know
+        shuffled = True
+    if not shuffled or not df.columns:
+        return df
+    keys = [df[f.name] if _orderable(f.dataType) else F.to_json(F.struct(df[f.name])) for f in df.schema.fields]
+    return df.sortWithinPartitions(*keys)
+
+
 def _table_source(df: Any, schema: Schema | None, origin: str, base: str | None, description: str) -> SparkSource:
     columns = [c for c in df.columns if c != CORRUPT]
     used = schema or default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
@@ -243,7 +302,7 @@ def open_source(spark: Any, source: Any, schema: Schema | None, storage_options:
     """What the executors read for ``source``: a Spark DataFrame, or a URL Spark reads
     (Parquet, JSON lines, CSV; a folder of Parquet parts), or an image folder listed here."""
     if is_spark_dataframe(source):
-        return _table_source(source, schema, "<DataFrame>", None,
+        return _table_source(stable_order(source), schema, "<DataFrame>", None,
                              f"Spark DataFrame with columns {list(source.columns)}")
     url = str(source)
     desc = mask(url)
