@@ -64,6 +64,8 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PIP) install -q -e '.[peers]' || echo "peers extra not installable here: bench peers will skip those peers"
 	$(PIP) install -q --no-deps litdata==0.2.76 mosaicml-streaming==0.13.0 || echo "litdata/mosaic not installable here"
 	$(PY) -c "import torch; print('torch', torch.__version__, 'after the peers')" || echo "torch no longer imports"
+	# Ray Data for the Ray adapter's tests (a local cluster of worker processes; the tests skip without it)
+	$(PIP) install -q -e '.[ray]' 'ray[data]==2.60.0' || echo "ray not installable here: the Ray tests will skip"
 	touch $@
 
 # the docs alone (`make test` installs them with the dev extras)

@@ -134,7 +134,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "read_table"
     ),
 }
-__getattr__, __dir__ = lazy_names(__name__, _MODULES, globals(), extras={"tables": "tables"})
+# `sf.ray`: the Ray Data adapter (shardfeed.adapters.ray), a module of its own
+__getattr__, __dir__ = lazy_names(__name__, _MODULES, globals(), extras={"tables": "tables"},
+                                  submodules={"ray": "adapters.ray"})
 
 
 def native_available() -> bool:

@@ -1,0 +1,154 @@
+"""shardfeed on Ray Data against Ray's own ``ray.data.read_tfrecords``, and against shardfeed
+in-process on the same cores; images decoded by the image stage as a ``map_batches`` step.
+
+One local Ray cluster (``ray.init(num_cpus=N)``: a raylet and worker processes), the same
+files for every row, batches of 1,024 through ``iter_batches`` (numpy), interleaved rounds,
+medians. Rows:
+
+- CTR table (benchmarks/read_tfrecord.py's files: label, 13 floats, 26 short bytes, a list):
+  ``ray.data.read_tfrecords`` (its default path: Examples parsed in Python, or through
+  TensorFlow when installed), ``sf.ray.read_tfrecord`` (native parse into Arrow), and
+  ``sf.read_tfrecord(...).batch(1024)`` in this process with N parse threads;
+- JPEG records (500x375, about 45 KB): decoded and resized to 224x224 by
+  ``map_batches(sf.ray.DecodeImages, concurrency=N)`` after ``sf.ray.read_tfrecord``,
+  against ``decode_images(..., num_parallel_calls=N)`` in this process.
+
+The per-CPU ratio is the ratio of rates (both use the cluster's N CPUs). Bytes fetched from
+object storage are checked by tests/test_ray.py against a proxy's count. ::
+
+    python benchmarks/ray_read.py [--records 200000] [--images 2000] [--cpus 2] [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pipeline_images import make_jpegs, write_jpeg_records  # noqa: E402
+from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
+
+import shardfeed as sf  # noqa: E402
+
+
+def _drain_ray(ds) -> int:
+    n = 0
+    for b in ds.iter_batches(batch_size=BATCH, batch_format="numpy"):
+        n += len(next(iter(b.values())))
+    return n
+
+
+def tf_schema():
+    """The CTR table's schema for ``read_tfrecords`` (tensorflow-metadata): without one it infers
+    each Example's types, and a list feature with one value in some records and several in
+    others fails to unify (``ids``: int64 vs list<int64>)."""
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    kinds = {"int64": schema_pb2.FeatureType.INT, "float32": schema_pb2.FeatureType.FLOAT,
+             "bytes": schema_pb2.FeatureType.BYTES}
+    schema = schema_pb2.Schema()
+    for name, feature in SPEC.items():
+        f = schema.feature.add()
+        f.name, f.type = name, kinds[feature.dtype]
+    return schema
+
+
+def ray_builtin(files):
+    import ray
+
+    return _drain_ray(ray.data.read_tfrecords(files, tf_schema=tf_schema()))
+
+
+def ours_on_ray(files):
+    return _drain_ray(sf.ray.read_tfrecord(files, SPEC))
+
+
+def ours_in_process(files, cpus):
+    return sum(len(b["label"]) for b in sf.read_tfrecord(files, SPEC, num_parallel_reads=cpus).batch(BATCH))
+
+
+IMAGE_SPEC = {"image/encoded": sf.FixedLen("bytes"), "image/class/label": sf.FixedLen("int64")}
+
+
+def images_on_ray(files, cpus):
+    ds = sf.ray.read_tfrecord(files, IMAGE_SPEC).map_batches(
+        sf.ray.DecodeImages, fn_constructor_args=("image/encoded", 224), concurrency=cpus, num_cpus=0.5,
+        batch_size=64, batch_format="numpy")
+    return _drain_ray(ds)
+
+
+def images_in_process(files, cpus):
+    ds = sf.read_tfrecord(files, IMAGE_SPEC).batch(64).decode_images("image/encoded", 224, num_parallel_calls=cpus)
+    return sum(len(b["image/class/label"]) for b in ds)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--builtin-records", type=int, default=20_000,
+                    help="records for ray.data.read_tfrecords (it reads ~1k records/s: a subset of the files)")
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "shardfeed-bench-ray"))
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    files = make_dataset(os.path.join(args.dir, "ctr"), args.records)
+    small = make_dataset(os.path.join(args.dir, "ctr-small"), args.builtin_records)
+    jpegs = make_jpegs(min(args.images, 200), 500, 375)
+    jpegs = (jpegs * (-(-args.images // len(jpegs))))[:args.images]
+    img_files = write_jpeg_records(os.path.join(args.dir, "jpeg"), jpegs, f"jpeg{args.images}", shards=4)
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+
+    rows = {
+        "ray.data.read_tfrecords (CTR)": (lambda: ray_builtin(small), "records"),
+        "sf.ray.read_tfrecord (CTR)": (lambda: ours_on_ray(files), "records"),
+        f"sf.read_tfrecord in-process, {args.cpus} threads (CTR)": (lambda: ours_in_process(files, args.cpus),
+                                                                     "records"),
+        "sf.ray: read + DecodeImages map_batches (JPEG -> 224)": (lambda: images_on_ray(img_files, args.cpus),
+                                                                  "images"),
+        f"in-process decode_images, {args.cpus} threads (JPEG -> 224)": (
+            lambda: images_in_process(img_files, args.cpus), "images"),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in rows}
+    for fn, _ in rows.values():  # warm-up: page cache, worker processes, imports
+        fn()
+    for _ in range(args.rounds):
+        for name, (fn, _) in rows.items():
+            t0 = time.perf_counter()
+            n = fn()
+            rates[name].append(n / (time.perf_counter() - t0))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    names = list(rows)
+    print(f"{'path':62s} {'per second':>12s}  ratio")
+    anchors = {names[1]: names[0], names[2]: names[1], names[4]: names[3]}
+    for name in names:
+        unit = rows[name][1]
+        ratio = ""
+        if name == names[1]:
+            ratio = f"{med[name] / med[names[0]]:.1f}x ray.data.read_tfrecords"
+        elif name == names[2]:
+            ratio = f"on Ray = {med[names[1]] / med[name]:.2f}x in-process"
+        elif name == names[4]:
+            ratio = f"on Ray = {med[names[3]] / med[name]:.2f}x in-process"
+        print(f"{name:62s} {med[name]:>10,.0f} {unit[:3]}/s  {ratio}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpus": args.cpus, "rounds": args.rounds, "median_per_s": med, "anchors": anchors,
+                       "rates": rates}, f, indent=2)
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Ray Data: TFRecords read by the record source in Ray tasks, parsed natively into Arrow;
+the image stage as a ``map_batches`` step; batches to Ray Train's workers or back to a
+plain shardfeed pipeline. Ray is imported when first needed (``pip install 'shardfeed[ray]'``).
+
+- :func:`read_tfrecord` returns a ``ray.data.Dataset`` over ``TFRecordDatasource``:
+  one read task per reader share (:meth:`~shardfeed.pipeline.records.TFRecordSource._split`,
+  the same split ``slice_id/slice_count`` makes: each task fetches only its own bytes), with
+  the options of :func:`shardfeed.read_tfrecord` (spec, ``shuffle=`` modes, ``cache_dir``,
+  storage options, error policy). Each task parses batches with the native parser and hands
+  them to Ray as Arrow tables: numeric columns without a copy, bytes as Arrow binary from
+  the parser's buffer and offsets, VarLen features as Arrow lists.
+- :class:`DecodeImages` is the image stage for ``ds.map_batches(DecodeImages, ...)``: a
+  callable class, so each Ray worker builds its decoder once.
+- :func:`to_shardfeed` is the way back: a Ray dataset's batches as a shardfeed ``Dataset``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from ..formats.native import BytesBuffer
+from ..formats.spec import FeatureSpec, RaggedColumn, SparseColumn
+from ..pipeline.dataset import Dataset
+from ..pipeline.images import DecodeImages as _DecodeImages
+from ..pipeline.records import TFRecordSource
+from ..pipeline.records import read_tfrecord as _read_tfrecord
+from ..pipeline.sources import from_iterable
+from ..registry import require
+from ..storage import size as storage_size
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK_BYTES = 16 << 20
+"""Parsed bytes a read task gathers into one Ray block (several parse batches, not copied)."""
+
+SIZE_SAMPLE_FILES = 64
+"""Files whose size is asked for to estimate a dataset's bytes (the rest extrapolated)."""
+
+
+def _ray() -> Any:
+    return require("ray", extra="ray", what="shardfeed.adapters.ray")
+
+
+def _pa() -> Any:
+    return require("pyarrow", extra="ray", what="Arrow blocks for Ray Data")
+
+
+# -- one parsed batch as an Arrow table --------------------------------------------------------
+def _binary(col: BytesBuffer) -> Any:
+    pa = _pa()
+    offsets = np.ascontiguousarray(col.offsets, np.int64)
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(offsets) - 1,
+                                            [None, pa.py_buffer(offsets), pa.py_buffer(col.data)])
+
+
+def _values(values: Any) -> Any:
+    pa = _pa()
+    if isinstance(values, BytesBuffer):
+        return _binary(values)
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return pa.array(values, pa.large_binary())
+    if isinstance(values, np.ndarray) and values.ndim > 1:  # each value a fixed-shape array
+        flat = _values(values.reshape(-1))
+        for dim in reversed(values.shape[1:]):
+            flat = pa.FixedSizeListArray.from_arrays(flat, dim)
+        return flat
+    return pa.array(values)
+
+
+def _column(name: str, col: Any, rows: int) -> Any:
+    pa = _pa()
+    if isinstance(col, RaggedColumn):
+        splits = np.ascontiguousarray(col.row_splits, np.int64)
+        return pa.LargeListArray.from_arrays(pa.array(splits), _values(col.values))
+    if isinstance(col, SparseColumn):
+        raise TypeError(f"feature {name!r}: a Sparse feature has no Arrow column here; read it as VarLen "
+                        "(the values of each row as a list) or as a FixedLen with a default")
+    if isinstance(col, BytesBuffer):
+        return _binary(col)
+    if isinstance(col, np.ndarray) and col.ndim > 1:
+        # a fixed-shape column: Ray's tensor type, so iter_batches gives back (n, *shape) arrays
+        from ray.data.extensions import ArrowTensorArray  # noqa: PLC0415
+
+        return ArrowTensorArray.from_numpy(np.ascontiguousarray(col))
+    return _values(np.asarray(col))
+
+
+def batch_to_arrow(batch: Mapping[str, Any]) -> Any:
+    """A shardfeed batch (numpy columns, ``BytesBuffer``, ``RaggedColumn``) as a
+    ``pyarrow.Table``: numeric columns and bytes buffers without a copy of their values;
+    ``RaggedColumn`` as an Arrow list; fixed-shape columns as Ray's tensor type. Raises
+    ``TypeError`` for a Sparse column (no Arrow form: read it as VarLen)."""
+    rows = _rows(batch)
+    return _pa().table({k: _column(k, v, rows) for k, v in batch.items()})
+
+
+def _rows(batch: Mapping[str, Any]) -> int:
+    for v in batch.values():
+        if isinstance(v, RaggedColumn):
+            return len(v.row_splits) - 1
+        if isinstance(v, (np.ndarray, BytesBuffer)):
+            return len(v)
+    return 0
+
+
+# -- the datasource ---------------------------------------------------------------------------
+class _ReadShare:
+    """What one read task runs: reader ``index`` of ``count``'s share of the source, parsed
+    batches gathered into blocks of about ``block_bytes``."""
+
+    def __init__(self, source: TFRecordSource, index: int, count: int, batch_size: int, block_bytes: int) -> None:
+        self.source, self.index, self.count = source, index, count
+        self.batch_size, self.block_bytes = batch_size, block_bytes
+
+    def __call__(self) -> Iterator[Any]:
+        pa = _pa()
+        share = self.source._split(self.index, self.count)
+        if share is None:  # a provider that cannot split (only a static list was given here)
+            raise ValueError(f"{self.source.provider!r} cannot be split among read tasks")
+        tables: list[Any] = []
+        held = 0
+        with iter(share.batch(self.batch_size, bytes_as="buffer")) as it:
+            for batch in it:
+                table = batch_to_arrow(batch)
+                tables.append(table)
+                held += table.nbytes
+                if held >= self.block_bytes:
+                    yield pa.concat_tables(tables)
+                    tables, held = [], 0
+        if tables:
+            yield pa.concat_tables(tables)
+
+
+def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int = 1024,
+                    block_bytes: int = DEFAULT_BLOCK_BYTES, num_parallel_reads: int | None = None,
+                    **read_args: Any) -> Any:
+    """A ``ray.data.Datasource`` reading ``source`` (a URL, glob or list, as for
+    :func:`shardfeed.read_tfrecord`) with ``spec``; ``read_args`` are
+    :func:`shardfeed.read_tfrecord`'s (``shuffle``, ``seed``, ``block_size``, ``cache_dir``,
+    ``storage_options``, ``on_error``, ...; not ``slice_id``/``slice_count``, which the read
+    tasks are). ``batch_size``: records parsed at once; ``block_bytes``: parsed bytes a
+    block gathers; ``num_parallel_reads``: parse threads in each read task (``None``: the
+    task's own thread, as Ray gives a task one CPU)."""
+    if spec is None:
+        raise ValueError("Ray Data reads parsed columns: give a spec ({name: sf.FixedLen(...), ...})")
+    for bad in ("slice_id", "slice_count"):
+        if bad in read_args:
+            raise ValueError(f"{bad} is not for Ray: each read task is one reader's share (override_num_blocks=n)")
+    src = _read_tfrecord(source, spec, num_parallel_reads=num_parallel_reads, **read_args)
+    return _datasource_class()(src, int(batch_size), int(block_bytes))
+
+
+_CLASS: Any = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TFRecordDatasource":  # the ray.data.Datasource subclass, defined when Ray is imported
+        return _datasource_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _datasource_class() -> Any:
+    """The Datasource subclass, defined once Ray is imported (the module imports without it)."""
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+    ray = _ray()
+    from ray.data.block import BlockMetadata  # noqa: PLC0415
+
+    class TFRecordDatasource(ray.data.Datasource):  # type: ignore[misc, name-defined]
+        """A ``ray.data.Datasource`` of TFRecord files: one read task per reader share."""
+
+        def __init__(self, src: TFRecordSource, batch_size: int, block_bytes: int) -> None:
+            self.src, self.batch_size, self.block_bytes = src, batch_size, block_bytes
+
+        def get_name(self) -> str:
+            return "shardfeed.TFRecord"
+
+        def _units(self) -> int:
+            provider = self.src.provider
+            spans = getattr(provider, "spans", None)
+            if getattr(provider, "mode", None) in ("blocks", "global"):
+                return 1 << 16  # a shuffled order splits into any number of shares
+            return max(1, len(spans)) if spans is not None else 1
+
+        def estimate_inmemory_data_size(self) -> int | None:
+            # the files' bytes (about the parsed size): with it Ray plans as many blocks as the data
+            # calls for, instead of its minimum of 200 (which cut a few files' blocks into slivers)
+            urls = list(getattr(self.src.provider, "urls", ()) or ())
+            if not urls:
+                return None
+            sample = urls[:SIZE_SAMPLE_FILES]
+            try:
+                total = sum(storage_size(u, self.src.options.storage_options) for u in sample)
+            except OSError:
+                return None
+            return total * len(urls) // len(sample)
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                           data_context: Any = None) -> list[Any]:
+            count = max(1, min(int(parallelism), self._units()))
+            files = tuple(getattr(self.src.provider, "urls", ()) or ())
+            tasks = []
+            for i in range(count):
+                meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
+                                     input_files=files[i::count] if files else None)
+                fn = _ReadShare(self.src, i, count, self.batch_size, self.block_bytes)
+                tasks.append(ray.data.ReadTask(fn, meta, per_task_row_limit=per_task_row_limit))
+            return tasks
+
+    _CLASS = TFRecordDatasource
+    return _CLASS
+
+
+def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int = 1024,
+                  block_bytes: int = DEFAULT_BLOCK_BYTES, num_parallel_reads: int | None = None,
+                  override_num_blocks: int | None = None, ray_remote_args: Mapping[str, Any] | None = None,
+                  **read_args: Any) -> Any:
+    """A ``ray.data.Dataset`` of the records of ``source`` parsed with ``spec`` (see
+    :func:`make_datasource` for the arguments). ``override_num_blocks``: read tasks (by
+    default Ray's choice, at most one per file unless a shuffle mode cuts finer). Every
+    record is read once per epoch, by one task; with ``shuffle="global"`` the order within
+    and across tasks follows the seeded permutation of that mode."""
+    ds = make_datasource(source, spec, batch_size=batch_size, block_bytes=block_bytes,
+                         num_parallel_reads=num_parallel_reads, **read_args)
+    kwargs: dict[str, Any] = {}
+    if override_num_blocks is not None:
+        kwargs["override_num_blocks"] = int(override_num_blocks)
+    if ray_remote_args:
+        kwargs["ray_remote_args"] = dict(ray_remote_args)
+    return _ray().data.read_datasource(ds, **kwargs)
+
+
+# -- the image stage as a map_batches step ----------------------------------------------------
+class DecodeImages:
+    """``ds.map_batches(DecodeImages, fn_constructor_args=(feature, size), concurrency=n)``:
+    the image stage (:class:`shardfeed.DecodeImages`, same arguments) in Ray workers, each
+    building its decoder once. ``on_error="skip"`` drops the rows of images that fail to
+    decode (logged with their row and error) instead of failing the task."""
+
+    def __init__(self, feature: str, size: Any, resize: str = "stretch", channels: int = 3,
+                 filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
+                 on_error: str = "raise") -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.decoder = _DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample)
+        self.on_error = on_error
+        self.skipped = 0
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        if self.on_error == "raise":
+            return self.decoder(batch)
+        out, failed = self.decoder.decode_batch(batch)
+        for exc in failed:
+            logger.warning("decode_images skipped a row: %s", exc)
+        self.skipped += len(failed)
+        return out
+
+
+# -- back to shardfeed ------------------------------------------------------------------------
+def to_shardfeed(ray_dataset: Any, batch_size: int = 1024, **iter_args: Any) -> Dataset:
+    """A shardfeed ``Dataset`` of ``ray_dataset``'s batches (dicts of numpy arrays, each
+    pass a new epoch of ``iter_batches(batch_size=..., batch_format="numpy", **iter_args)``),
+    for training loops that use shardfeed's stages and adapters (``.prefetch()``,
+    ``.to_torch()``, ``.to_jax()``) without Ray Train. A ``streaming_split`` share is a
+    ``DataIterator`` and works the same way."""
+    return from_iterable(lambda: ray_dataset.iter_batches(batch_size=batch_size, batch_format="numpy",
+                                                          **iter_args))
