@@ -259,6 +259,10 @@ def stable_order(df: Any) -> Any:
         shuffled = True
     if not shuffled or not df.columns:
         return df
+    if len(set(df.columns)) < len(df.columns):  # a column named twice cannot be named as a sort key
+        logger.warning("the DataFrame reads a shuffle's output but names a column twice (%s): its rows are numbered "
+                       "in the order they arrive, which a lost executor can change", df.columns)
+        return df
     keys = [df[f.name] if _orderable(f.dataType) else F.to_json(F.struct(df[f.name])) for f in df.schema.fields]
     return df.sortWithinPartitions(*keys)
 
