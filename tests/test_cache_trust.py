@@ -103,6 +103,20 @@ def test_storage_counters_match_what_crossed_the_wire(objects, fault_proxy, tmp_
     assert abs(st.requests - gets) <= max(1, gets // 100), (st.requests, gets)
 
 
+def test_read_bytes_counts_what_it_fetched(objects, fault_proxy):
+    from shardfeed import storage
+    from shardfeed.storage import IOCounters
+
+    urls, _, opts = objects
+    counters = IOCounters()
+    gets, nbytes = _wire(fault_proxy)
+    data = storage.read_bytes(urls[0], storage_options=opts, counters=counters)
+    part = storage.read_bytes(urls[1], 10, 5000, storage_options=opts, counters=counters)
+    assert len(part) == 4990
+    assert counters.requests == fault_proxy.object_gets - gets == 2
+    assert counters.bytes_fetched == fault_proxy.object_bytes - nbytes == len(data) + 4990
+
+
 # -- a replaced object ------------------------------------------------------------------------
 def test_a_replaced_object_is_fetched_again_at_the_next_pass_of_the_same_process(objects, tmp_path, s3_bucket):
     urls, expected, opts = objects

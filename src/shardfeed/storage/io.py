@@ -139,8 +139,11 @@ def read_bytes(
     start: int | None = None,
     end: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    counters: Any = None,
 ) -> bytes:
-    """Bytes ``[start, end)`` of ``url`` (all of it by default); fewer at the end of the file."""
+    """Bytes ``[start, end)`` of ``url`` (all of it by default); fewer at the end of the file.
+    A remote read's GETs (each attempt) and bytes are counted in ``counters`` (an
+    :class:`~.counters.IOCounters`) when given: a pass's index files, say."""
     parsed = parse_url(url)
     if parsed.is_local:
         try:
@@ -153,7 +156,19 @@ def read_bytes(
         except OSError as exc:
             raise _translate(exc, url, "read") from exc
     fs, path = get_filesystem(parsed, storage_options)
-    return _run("read", url, lambda: fs.cat_file(path, start=start, end=end))
+    if counters is None:
+        return _run("read", url, lambda: fs.cat_file(path, start=start, end=end))
+
+    def attempt() -> bytes:
+        started = counters.request_started()
+        data = b""
+        try:
+            data = fs.cat_file(path, start=start, end=end)
+            return data
+        finally:
+            counters.request_ended(len(data), started)
+
+    return _run("read", url, attempt, counters)
 
 
 class RangedReader(io.RawIOBase):
