@@ -137,8 +137,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _opt(video, "decode_keep_size", type=int, default=0,
          help="frames a clip shares with the previous one (default 0)")
     sp.add_argument("--executor", choices=["thread", "process"], default="thread")
-    sp.add_argument("--runner", choices=["local", "beam", "spark"], default="local",
-                    help="local (threads/processes here), beam, or spark (executors read, convert and write)")
+    sp.add_argument("--runner", choices=["local", "beam", "spark", "ray"], default="local",
+                    help="local (threads/processes here), beam, spark (executors read, convert and write), or "
+                         "ray (a Ray task a shard)")
     _opt(sp, "spark_master", help="Spark master URL for --runner spark (default: the running session under "
                                   "spark-submit, else local[*]), e.g. spark://host:7077, yarn, local-cluster[2,1,1024]")
     _opt(sp, "beam_runner", help="Beam runner (default DirectRunner)")

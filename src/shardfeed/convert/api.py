@@ -22,7 +22,7 @@ from .writer import finalize, join, manifest_url, spec_from_json
 
 logger = logging.getLogger(__name__)
 
-RUNNERS = ("local", "beam", "spark")
+RUNNERS = ("local", "beam", "spark", "ray")
 _ALIASES = {"num_samples_per_shard": "num_samples_per_tfrecord", "output_prefix": "prefix"}
 
 
@@ -76,6 +76,10 @@ class ConvertResult:
 def _options(options: ConvertOptions | None, kwargs: Mapping[str, Any]) -> ConvertOptions:
     kw = {_ALIASES.get(k, k): v for k, v in kwargs.items()}
     return options_from(options, kw)
+
+
+def _is_ray_dataset(obj: Any) -> bool:
+    return type(obj).__module__.startswith("ray.data") and hasattr(obj, "to_pandas")
 
 
 def _is_dataframe(obj: Any) -> bool:
@@ -199,6 +203,10 @@ def _run(plan: Plan, output_dir: str, storage_options, runner: str, resume: bool
 
         states = run_beam(plan, output_dir, storage_options, resume=resume, runner=beam_runner,
                           pipeline_options=pipeline_options, beam_options=beam_options)
+    elif runner == "ray":
+        from .runner_ray import run_ray
+
+        states = run_ray(plan, output_dir, storage_options, resume=resume, progress=progress)
     else:
         raise ValueError(f"runner must be one of {RUNNERS}, got {runner!r}")
     return _finish(plan, output_dir, states, storage_options, runner)
@@ -222,7 +230,9 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
     ``class_list_file``, ``compression``, ``prefix``, ...). ``runner`` is ``"local"``,
     ``"beam"`` (``beam_runner``, ``beam_options`` / ``pipeline_options`` passed to Beam) or
     ``"spark"`` (executors read, convert and write; the running ``SparkSession``, or one
-    started on ``spark_master``); a ``pyspark.sql.DataFrame`` source implies ``"spark"``.
+    started on ``spark_master``); a ``pyspark.sql.DataFrame`` source implies ``"spark"``;
+    ``"ray"`` converts and writes each shard in a Ray task (a ``ray.data.Dataset`` source
+    implies it: its rows are planned in the driver, as a pandas DataFrame's).
     ``resume=True`` keeps shards a previous run of the same plan finished.
 
     Bad rows never stop the job: they are listed in the discard report. Raises
@@ -238,6 +248,8 @@ def convert(source: Any, output_dir: str | os.PathLike, *, schema: Schema | Mapp
     sch = as_schema(schema, defaults, opts.separator)
     if runner == "spark" or type(source).__module__.startswith("pyspark.sql"):
         return _run_spark(source, out, sch, opts, storage_options, resume, spark_master)
+    if _is_ray_dataset(source):  # its rows planned here, like a DataFrame's; converted in Ray tasks
+        source, runner = source.to_pandas(), "ray"
     counts: list[int] = []
     files = None
     if _is_dataframe(source):

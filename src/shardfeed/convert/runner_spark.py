@@ -81,7 +81,8 @@ from .plan import Plan
 from .spark_plan import RowFix, plan_on_spark
 from .spark_session import ADAPTIVE, executor_pythonpath, is_spark_dataframe, session_conf, spark_session
 from .spark_source import SparkSource, annotation_source, open_source, rows_source, storage_url
-from .spark_write import PLACED, _place, _remove_staging, _write_shards, converts_early, place_in_sql, write_tasks
+from .spark_write import PLACED, _place, _write_shards, converts_early, place_in_sql, write_tasks
+from .writer import remove_staging
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def run_spark(src: SparkSource, options: ConvertOptions, output_dir: str,
                 raise RuntimeError(f"the Spark job finished without writing shard(s) {', '.join(missing[:5])}")
     finally:
         sp.prepared.unpersist()
-    removed = _remove_staging(plan, output_dir, storage_options)
+    removed = remove_staging(plan, output_dir, storage_options)
     if removed:
         logger.info("removed %d staging file(s) of task attempts that did not finish", removed)
     return plan, states

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pickle
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..storage.urls import parse_url
 from .options import SPLITS
 from .plan import Plan, Shard
 from .runner_local import CHUNK_ROWS
 from .spark_plan import RowFix
 from .tasks import make_converter
-from .writer import ShardSink, convert_row, convert_rows, finished_state, join
+from .writer import ShardSink, convert_row, convert_rows, finished_state
 
 WRITE_TASKS_PER_CORE = 4
 WRITE_TASK_ROWS = 1024  # rows a write task gets at least, where more tasks than cores would give fewer
@@ -314,26 +312,3 @@ def _write_shards(plan: Plan, shards: list[tuple[str, int, int, int]], fix: RowF
         raise
     finally:
         pass_closed()  # the framed chunks' pooled blocks, given back once idle
-
-
-def _remove_staging(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None) -> int:
-    """Hidden staging files a killed task attempt left (local output only: object stores
-    stage in the writer's memory or local disk, never in the output)."""
-    if not parse_url(output_dir).is_local:
-        return 0
-    prefix = plan.options.prefix
-    removed = 0
-    for folder in (output_dir, join(output_dir, f".{prefix}-state")):
-        path = parse_url(folder).path
-        try:
-            names = os.listdir(path)
-        except OSError:
-            continue
-        for n in names:
-            if n.startswith(f".{prefix}-") and n.endswith(".tmp"):
-                try:
-                    os.unlink(os.path.join(path, n))
-                    removed += 1
-                except FileNotFoundError:
-                    pass
-    return removed

@@ -16,6 +16,7 @@ import csv
 import io
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from ..formats.example import encode_example, example_pieces
 from ..formats.native import frame_records
 from ..formats.spec import FixedLen, VarLen
 from ..formats.tfrecord import TFRecordWriter
+from ..storage.urls import parse_url
 from .native_rows import native_image_rows
 from .options import Discard, DiscardRecord, Row
 from .plan import RUNTIME_OPTIONS, Plan, Shard
@@ -281,3 +283,27 @@ def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
     storage.write_bytes(manifest_url(output_dir, o.prefix),
                         json.dumps(manifest, ensure_ascii=False, indent=1, default=str).encode(), storage_options)
     return manifest
+
+
+def remove_staging(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None) -> int:
+    """Remove the hidden staging files of shard writes that did not finish (a task attempt
+    killed mid-write, retried elsewhere); returns how many. Local output only: object stores
+    stage in the writer's memory or local disk, never in the output."""
+    if not parse_url(output_dir).is_local:
+        return 0
+    prefix = plan.options.prefix
+    removed = 0
+    for folder in (output_dir, join(output_dir, f".{prefix}-state")):
+        path = parse_url(folder).path
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        for n in names:
+            if n.startswith(f".{prefix}-") and n.endswith(".tmp"):
+                try:
+                    os.unlink(os.path.join(path, n))
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+    return removed
