@@ -12,7 +12,7 @@ import torch.utils.data
 from torch.utils.data._utils.collate import default_convert
 
 from ..pipeline.dataset import Dataset
-from .torch import buffers_in_worker, objects_in_main, pack_for_transfer, pipeline_for_worker
+from .torch import buffers_in_worker, objects_in_main, pack_for_transfer, pipeline_for_worker, reader_index
 
 
 class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
@@ -37,9 +37,8 @@ class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
         source, spec = buffers_in_worker(self.dataset) if whole else (self.dataset, None)
         ds, index, count = pipeline_for_worker(source, self.rank, self.world_size)
         resume, self._resume = self._resume, None
-        if resume is not None and resume.get("reader") not in (None, [index, count]):
-            raise ValueError(f"this state was saved by reader {resume['reader']} (index, count), not by "
-                             f"reader {[index, count]}: resume with the same number of workers and ranks")
+        if resume is not None:
+            _check_reader(resume.get("reader"), index, count, self.world_size)
         it = ds.iter_from_state(resume["pipeline"]) if resume and resume.get("pipeline") else iter(ds)
         self._it, self._reader = it, (index, count)
         try:
@@ -57,13 +56,20 @@ class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
     def state_dict(self) -> dict:
         """Where this process's pass is: ``{"reader": [index, count], "pipeline": state}``."""
         if self._it is None:
-            return dict(self._resume) if self._resume is not None else {"reader": None, "pipeline": None}
+            if self._resume is not None:
+                return dict(self._resume)
+            return {"reader": list(reader_index(self.rank, self.world_size)), "pipeline": None}
         return {"reader": list(self._reader or ()), "pipeline": self._it.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume the next pass from ``state`` (from :meth:`state_dict`)."""
+        """Resume the next pass from ``state`` (from :meth:`state_dict`). Raises
+        ``ValueError`` at once for a state another reader saved (another DataLoader worker,
+        rank or number of them): under ``StatefulDataLoader`` each worker loads its own state
+        when it starts, so the error reaches the main process before the loader's own checks."""
         if not isinstance(state, Mapping) or "pipeline" not in state:
             raise ValueError(f"not a shardfeed dataset state: {str(state)[:200]}")
+        index, count = reader_index(self.rank, self.world_size)
+        _check_reader(state.get("reader"), index, count, self.world_size)
         self._resume = dict(state)
 
     def __getstate__(self) -> dict:
@@ -73,6 +79,25 @@ class ShardfeedIterableDataset(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return f"ShardfeedIterableDataset({self.dataset!r}, rank={self.rank}, world_size={self.world_size})"
+
+
+def _check_reader(saved: Any, index: int, count: int, world_size: int) -> None:
+    """Refuse a state saved by reader ``saved`` (``[index, count]`` among all DataLoader
+    workers of all ranks) in reader ``index`` of ``count``, naming workers and ranks."""
+    if saved is None or [int(x) for x in saved] == [index, count]:
+        return
+
+    def who(i: int, c: int) -> str:
+        if c % max(1, world_size):  # saved by another number of ranks: its workers are not known
+            return f"reader {i} of {c}"
+        workers = max(1, c // max(1, world_size))
+        return f"DataLoader worker {i % workers} of {workers} on rank {i // workers} of {c // workers}"
+
+    si, sc = int(saved[0]), int(saved[1])
+    workers = max(1, count // max(1, world_size))
+    raise ValueError(f"this state was saved by {who(si, sc)} (reader {si} of {sc}), but this DataLoader has "
+                     f"{workers} workers and this is {who(index, count)} (reader {index} of {count}): resume with "
+                     "the num_workers and the ranks it was saved with (each worker resumes its own state)")
 
 
 

@@ -24,6 +24,42 @@ from .tfrecord import TFRecordReader, format_index, normalize_compression
 logger = logging.getLogger(__name__)
 
 
+class StaleIndexError(ShardfeedError, ValueError):
+    """An index file that does not describe its shard as the shard is now (cut, emptied,
+    a line doubled or lost, or the shard rewritten, truncated or appended to since)."""
+
+    def __init__(self, url: str, index_url: str, reason: str) -> None:
+        super().__init__(f"{mask(index_url)} is a stale index of {mask(url)} (not the file as it is now): {reason} "
+                         f"(rebuild it with "
+                         f"`shardfeed index {mask(url)}` or sf.build_index(url), or delete it)")
+        self.url, self.index_url, self.reason = mask(url), mask(index_url), reason
+
+
+def check_index(index: np.ndarray, file_size: int) -> str | None:
+    """Why ``index`` (``(records, 2)``: frame offset, frame length) cannot be the index of a
+    file of ``file_size`` bytes, or ``None`` when its frames tile the file: the first at
+    byte 0, each where the one before ends, the last ending at the file's end. (What the
+    frames hold is checked as they are read: their CRCs.)"""
+    n = len(index)
+    if n == 0:
+        return None if file_size == 0 else f"it lists no record, and the file holds {file_size} bytes"
+    offsets, lengths = index[:, 0], index[:, 1]
+    if int(offsets[0]) != 0:
+        return f"its first frame starts at byte {int(offsets[0])}, not 0"
+    ends = offsets + lengths
+    bad = np.flatnonzero(offsets[1:] != ends[:-1])
+    if len(bad):
+        k = int(bad[0]) + 1
+        return (f"line {k + 1} puts a frame at byte {int(offsets[k])}, but the frame before ends at byte "
+                f"{int(ends[k - 1])} (a line lost, doubled or out of order)")
+    end = int(ends[-1])
+    if end != file_size:
+        return (f"its last frame ends at byte {end}, but the file holds {file_size} bytes (the file was "
+                f"{'cut' if end > file_size else 'written to or replaced'} after the index was made, or the "
+                "index was cut)")
+    return None
+
+
 def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
     """Read an index file into an ``int64`` array of shape ``(records, 2)``: offset, length.
 
@@ -117,6 +153,9 @@ class IndexedTFRecord:
         self._storage_options = storage_options
         self.verify_crc = verify_crc
         self.index = read_index(self.index_url, storage_options)
+        reason = check_index(self.index, storage.size(self.url, storage_options))
+        if reason is not None:
+            raise StaleIndexError(self.url, self.index_url, reason)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -181,19 +220,50 @@ def cache_dir() -> str:
     return os.path.join(root, "index")
 
 
-def _cached_index_path(url: str, storage_options: Mapping[str, Any] | None) -> str:
+def _cached_index_path(url: str, size: int) -> str:
     import hashlib  # noqa: PLC0415
 
     # keyed by the shard's address and size, so a rewritten shard never meets a stale index
-    size = storage.size(url, storage_options)
     key = hashlib.sha256(f"{url}\0{size}".encode()).hexdigest()[:32]
     return os.path.join(cache_dir(), key + ".idx")
 
 
+def _shard_size(url: str, storage_options: Mapping[str, Any] | None) -> int:
+    """The shard's size: seen in a listing a moment ago, else one stat (a HEAD request)."""
+    if not parse_url(url).is_local:
+        from ..storage.io import size_hint  # noqa: PLC0415
+
+        hint = size_hint(url)
+        if hint is not None:
+            return hint
+    return storage.size(url, storage_options)
+
+
+def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.ndarray | None, str | None]:
+    """``(index, None)`` when ``read()`` gives an index that fits the shard's ``size``;
+    ``(None, reason)`` when there is one that does not (malformed, or frames that do not tile
+    the shard); ``(None, None)`` when there is none."""
+    try:
+        index = read()
+    except FileNotFoundError:
+        return None, None
+    except ShardfeedError as exc:  # malformed: a writer cut short, say
+        return None, str(exc)
+    reason = check_index(index, size)
+    return (index, None) if reason is None else (None, reason)
+
+
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
-               cache: Any = None) -> np.ndarray | None:
+               cache: Any = None, size: int | None = None) -> np.ndarray | None:
     """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
     or the index cache; ``None`` when there is none and ``build`` is false.
+
+    An index is checked against the shard before use (:func:`check_index`: its frames tile
+    the file, the last ending at the file's size), which costs one stat (a HEAD request;
+    none when ``size``, the shard's size in bytes, is given or was seen in a listing). One
+    that does not fit (cut, emptied, a line doubled or lost, or the shard rewritten since)
+    is rebuilt with ``build=True`` (a warning names it) and refused otherwise:
+    :class:`StaleIndexError` naming the file and what does not fit.
 
     With ``build=True`` a missing index is made by scanning the shard once (the native
     frame scan) and saved beside it, or in :func:`cache_dir` when the storage is
@@ -203,20 +273,35 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     index (records cannot be reached without inflating what precedes them): ``ValueError``.
     """
     idx = index_url_of(url)
-    if storage.exists(idx, storage_options):
-        local = cache.fetch(idx, storage_options) if cache is not None and not parse_url(idx).is_local else None
-        return read_index(local, None) if local is not None else read_index(idx, storage_options)
-
     if normalize_compression("auto", url) is not None:
+        # an index of a compressed shard counts frames of the inflated stream: no size to check
+        if storage.exists(idx, storage_options):
+            return read_index(idx, storage_options)
         if not build:
             return None
         raise ValueError(f"{mask(url)}: a compressed shard cannot be split into record ranges (index files "
                          "address uncompressed TFRecords); give more files than readers, or decompress it")
-    cached = _cached_index_path(url, storage_options)
+    n = size if size is not None else _shard_size(url, storage_options)
+
+    def read_beside() -> np.ndarray:
+        local = cache.fetch(idx, storage_options) if cache is not None and not parse_url(idx).is_local else None
+        return read_index(local, None) if local is not None else read_index(idx, storage_options)
+
+    index, stale = _read_checked(url, idx, read_beside, n)
+    if index is not None:
+        return index
+    cached = _cached_index_path(url, n)
     if os.path.exists(cached):
-        return read_index(cached)
+        index, cached_stale = _read_checked(url, cached, lambda: read_index(cached), n)
+        if index is not None:
+            return index
+        stale = stale or cached_stale
+    if stale is not None and not build:
+        raise StaleIndexError(url, idx, stale)
     if not build:
         return None
+    if stale is not None:
+        logger.warning("%s is a stale index of %s (%s): rebuilding it", mask(idx), mask(url), stale)
     from .chunks import iter_frame_chunks  # noqa: PLC0415
 
     offsets, lengths = [], []

@@ -33,6 +33,7 @@ from ..formats.compression import normalize_compression
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
 from .deferred import DeferredState
+from .identity import state_url
 from .spans import GatherPlan
 
 FRAMES_GAP = 64 << 10
@@ -140,8 +141,9 @@ class Frames(DeferredState):
                 url_of[sel] = entry_url_ids(url, j, url_id)
         if any(normalize_compression(self.compression, u) is not None for u in urls):
             return None  # a compressed stream has no byte offsets to read back from
-        return {"resume": self.resume, "urls": list(urls), "pos": pack_ints(before), "url": pack_ints(url_of),
-                "at": pack_ints(at), "len": pack_ints(lens)}
+        # the files by the names a state gives them (no signature): a restore reads the live URLs
+        return {"resume": self.resume, "urls": [state_url(u) for u in urls], "pos": pack_ints(before),
+                "url": pack_ints(url_of), "at": pack_ints(at), "len": pack_ints(lens)}
 
 
 def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
@@ -151,7 +153,8 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
     checks, I/O counters and object cache); and the ``restored`` index (positions, offsets,
     lengths, url ids, urls) a later state names them by. A frame that is not where the state
     says fails with a :class:`~shardfeed.errors.CorruptRecordError` naming file and offset."""
-    urls = list(frames["urls"])
+    live = {state_url(u): u for u in getattr(src.provider, "urls", None) or ()}
+    urls = [live.get(u, u) for u in frames["urls"]]  # a presigned URL as the dataset has it now
     pos, url_of = unpack_ints(frames["pos"]), unpack_ints(frames["url"])
     at, lens = unpack_ints(frames["at"]), unpack_ints(frames["len"])
     opts = src.options

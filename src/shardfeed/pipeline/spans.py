@@ -21,10 +21,11 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..formats.index import load_index
+from ..formats.index import StaleIndexError, load_index
 from ..formats.tfrecord import normalize_compression
 from ..storage import size
 from ..storage.urls import mask, parse_url
+from .identity import check_state, identity, spans_digest, state_url
 from .ranges import slice_range
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ class Span:
         return None if self.start is None or self.stop is None else self.stop - self.start
 
     def key(self) -> list:
-        """What identifies the span in a saved state (JSON)."""
-        return [self.url, self.offset, self.end]
+        """What identifies the span in a saved state (JSON): its URL keyed by
+        :func:`~shardfeed.pipeline.identity.state_url` (no signature), its bytes."""
+        return [state_url(self.url), self.offset, self.end]
 
 
 @runtime_checkable
@@ -100,9 +102,10 @@ class _OwnStream:
 
 
 class _ListStream(_OwnStream):
-    def __init__(self, spans: Sequence[Span], state: Any) -> None:
+    def __init__(self, spans: Sequence[Span], state: Any, ident: Mapping[str, Any] | None = None) -> None:
         self.spans = spans
         self.i = int(state["i"]) if state else 0
+        self.ident = dict(ident or {})  # what the state depends on (pipeline.identity), saved with it
 
     def next_span(self, block: bool = True) -> Span | None:
         if self.i >= len(self.spans):
@@ -111,7 +114,7 @@ class _ListStream(_OwnStream):
         return self.spans[self.i - 1]
 
     def get_state(self) -> dict:
-        return {"i": self.i}
+        return {"i": self.i, **self.ident}
 
 
 class StaticSpans:
@@ -122,17 +125,33 @@ class StaticSpans:
     replayable = True
     """Reopening at a saved state yields the same spans again (a queue's does not)."""
 
-    def __init__(self, spans: Sequence[Span], counts: Mapping[str, int] | None = None) -> None:
+    def __init__(self, spans: Sequence[Span], counts: Mapping[str, int] | None = None, *,
+                 _slice: Sequence[Sequence[int]] = (), _files: str | None = None) -> None:
         self.spans = list(spans)
         self.counts = dict(counts or {})
+        self._slice = [list(p) for p in _slice]  # the splits that made this share, [[index, count], ...]
+        self._files = _files  # the digest of the spans before any split (made when first needed)
+
+    def identity(self) -> dict[str, Any]:
+        """What a state of this provider depends on: the spans before any split, and
+        which share of them this is."""
+        if self._files is None:
+            self._files = spans_digest([s.key() for s in self.spans])
+        return identity(self._files, self._slice)
 
     def open(self, state: Any, epoch: tuple) -> _ListStream:
-        return _ListStream(self.spans, state)
+        ident = self.identity()
+        if state:
+            check_state(state, ident)
+        return _ListStream(self.spans, state, ident)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
               compression: str | None = "auto", cache: Any = None) -> "StaticSpans":
         """This reader's share (see :func:`split_spans`)."""
-        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache), self.counts)
+        files = self.identity()["files"]
+        chain = self._slice + ([[index, count]] if count != 1 else [])
+        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache), self.counts,
+                           _slice=chain, _files=files)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                      cache: Any = None) -> int | None:
@@ -158,7 +177,11 @@ def span_records(s: Span, storage_options: Mapping[str, Any] | None = None, comp
         return int(counts[s.url])
     if normalize_compression(compression, s.url) is not None:
         return None
-    idx = load_index(s.url, storage_options, build=False, cache=cache)
+    try:
+        idx = load_index(s.url, storage_options, build=False, cache=cache)
+    except StaleIndexError as exc:  # rebuilt by whatever reads through it; the count is not known now
+        logger.warning("%s", exc)
+        return None
     if idx is None:
         return None
     a = _record_at(idx, s.offset) if s.offset else 0
@@ -223,7 +246,8 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if count == 1:
         return spans
     n = len(spans)
-    balanced = n % count == 0 and (n > BALANCE_CHECK_MAX_FILES or _balanced(spans, count, storage_options))
+    sizes: dict[str, int] = {}  # file sizes the balance check stated: the index checks reuse them
+    balanced = n % count == 0 and (n > BALANCE_CHECK_MAX_FILES or _balanced(spans, count, storage_options, sizes))
     if balanced:
         return spans[index::count]
     compressed = [s.url for s in spans if normalize_compression(compression, s.url) is not None]
@@ -231,7 +255,11 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     indexes: dict[str, Any] = {}  # loaded once, for the decision and for the ranges
     have_index = not compressed
     for s in whole if have_index else ():
-        idx = indexes[s.url] if s.url in indexes else load_index(s.url, storage_options, cache=cache)
+        try:
+            idx = indexes[s.url] if s.url in indexes else load_index(s.url, storage_options, cache=cache,
+                                                                     size=sizes.get(s.url))
+        except StaleIndexError:  # as good as missing: rebuilt below when record ranges are needed
+            idx = None
         if idx is None:
             have_index = False
             break
@@ -249,30 +277,35 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if whole and not have_index:
         logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
                        "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
-    return _split_records(spans, index, count, storage_options, indexes, cache)
+    return _split_records(spans, index, count, storage_options, indexes, cache, sizes)
 
 
-def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None) -> int:
-    end = s.end if s.end is not None else size(s.url, storage_options)
-    return max(0, end - s.offset)
+def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None, sizes: dict[str, int]) -> int:
+    if s.end is not None:
+        return max(0, s.end - s.offset)
+    n = sizes[s.url] = sizes[s.url] if s.url in sizes else size(s.url, storage_options)
+    return max(0, n - s.offset)
 
 
-def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] | None) -> bool:
-    """Whether dealing the spans round robin gives every reader its share within 10%."""
+def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] | None,
+              sizes: dict[str, int]) -> bool:
+    """Whether dealing the spans round robin gives every reader its share within 10%
+    (``sizes`` gets the sizes of the files it stated)."""
     shares = [0] * count
     for k, s in enumerate(spans):
-        shares[k % count] += _span_bytes(s, storage_options)
+        shares[k % count] += _span_bytes(s, storage_options, sizes)
     mean = sum(shares) / count
     return mean == 0 or max(shares) <= 1.1 * mean
 
 
 def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None,
-                   indexes: dict[str, Any], cache: Any = None) -> list[Span]:
+                   indexes: dict[str, Any], cache: Any = None, sizes: Mapping[str, int] | None = None) -> list[Span]:
     sized: list[tuple[Span, Any, int, int]] = []  # span, index, first record, stop
     for s in spans:
         idx = indexes.get(s.url)
         if idx is None:
-            idx = indexes[s.url] = load_index(s.url, storage_options, build=True, cache=cache)
+            idx = indexes[s.url] = load_index(s.url, storage_options, build=True, cache=cache,
+                                              size=(sizes or {}).get(s.url))
         if s.start is not None and s.stop is not None:
             a, b = s.start, s.stop
         else:
@@ -426,7 +459,8 @@ class _BlockStream(_ListStream):
     index, not all. The state says how the blocks were cut, so that a state is never
     applied to blocks cut another way (its index would point at other blocks)."""
 
-    def __init__(self, spans: Sequence[Span], state: Any, rule: str, provider: "ShuffledSpans") -> None:
+    def __init__(self, spans: Sequence[Span], state: Any, rule: str, provider: "ShuffledSpans",
+                 ident: Mapping[str, Any] | None = None) -> None:
         saved = state.get("blocks") if state else rule
         if saved is None and rule.startswith("bytes:"):
             # saved before blocks were cut by bytes: always a count of records
@@ -439,7 +473,7 @@ class _BlockStream(_ListStream):
                              f"but this one cuts them as {rule!r}: resume with the block_size it was saved with "
                              f"({_block_size_arg(saved)}), or the order would differ and records repeat or go "
                              "missing")
-        super().__init__(spans, state)
+        super().__init__(spans, state, ident)
         self.rule = rule
         self.p = provider
         self.pool: Any = None
@@ -464,7 +498,7 @@ class _BlockStream(_ListStream):
                 return cut
 
     def get_state(self) -> dict:
-        return {"i": self.i, "blocks": self.rule}
+        return {"i": self.i, "blocks": self.rule, **self.ident}
 
     def close(self) -> None:
         if self.pool is not None:
@@ -490,7 +524,7 @@ class ShuffledSpans:
     def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                  index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None,
-                 _indexes: dict | None = None) -> None:
+                 _indexes: dict | None = None, _sizes: dict | None = None, _files: list | None = None) -> None:
         if mode not in ("files", "blocks", "global"):
             raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
         self.spans = list(spans)
@@ -503,6 +537,8 @@ class ShuffledSpans:
         self.index, self.count = index, count
         self._units_cache = _units if _units is not None else []  # shared with splits: made once
         self._indexes = _indexes if _indexes is not None else {}  # url -> index, shared with splits
+        self._sizes = _sizes if _sizes is not None else {}  # url -> size known from the block cut, shared
+        self._files: list[str] = _files if _files is not None else []  # the spans' digest, made once, shared
 
     def units(self) -> list[Span]:
         if self.mode == "global":
@@ -511,6 +547,9 @@ class ShuffledSpans:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
                                                                         self.storage_options, self.compression,
                                                                         self.cache)
+            for u in units:  # the last step of a file ends at its size: its index check needs no stat
+                if u.handle == STEP and u.end is not None:
+                    self._sizes[u.url] = u.end
             self._units_cache.append(units)
         return self._units_cache[0]
 
@@ -519,7 +558,8 @@ class ShuffledSpans:
         splits (any thread)."""
         idx = self._indexes.get(url)
         if idx is None:
-            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache))
+            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache,
+                                        size=self._sizes.get(url)))
             idx = self._indexes.setdefault(url, idx)  # atomic: a load raced by another thread keeps one
         return idx
 
@@ -531,12 +571,24 @@ class ShuffledSpans:
         perm = Permutation(len(units), (self.seed, *[int(e) for e in epoch]))
         return [units[i] for i in perm.take(self.index, len(units), self.count).tolist()]
 
+    def identity(self) -> dict[str, Any]:
+        """What a state of this reader depends on: the spans, the shuffle mode and seed,
+        and (but under a global shuffle, whose states any reader may resume) which reader
+        of how many this is."""
+        if not self._files:
+            self._files.append(spans_digest([s.key() for s in self.spans]))
+        share = None if self.mode == "global" else ([[self.index, self.count]] if self.count != 1 else [])
+        return identity(self._files[0], share, self.mode, self.seed)
+
     def open(self, state: Any, epoch: tuple) -> Any:
+        ident = self.identity()
+        if state:
+            check_state(state, ident)
         if self.mode == "global":
-            return _GlobalStream(self, epoch, state)
+            return _GlobalStream(self, epoch, state, ident)
         if self.mode == "blocks":
-            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size), self)
-        return _ListStream(self.order(epoch), state)
+            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size), self, ident)
+        return _ListStream(self.order(epoch), state, ident)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                      cache: Any = None) -> int | None:
@@ -578,15 +630,19 @@ class ShuffledSpans:
             return state
         ps = state["spans"]
         if "base" not in ps or "count" not in ps:
+            check_state(ps, self.identity())  # says which mode it was saved with, when it says
             raise ValueError("this state was not saved by a shuffle='global' reader; resume with the shuffle mode "
                              "it was saved with")
-        if (ps.get("index"), ps.get("count")) == (self.index, self.count):
+        ident = self.identity()
+        check_state(ps, ident)
+        if (ps.get("index"), ps.get("count"), ps.get("window", self.window)) == (self.index, self.count,
+                                                                                    self.window):
             return state
         t = int(ps["t"])
         if state.get("key") is not None and list(state["key"]) == list(ps.get("key") or []):
             t += int(np.searchsorted(self.records().window_ends(ps, self.seed), int(state["offset"]), "right"))
         consumed = int(ps["base"]) + int(ps["count"]) * t
-        return {"spans": {"base": consumed, "t": 0, "index": self.index, "count": self.count}, "key": None,
+        return {"spans": {"base": consumed, "t": 0, "index": self.index, "count": self.count, **ident}, "key": None,
                 "offset": 0}
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
@@ -595,7 +651,7 @@ class ShuffledSpans:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
         return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
                              self.compression, self.index + index * self.count, self.count * count,
-                             self._units_cache, self.cache, self._indexes)
+                             self._units_cache, self.cache, self._indexes, self._sizes, self._files)
 
     @property
     def urls(self) -> list[str]:
@@ -694,8 +750,9 @@ class _GlobalStream(_OwnStream):
     integers: where this pass's positions start (``base``), which reader of how many,
     and the window's first position."""
 
-    def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any) -> None:
+    def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any, ident: Mapping[str, Any]) -> None:
         self.p = provider
+        self.ident = dict(ident)
         self.epoch = tuple(int(e) for e in epoch)
         self.g = provider.records()
         self.base = int(state["base"]) if state else 0
@@ -704,7 +761,7 @@ class _GlobalStream(_OwnStream):
     def get_state(self) -> dict:
         p = self.p
         return {"base": self.base, "t": self.t, "index": p.index, "count": p.count, "epoch": list(self.epoch),
-                "window": p.window, "key": self._key(self.t)}
+                "window": p.window, "key": self._key(self.t), **self.ident}
 
     def _key(self, t: int) -> list:
         return [self._url(t), 0, None]

@@ -1,0 +1,160 @@
+"""Index files are checked against their shard before use (issue 39 item 2): a stale,
+cut, empty or doubled index is rebuilt (a shuffled or split read) or refused naming the
+file (random access, a work queue's record ranges); never believed blindly."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.formats.index import StaleIndexError, check_index, load_index
+
+from .test_pipeline_helpers import SPEC, example, write_sized_shards
+
+SIZES = [120, 80, 100]
+EVERY = sorted(f * 1000 + i for f, n in enumerate(SIZES) for i in range(n))
+
+
+def _files(tmp_path):
+    return write_sized_shards(tmp_path, SIZES, index=True, prefix="ix")
+
+
+def _ids(ds):
+    return [int(v) for b in ds for v in np.atleast_1d(b["id"])]
+
+
+def _lines(path):
+    with open(path, "rb") as f:
+        return f.read().splitlines(keepends=True)
+
+
+def _write(path, data: bytes):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _damage_last_lines(f):
+    _write(f + ".idx", b"".join(_lines(f + ".idx")[:-50]))
+
+
+def _damage_mid_line(f):
+    data = b"".join(_lines(f + ".idx"))
+    _write(f + ".idx", data[: len(data) // 3 + 5])
+
+
+def _damage_empty(f):
+    _write(f + ".idx", b"")
+
+
+def _damage_duplicate(f):
+    lines = _lines(f + ".idx")
+    _write(f + ".idx", b"".join(lines[:10] + [lines[9]] + lines[10:]))
+
+
+def _damage_truncated_shard(f):
+    with open(f, "r+b") as fh:
+        fh.truncate(sum(int(x.split()[1]) for x in _lines(f + ".idx")[:71]))
+
+
+def _damage_appended_shard(f):
+    extra = f + ".extra"
+    sf.write_records(extra, [example(5000 + i) for i in range(30)], index=False)
+    with open(f, "ab") as fh, open(extra, "rb") as src:
+        fh.write(src.read())
+    import os
+
+    os.remove(extra)
+
+
+DAMAGES = {"last-lines": _damage_last_lines, "mid-line": _damage_mid_line, "empty": _damage_empty,
+           "duplicate": _damage_duplicate}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+@pytest.mark.parametrize("mode", ["global", "blocks"])
+def test_a_damaged_index_is_rebuilt_and_every_record_read_once(tmp_path, caplog, damage, mode):
+    files = _files(tmp_path)
+    DAMAGES[damage](files[0])
+    with caplog.at_level(logging.WARNING):
+        got = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=16).batch(10))
+    assert sorted(got) == EVERY
+    assert "ix-000.tfrecord" in caplog.text and "rebuil" in caplog.text
+    assert check_index(sf.read_index(files[0] + ".idx"), __import__("os").path.getsize(files[0])) is None
+
+
+@pytest.mark.parametrize("mode", ["global", "blocks"])
+def test_a_shard_truncated_after_its_index_was_built_reads_what_it_holds(tmp_path, mode):
+    files = _files(tmp_path)
+    _damage_truncated_shard(files[1])
+    want = sorted(x for x in EVERY if not 1000 + 71 <= x < 2000)
+    got = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=16).batch(10))
+    assert sorted(got) == want
+
+
+@pytest.mark.parametrize("mode", ["global", "blocks"])
+def test_records_appended_after_the_index_was_built_are_read(tmp_path, mode):
+    files = _files(tmp_path)
+    _damage_appended_shard(files[2])
+    want = sorted(EVERY + [5000 + i for i in range(30)])
+    got = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=3, block_size=16).batch(10))
+    assert sorted(got) == want
+
+
+def test_a_split_through_a_stale_index_delivers_every_record_once(tmp_path):
+    files = _files(tmp_path)
+    _damage_duplicate(files[0])
+    _damage_last_lines(files[1])
+    got = []
+    for r in range(4):
+        got += _ids(sf.read_tfrecord(files, spec=SPEC, slice_id=r, slice_count=4).batch(7))
+    assert sorted(got) == EVERY
+
+
+def test_random_access_refuses_a_stale_index_naming_the_file(tmp_path):
+    files = _files(tmp_path)
+    _damage_last_lines(files[0])
+    with pytest.raises(StaleIndexError, match=r"ix-000\.tfrecord\.idx.*ends at byte \d+.*holds \d+ bytes"):
+        sf.IndexedTFRecord(files[0])
+    with pytest.raises(StaleIndexError, match=r"ix-000\.tfrecord"):
+        load_index(files[0])  # not asked to build: refused, not believed
+    _damage_duplicate(files[1])
+    with pytest.raises(StaleIndexError, match=r"line 11"):
+        sf.IndexedTFRecord(files[1])
+
+
+def test_check_index_names_what_is_wrong():
+    idx = np.array([[0, 20], [20, 30], [50, 16]], np.int64)
+    assert check_index(idx, 66) is None
+    assert "holds 70 bytes" in check_index(idx, 70)
+    assert "lists no record" in check_index(idx[:0], 66)
+    assert check_index(idx[:0], 0) is None
+    assert "line 2" in check_index(np.array([[0, 20], [24, 30]], np.int64), 54)
+    assert "starts at byte 4" in check_index(np.array([[4, 20]], np.int64), 24)
+
+
+def test_a_regenerated_s3_shard_beside_a_stale_index_is_read_whole(s3_bucket, tmp_path):
+    import boto3
+
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    old = str(tmp_path / "old.tfrecord")
+    new = str(tmp_path / "new.tfrecord")
+    sf.write_records(old, [example(i) for i in range(200)], index=True)
+    sf.write_records(new, [example(i) for i in range(300)], index=False)
+    url = f"s3://{bucket}/regen/a.tfrecord"
+    client.upload_file(new, bucket, "regen/a.tfrecord")  # regenerated: 300 records
+    for mode in ("blocks", "global"):
+        client.upload_file(old + ".idx", bucket, "regen/a.tfrecord.idx")  # the index of the old one
+        got = _ids(sf.read_tfrecord(url, spec=SPEC, shuffle=mode, seed=1, block_size=32, storage_options=opts)
+                   .batch(50))
+        assert sorted(got) == list(range(300)), mode
+
+
+def test_a_work_queue_refuses_record_ranges_through_a_stale_index(tmp_path):
+    files = _files(tmp_path)
+    _damage_last_lines(files[0])
+    with pytest.raises(StaleIndexError, match=r"ix-000\.tfrecord\.idx is a stale index"):
+        sf.WorkQueue(files, num_slices=6, backend="memory", name="stale-index")
