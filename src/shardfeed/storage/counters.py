@@ -31,6 +31,8 @@ class IOCounters:
     attempt) took, in seconds: counts per bucket whose upper bounds are
     :data:`LATENCY_BOUNDS_S` (the last bucket unbounded), with ``latency_sum_s``;
     ``waiting_s`` is the time with at least one request of either kind in flight.
+    ``fetch_threads`` is the most fetch threads the process had running while this pass
+    made a request (they leave after half a second idle: ``storage.fetch.IDLE_EXIT_S``).
     """
 
     FIELDS = ("bytes_fetched", "requests", "stat_requests", "retries", "cache_hits", "cache_misses", "cache_bypassed",
@@ -46,6 +48,7 @@ class IOCounters:
         self.cache_misses = 0
         self.cache_bypassed = 0
         self.bytes_from_cache = 0
+        self.fetch_threads = 0
         self.active_s = 0.0  # time with at least one request in flight
         self._in_flight = 0
         self._since = 0.0
@@ -59,6 +62,11 @@ class IOCounters:
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+
+    def note_threads(self, n: int) -> None:
+        """The fetch threads running now (kept: the most seen)."""
+        if n > self.fetch_threads:
+            self.fetch_threads = n  # a racing smaller write only loses a peak by a thread
 
     def request_started(self) -> float:
         """A GET begins; returns its start time (``time.perf_counter()``) for :meth:`request_ended`."""
@@ -140,11 +148,13 @@ class IOCounters:
                 setattr(self, name, getattr(self, name) + snap[name])
             self.active_s += other.active_s
             self.waiting_s += other.waiting_s
+            self.fetch_threads = max(self.fetch_threads, other.fetch_threads)
             self.latency_sum_s += other.latency_sum_s
             self.latency = [a + b for a, b in zip(self.latency, other.latency)]
 
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.FIELDS}
+        out["fetch_threads"] = self.fetch_threads
         out["mb_per_s"] = round(self.mb_per_s, 3)
         out["waiting_s"] = round(self.waiting_s, 6)
         out["latency"] = {"bounds_s": list(LATENCY_BOUNDS_S), "counts": list(self.latency),

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from ..errors import StorageError
@@ -137,6 +137,63 @@ def link_for(url: str, storage_options: Mapping[str, Any] | None) -> Link:
         return link
 
 
+IDLE_EXIT_S = 0.5
+"""A fetch thread with nothing to do for this long leaves: a pass closed early, or a reader
+gone idle, leaves no thread behind a second later, and the next pass starts new ones (a
+thread starts in about 0.1 ms, against a request's milliseconds)."""
+
+
+class _Threads:
+    """Daemon worker threads that start when work waits and leave after :data:`IDLE_EXIT_S`
+    idle, at most ``max_workers``. ``submit(fn, *args)`` returns a ``Future``. Unlike a
+    ``ThreadPoolExecutor`` nothing is joined, at a pass's close or at exit: a thread still
+    in a request finishes it (its result is dropped by the stream that closed) and goes."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self.max_workers = max_workers
+        self.name = name
+        self.cond = threading.Condition()
+        self.queue: collections.deque = collections.deque()
+        self.alive = 0
+        self.idle = 0
+        self._n = 0
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        with self.cond:
+            self.queue.append((fut, fn, args))
+            start = len(self.queue) > self.idle and self.alive < self.max_workers
+            if start:
+                self.alive += 1
+                self._n += 1
+                name = f"{self.name}_{self._n}"
+            else:
+                self.cond.notify()
+        if start:
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.idle += 1
+                    woke = self.cond.wait(IDLE_EXIT_S)
+                    self.idle -= 1
+                    if not woke and not self.queue:
+                        self.alive -= 1
+                        return
+                fut, fn, args = self.queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the future's owner
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+
 class _Pool:
     """The process's fetch threads and its gate on requests in flight.
 
@@ -146,7 +203,8 @@ class _Pool:
     far ahead. A request whose stream was closed before its turn is dropped."""
 
     def __init__(self) -> None:
-        self.executor = ThreadPoolExecutor(MAX_CONCURRENCY, thread_name_prefix="shardfeed-fetch")
+        # a thread a request in flight at most (the gate below), plus the odd size request
+        self.executor = _Threads(MAX_CONCURRENCY + 8, "shardfeed-fetch")
         self.cond = threading.Condition()
         self.in_flight = 0
         self.limit = 2
@@ -530,6 +588,7 @@ class RangeStream(io.RawIOBase):
 
         def attempt() -> Any:
             t = time.perf_counter()
+            self.counters.note_threads(self.pool.executor.alive)
             if self.direct is not None:
                 data = self.direct.get(a, b, self.counters, self._size_known if learn else None)
             else:
