@@ -31,6 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 from pipeline_images import make_jpegs, write_jpeg_records  # noqa: E402
 from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 
@@ -88,6 +89,18 @@ def images_in_process(files, cpus):
     return sum(len(b["image/class/label"]) for b in ds)
 
 
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows"."""
+    med = res["median_per_s"]
+    rows = []
+    for name, anchor in res["anchors"].items():
+        unit = "img/s" if "JPEG" in name else "rec/s"
+        rows.append((name, _rows.rate(med[name], unit), f"{anchor}: {_rows.rate(med[anchor], unit)}",
+                     _rows.ratio(med[name] / med[anchor] if med[anchor] else None)))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=200_000)
@@ -130,22 +143,20 @@ def main(argv=None) -> int:
             rates[name].append(n / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in rates.items()}
     names = list(rows)
-    print(f"{'path':62s} {'per second':>12s}  ratio")
-    anchors = {names[1]: names[0], names[2]: names[1], names[4]: names[3]}
+    # each shardfeed row against its anchor: ours on Ray against Ray's reader, in-process against
+    # ours on Ray (the engine's cost is the inverse), the image step against the in-process stage
+    result = {"cpus": args.cpus, "rounds": args.rounds, "median_per_s": med, "rates": rates,
+              "anchors": {names[1]: names[0], names[2]: names[1], names[3]: names[4]}}
+    result["rows"] = table_rows(result)
+    print(f"{'path':62s} {'per second':>14s}  ratio")
     for name in names:
         unit = rows[name][1]
-        ratio = ""
-        if name == names[1]:
-            ratio = f"{med[name] / med[names[0]]:.1f}x ray.data.read_tfrecords"
-        elif name == names[2]:
-            ratio = f"on Ray = {med[names[1]] / med[name]:.2f}x in-process"
-        elif name == names[4]:
-            ratio = f"on Ray = {med[names[3]] / med[name]:.2f}x in-process"
-        print(f"{name:62s} {med[name]:>10,.0f} {unit[:3]}/s  {ratio}")
+        print(f"{name:62s} {med[name]:>10,.0f} {unit[:3]}/s")
+    for row in result["rows"]:
+        print("  " + " | ".join(row))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpus": args.cpus, "rounds": args.rounds, "median_per_s": med, "anchors": anchors,
-                       "rates": rates}, f, indent=2)
+            json.dump(result, f, indent=2)
     ray.shutdown()
     return 0
 

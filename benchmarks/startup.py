@@ -34,6 +34,7 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 from _shaping_proxy import ShapingProxy  # noqa: E402
 
 CHILD = textwrap.dedent("""
@@ -73,6 +74,23 @@ LITDATA = textwrap.dedent("""
     next(iter(dl))
     print(json.dumps({"first_s": time.perf_counter() - t0}))
 """)
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
+    script's JSON result; written into that result as "rows": seconds to the first batch
+    (LitData's, from a local folder, as the anchor where it ran), and the close."""
+    lit = res.get("litdata_local_first_s")
+    rows = []
+    for name, t in res["cases"].items():
+        anchor = f"LitData local: {lit:.3f} s" if lit else "-"
+        rows.append((f"{name}: first batch", f"{t['first_s']:.3f} s", anchor,
+                     _rows.ratio(lit / t["first_s"] if lit else None)))
+        rows.append((f"{name}: close mid-epoch", f"{t['close_s'] * 1e3:.1f} ms", "-", "-"))
+    imports = res["imports"]
+    numpy = f"import numpy: {min(imports['numpy']):.3f} s"
+    rows.append(("import shardfeed", f"{min(imports['shardfeed']):.3f} s", numpy, "-"))
+    return rows
 
 
 def write_data(d: str, records: int, record_kb: int, shards: int) -> tuple[list[str], str]:
@@ -188,8 +206,10 @@ def main(argv=None) -> int:
     if lit is not None:
         print(f"{'LitData local (optimized)':30s} {'':9s} {'':8s} {lit:8.3f}")
     if args.json:
+        result = {"imports": imports, "cases": table, "raw": results, "litdata_local_first_s": lit}
+        result["rows"] = table_rows(result)
         with open(args.json, "w") as f:
-            json.dump({"imports": imports, "cases": table, "raw": results, "litdata_local_first_s": lit}, f, indent=2)
+            json.dump(result, f, indent=2)
     return 0
 
 

@@ -76,10 +76,14 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("convert_table", "--json", (), ("--rows", "5000", "--rounds", "1"), "--dir"),
     Benchmark("annotation_spans", "--json", (), ("--rows", "2000", "--rounds", "1"), "--dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
+    Benchmark("startup", "--json", (), ("--records", "200", "--rounds", "1"), "--dir"),
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
     # starts Spark (local-cluster, executor JVMs): about two minutes even with --quick sizes
     Benchmark("convert_spark", "--json", (), ("--images", "40", "--rows-small", "2000", "--rows", "20000"), "--dir"),
     Benchmark("spark_write_job_ab", "--json", (), ("--images", "40", "--rounds", "1"), "--dir"),
+    # starts a local Ray cluster (a raylet and worker processes)
+    Benchmark("ray_read", "--json", (), ("--records", "20000", "--builtin-records", "1000", "--images", "100",
+                                         "--rounds", "1"), "--dir"),
 )}
 
 
