@@ -5,7 +5,12 @@ object per record.
 The frame scan is native (CRC-32C with the CPU's instruction) when the C core is built.
 At the first failed check or at a frame cut off by the end of the file, the rest of that
 file goes through :class:`~shardfeed.formats.tfrecord.TFRecordReader`, the reference, which
-raises or skips (``on_corrupt``) and reports exactly as it always does.
+raises or skips (``on_corrupt``) and reports exactly as it always does. A scan that leaves
+the data CRCs to the batch parser (``defer_data_crc``) cannot know yet which frame failed
+first (a data CRC the parser will find may lie before the check the scan failed), so it
+stops with a *handoff* (:attr:`FrameChunk.handoff`) instead; its consumer, once the frames
+before are checked, reads on from the first failure through the reference
+(``reference_index``): one resynchronisation rule for every read path.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ class FrameChunk(NamedTuple):
     which file each record came from (small ints, for measuring how mixed batches are).
     ``crcs``: ``None`` when every record's data CRC was checked (or is not to be), else each
     record's stored masked data CRC (uint32), left for the batch parser to check in the pass
-    that copies the values out (``defer_data_crc``)."""
+    that copies the values out (``defer_data_crc``). ``handoff``: ``(offset, index)`` on a
+    chunk without records that ends a ``defer_data_crc`` scan at a failed check or a cut
+    frame: the frame at byte ``offset`` (the ``index``-th read) is where the reference
+    reader takes over, unless a deferred data CRC before it fails first."""
 
     buffer: Any
     offsets: np.ndarray
@@ -45,6 +53,7 @@ class FrameChunk(NamedTuple):
     positions: np.ndarray
     sources: Any = None
     crcs: Any = None
+    handoff: Any = None
 
     @property
     def triple(self) -> tuple[Any, np.ndarray, np.ndarray]:
@@ -56,12 +65,24 @@ class FrameChunk(NamedTuple):
         """Number of records."""
         return len(self.offsets)
 
+    def part(self, i: int, j: int) -> "FrameChunk":
+        """Records ``i:j`` of this chunk (the same buffer)."""
+        return _slice(self, i, j)
+
     def records(self) -> list[bytes]:
         if isinstance(self.buffer, Buffers):
             return [self.buffer.record(k, o, n)
                     for k, (o, n) in enumerate(zip(self.offsets.tolist(), self.lengths.tolist()))]
         mv = memoryview(self.buffer)
         return [bytes(mv[o: o + n]) for o, n in zip(self.offsets.tolist(), self.lengths.tolist())]
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _handoff(offset: int, index: int) -> FrameChunk:
+    """A deferred scan's end at a failed check (see :attr:`FrameChunk.handoff`)."""
+    return FrameChunk(b"", _EMPTY, _EMPTY, _EMPTY, handoff=(int(offset), int(index)))
 
 
 def _chunk_of(records: list[bytes], positions: list[int]) -> FrameChunk:
@@ -87,6 +108,7 @@ def iter_frame_chunks(
     cache: Any = None,
     first_chunk: int = FIRST_CHUNK,
     defer_data_crc: bool = False,
+    reference_index: int | None = None,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
@@ -101,7 +123,11 @@ def iter_frame_chunks(
     ``chunk_size``, so that a short span is one chunk). ``defer_data_crc`` (with
     ``verify_crc``, native core only): the scan checks each frame's length CRC but leaves
     its data CRC to the batch parser (``FrameChunk.crcs``); whoever takes these chunks
-    must check them (:func:`~shardfeed.formats.parse.parse_batch` does)."""
+    must check them (:func:`~shardfeed.formats.parse.parse_batch` does); at a failed check
+    such a scan yields a handoff chunk (:attr:`FrameChunk.handoff`) and stops, and neither
+    raises nor skips. ``reference_index``: read from ``start_offset`` through the reference
+    reader alone (the frame there is the ``reference_index``-th one read, for messages): how
+    a consumer of a handoff, or of a deferred data CRC that failed, reads on."""
     comp = normalize_compression(compression, url)
     defer = bool(defer_data_crc and verify_crc and native_available())
     scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=defer)
@@ -119,14 +145,19 @@ def iter_frame_chunks(
         if local is not None:
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
-                                             max_record_bytes, start_offset, end_offset, defer_data_crc=defer)
+                                             max_record_bytes, start_offset, end_offset, defer_data_crc=defer,
+                                             reference_index=reference_index)
             except CorruptRecordError as exc:
                 exc.add_note(f"(the local copy of {mask(url)} in the cache at {cache.root})")
                 raise
             return
+    if reference_index is not None:
+        yield from _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes,
+                                   start_offset, reference_index, chunk_size, stats, end_offset)
+        return
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
-                                  end_offset, scan)
+                                  end_offset, scan, defer)
         return
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
@@ -181,8 +212,12 @@ def iter_frame_chunks(
                 yield FrameChunk(buf, offsets, lengths, offsets + (base - 12), crcs=crcs)
             if error is not None or broken or (not data and consumed < len(buf)):
                 # a failed check, or the file ends inside a frame: the reference reader
-                # takes over from that frame and raises or skips exactly as it does
+                # takes over from that frame and raises or skips exactly as it does (a
+                # deferred scan's consumer calls it, once the frames before are checked)
                 stream.close()
+                if defer:
+                    yield _handoff(base + consumed, index)
+                    return
                 yield from _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes,
                                            base + consumed, index, chunk_size, stats, end_offset)
                 return
@@ -232,7 +267,7 @@ def _scan(buf: Any, verify_crc: bool, max_record_bytes: int, defer: bool) -> tup
 
 
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
-                   end_offset=None, scan=None) -> Iterator[FrameChunk]:
+                   end_offset=None, scan=None, defer=False) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced.
 
@@ -280,6 +315,9 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
             yield FrameChunk(mm, offsets + pos, lengths, offsets + (pos - 12), crcs=crcs)
         pos += consumed
         if error is not None or (end == size and pos < size):
+            if defer:
+                yield _handoff(pos, index)
+                return
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
                                        chunk_size, stats, end_offset)
             return
@@ -299,31 +337,57 @@ def rebatch_tagged(
 ) -> Iterator[tuple[FrameChunk, Any]]:
     """:func:`rebatch` over ``(chunk, tag)`` pairs, yielding ``(batch, tag)`` where ``tag``
     is that of the chunk the batch's last record came from (a file index, say)."""
+    for batch, pieces in rebatch_pieces(chunks, batch_size, drop_remainder):
+        yield batch, pieces[-1][2]
+
+
+class Piece(NamedTuple):
+    """Part of a batch: records ``start:start + chunk.count`` of it are ``chunk`` (a slice
+    of one chunk of the stream, or a handoff chunk without records at ``start``), which
+    came with ``tag``."""
+
+    start: int
+    chunk: FrameChunk
+    tag: Any
+
+
+def rebatch_pieces(
+    chunks: Iterable[tuple[FrameChunk, Any]], batch_size: int, drop_remainder: bool = False
+) -> Iterator[tuple[FrameChunk, list[Piece]]]:
+    """:func:`rebatch` over ``(chunk, tag)`` pairs, yielding ``(batch, pieces)``: the batch
+    and the :class:`Piece` s it was made of, in order. A handoff chunk
+    (:attr:`FrameChunk.handoff`) is kept as a piece of the batch being made; a last batch
+    holding one is yielded even with ``drop_remainder`` (its consumer must see the handoff)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    carry: list[FrameChunk] = []
+    carry: list[Piece] = []
     carried = 0
-    tag = None
+    handoff = False
     for chunk, tag in chunks:
+        if chunk.handoff is not None:
+            carry.append(Piece(carried, chunk, tag))
+            handoff = True
+            continue
         start = 0
         n = chunk.count
-        if carried:
+        if carry:
             take = min(batch_size - carried, n)
-            carry.append(_slice(chunk, 0, take))
+            carry.append(Piece(carried, _slice(chunk, 0, take), tag))
             carried += take
             start = take
             if carried < batch_size:
                 continue
-            yield _merge(carry), tag
-            carry, carried = [], 0
+            yield _merge([p.chunk for p in carry]), carry
+            carry, carried, handoff = [], 0, False
         while n - start >= batch_size:
-            yield _slice(chunk, start, start + batch_size), tag
+            batch = _slice(chunk, start, start + batch_size)
+            yield batch, [Piece(0, batch, tag)]
             start += batch_size
         if start < n:
-            carry = [_slice(chunk, start, n)]
+            carry = [Piece(0, _slice(chunk, start, n), tag)]
             carried = n - start
-    if carried and not drop_remainder:
-        yield _merge(carry), tag
+    if carry and (handoff or (carried and not drop_remainder)):
+        yield _merge([p.chunk for p in carry]), carry
 
 
 def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
@@ -339,8 +403,11 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     parser (``crcs``: only the native parser takes them), their buffers as
     :class:`~shardfeed.formats.native.Buffers`. Otherwise the records' bytes are copied
     into one new buffer."""
+    pieces = [p for p in pieces if p.handoff is None]
     if len(pieces) == 1:
         return pieces[0]
+    if not pieces:
+        return FrameChunk(b"", _EMPTY, _EMPTY, _EMPTY)
     sources = [p.sources for p in pieces if p.count]
     merged_sources = np.concatenate(sources) if sources and all(s is not None for s in sources) else None
     live = [p for p in pieces if p.count]

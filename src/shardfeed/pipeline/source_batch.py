@@ -7,6 +7,7 @@ TFRecord source's plain producer rebatches its chunks; the fused shuffle
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 import time
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.bufpool import pass_closed
-from ..formats.chunks import FrameChunk, rebatch_tagged
+from ..formats.chunks import FrameChunk, rebatch_pieces
 from ..formats.native import Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
@@ -26,6 +27,7 @@ from .span_reader import SpanChunks, close_generator, cursor_state
 from .workers import WorkerPool
 
 _IN_POOL = object()  # a _Pending's result: taken from the node's ParsePool, in order
+_AGAIN = object()  # what SourceBatchNode._take returns when the batch it took was not delivered
 ACTIVE_S = 0.05
 BUSY_BATCHES = 4
 """A thread that took this many fused batches within ``ACTIVE_S`` reads flat out now (see :func:`_share`)."""
@@ -74,39 +76,75 @@ class _Pending(NamedTuple):
 
 
 class _PlainBatches:
-    """Batches of frames of the source, in order, each with the cursor after it."""
+    """Batches of frames of the source, in order, each with the cursor after it.
+
+    The scan leaves the data CRCs to the parser, and stops at a failed check with a handoff
+    instead of raising or skipping (:func:`~shardfeed.formats.chunks.iter_frame_chunks`):
+    the first failure of a span is known only once the batch holding it is parsed. The node
+    then calls :meth:`rewind`, and the span is read on from that frame through the
+    reference reader, as the record path reads it, so both deliver, skip, count and raise
+    alike (the records of the batch before it are kept, the batches read after it read
+    again)."""
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
                  counters: Any = None, errors: Any = None) -> None:
         self.src = src
+        self.ds = ds
         # the data CRCs are checked by the batch parser, in the pass that copies the values out
         self.chunks = SpanChunks(src, epoch, state, src.options.chunk_size, counters, errors, track_sources=True,
                                  defer_data_crc=True)
         self._chunk_iter = iter(self.chunks)
-        self.batches = rebatch_tagged(self._chunk_iter, ds.batch_size, ds.drop_remainder)
+        self.batches = rebatch_pieces(self._chunk_iter, ds.batch_size, ds.drop_remainder)
         self.replayable = src.replayable
 
     def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
-        batch, tag = next(self.batches)
-        offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD
+        batch, pieces = next(self.batches)
+        tag = pieces[-1].tag
+        offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD if batch.count else 0
 
         def where(k: int) -> str:
             return (f"byte offset {int(batch.positions[k])} of {mask(tag.span.url)} "
                     "(or the span before it, for a batch spanning two)")
 
-        return batch, where, cursor_state(tag, offset, None, self.replayable), tag.seq
+        return batch, where, cursor_state(tag, offset, None, self.replayable), _Token(tag.seq, offset, pieces)
 
-    def crc_failed(self, batch: FrameChunk, k: int) -> CorruptRecordError:
-        """The error for record ``k`` of ``batch`` whose data CRC (left to the parser) failed:
-        its file (the chunks say which: ``track_sources``) and the byte offset of its frame."""
-        url = self.chunks.url_of(int(batch.sources[k]))
-        return CorruptRecordError("data crc", None if url is None else mask(url), int(batch.positions[k]))
+    def handoff_at(self, token: "_Token") -> int | None:
+        """How many of a batch's records come before the first handoff in it (``None``:
+        none). A batch holding a handoff is never delivered: the node rewinds."""
+        for p in token.pieces:
+            if p.chunk.handoff is not None:
+                return p.start
+        return None
 
-    def frame_skipped(self, err: CorruptRecordError, batch: FrameChunk, k: int) -> None:
-        self.chunks.frame_skipped(err, int(batch.lengths[k]) + FRAME_OVERHEAD)
+    def rewind(self, batch: FrameChunk, token: "_Token", k: int) -> None:
+        """Record ``k`` of ``batch`` failed its deferred data CRC, or (``k`` is where
+        :meth:`handoff_at` says) the scan stopped there: the records before it are kept for
+        the next batch, the span is read on from that frame through the reference reader,
+        the spans after it again."""
+        close_generator(self.batches)
+        close_generator(self._chunk_iter)
+        prefix = []
+        for p in token.pieces:
+            if p.chunk.handoff is not None:
+                if p.start == k:
+                    seq, offset = p.tag.seq, p.chunk.handoff[0]
+                    break
+                continue
+            if p.start + p.chunk.count > k:
+                seq, offset = p.tag.seq, int(batch.positions[k])
+                if k > p.start:
+                    prefix.append((p.chunk.part(0, k - p.start), p.tag))
+                break
+            prefix.append((p.chunk, p.tag))
+        else:
+            raise AssertionError(f"no record or handoff at {k} of a batch of {batch.count}")
+        self.chunks.rewind(seq, offset)
+        self._chunk_iter = iter(self.chunks)
+        self.batches = rebatch_pieces(itertools.chain(prefix, self._chunk_iter), self.ds.batch_size,
+                                      self.ds.drop_remainder)
 
-    def delivered(self, seq: int) -> None:
-        self.chunks.delivered(seq)
+    def delivered(self, token: "_Token") -> None:
+        self.chunks.delivered(token.seq, token.offset)
 
     def finish_all(self) -> None:
         self.chunks.finish_all()
@@ -117,6 +155,15 @@ class _PlainBatches:
         finally:
             close_generator(self.batches)
             close_generator(self._chunk_iter)
+
+
+class _Token(NamedTuple):
+    """What :class:`_PlainBatches` needs back about a batch: its last record's span and the
+    offset after it (delivered), the pieces it was made of (a rewind)."""
+
+    seq: int
+    offset: int
+    pieces: list
 
 
 def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
@@ -194,6 +241,7 @@ class SourceBatchNode(Node):
         self.parse_pool: ParsePool | None = None
         self.pending: collections.deque[_Pending] = collections.deque()
         self.exhausted = False
+        self.held = False  # a batch holding a handoff is pending: the producer waits for the rewind
         if self.threads > 1:
             self.stats.threaded = True
             self.stats.parallelism = self.threads
@@ -211,7 +259,7 @@ class SourceBatchNode(Node):
         if self.native and self.autotuned:
             share = _share(self.threads)
             self.reader = threading.get_ident()
-        while not self.exhausted and len(self.pending) < want:
+        while not self.exhausted and not self.held and len(self.pending) < want:
             try:
                 batch, where, state, token = next(self.producer)
             except StopIteration:
@@ -221,7 +269,10 @@ class SourceBatchNode(Node):
                 self.exhausted = True
                 self.pending.append(_Pending(exc, None, None, None, None))
                 break
-            if self.threads <= 1:
+            handoff = self._handoff_at(token)
+            if handoff is not None:  # nothing after it is delivered before a rewind: read no further
+                self.held = True
+            if self.threads <= 1 or handoff == 0:
                 self.pending.append(_Pending(None, batch, where, state, token))
                 continue
             if share <= 1:  # the cores are taken: this thread parses it, when taken
@@ -248,6 +299,14 @@ class SourceBatchNode(Node):
             self.pending.append(_Pending(self.pool.submit(self._parse, batch), batch, where, state, token))
 
     def _next(self) -> Any:
+        while True:
+            out = self._take()
+            if out is not _AGAIN:
+                return out
+
+    def _take(self) -> Any:
+        """The next batch's columns, or ``_AGAIN`` when the batch taken was not delivered
+        (every record skipped, or the pass rewound: :meth:`_rewind`)."""
         self._fill()
         if not self.pending:
             _done_reading(self.reader)
@@ -256,6 +315,11 @@ class SourceBatchNode(Node):
         fut, batch, where, state, token = self.pending.popleft()
         if batch is None:  # reading failed after the batches before it
             raise fut
+        # records from this one on come after a failed check of the deferred scan
+        handoff = self._handoff_at(token)
+        if handoff == 0:
+            self._discard(fut)
+            return self._rewind(batch, token, 0)
         try:
             if fut is None:
                 out = self._parse(batch)
@@ -268,24 +332,31 @@ class SourceBatchNode(Node):
             k = exc.record_index
             if batch.crcs is None or k is None or not 0 <= k < batch.count:
                 raise
-            raise self.producer.crc_failed(batch, k) from None
+            return self._rewind(batch, token, k if handoff is None else min(k, handoff))
         except (DecodeError, ParseError) as exc:
+            if handoff is not None and exc.record_index is not None and exc.record_index >= handoff:
+                return self._rewind(batch, token, handoff)
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at {where(exc.record_index)}")
             raise
         if not self.policy.raises:
             out, skipped = out
+            # the first deferred data CRC that failed: nothing of the batch is reported
+            # before the pass is read again from that frame on (the rest comes again)
+            bad = [k for k, exc in skipped if isinstance(exc, CorruptRecordError)] + [handoff]
+            first = min((k for k in bad if k is not None), default=None)
+            if first is not None:
+                return self._rewind(batch, token, first)
             for k, exc in skipped:  # each put to the policy: a handler may stop here
-                if isinstance(exc, CorruptRecordError):  # framing's error, found by the parser
-                    self.producer.frame_skipped(self.producer.crc_failed(batch, k), batch, k)
-                    continue
                 exc.add_note(f"in record at {where(k)}")
                 self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
                                          "record_index": k}, self.errors)
             if out is None:  # every record of the batch was skipped: the next one
                 self.producer.delivered(token)
                 self.state = state
-                return self._next()
+                return _AGAIN
+        elif handoff is not None:
+            return self._rewind(batch, token, handoff)
         self.producer.delivered(token)
         self.state = state
         if batch.sources is not None and batch.count:
@@ -294,6 +365,33 @@ class SourceBatchNode(Node):
         # than a tenth of the parse when they hold many small bytes values)
         self.stats.bytes += int(batch.lengths.sum())
         return out
+
+    def _handoff_at(self, token: Any) -> int | None:
+        at = getattr(self.producer, "handoff_at", None)
+        return None if at is None else at(token)
+
+    def _discard(self, fut: Any) -> None:
+        """Drop a batch read past a rewind: its parse is taken (in order) and forgotten."""
+        if fut is _IN_POOL:
+            assert self.parse_pool is not None
+            try:
+                self.parse_pool.take()
+            except Exception:  # noqa: BLE001, S110 - records read past the failure: read again
+                pass
+        elif hasattr(fut, "cancel"):
+            fut.cancel()
+
+    def _rewind(self, batch: FrameChunk, token: Any, k: int) -> Any:
+        """The deferred scan's first failure in the pass is record ``k`` of ``batch``: the
+        batches read after it are dropped and the producer reads on from it (the records of
+        ``batch`` before it, again)."""
+        for p in self.pending:
+            if p.batch is not None:
+                self._discard(p.result)
+        self.pending.clear()
+        self.exhausted = self.held = False
+        self.producer.rewind(batch, token, k)
+        return _AGAIN
 
     def get_state(self) -> Any:
         return self.state

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..formats.chunks import FIRST_CHUNK, FrameChunk, iter_frame_chunks
+from ..formats.native import native_available
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
@@ -75,7 +76,8 @@ class SpanChunks:
                  defer_data_crc: bool = False) -> None:
         self.src = src
         # data CRCs left to the batch parser (FrameChunk.crcs): only for a consumer that parses
-        self.defer_data_crc = defer_data_crc
+        # (and calls rewind() at a failed check); the scan defers only CRCs it would check
+        self.defer_data_crc = bool(defer_data_crc and src.options.verify_crc and native_available())
         # chunks say which file each record came from (FrameChunk.sources), for batch mixing
         self.track_sources = track_sources
         self.file_ids: dict[str, int] = {}
@@ -103,7 +105,12 @@ class SpanChunks:
         # a span's queue holds up to this many bytes, plus the chunk that crossed the limit
         self.per_span = max(1, READ_AHEAD_BYTES // max(1, self.read_ahead, self.remote_ahead))
         self.pool: WorkerPool | None = None
-        self.ahead: collections.deque = collections.deque()  # (tag, start, ChunkQueue | None)
+        # (tag, start, ChunkQueue | None, reference index | None: read through the reference reader)
+        self.ahead: collections.deque = collections.deque()
+        self.opened: dict[int, tuple[ChunkTag, int]] = {}  # seq -> (tag, start) of spans not yet done
+        # deferred reads: records handed out, by span (seq -> [count before, [(positions, lengths) of
+        # each chunk since]]): where a rewind's frame lies, and what it takes back
+        self.handed: dict[int, list] = {}
         self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
         self.closed = False
 
@@ -114,11 +121,58 @@ class SpanChunks:
             return self.read_ahead
         return self.remote_ahead if not parse_url(span.url).is_local else self.read_ahead
 
-    def delivered(self, seq: int) -> None:
-        """A record of span ``seq`` reached the consumer: every span before it is done."""
+    def delivered(self, seq: int, offset: int | None = None) -> None:
+        """A record of span ``seq`` reached the consumer: every span before it is done
+        (and, given the ``offset`` after the last record delivered, no :meth:`rewind` goes
+        back before it)."""
         done = self.read_done
         while done and done[0][0] < seq:
             self.stream.finish(done.popleft()[1])
+        for s in [s for s in self.opened if s < seq]:
+            del self.opened[s]
+            self.handed.pop(s, None)
+        kept = self.handed.get(seq)
+        if offset is not None and kept is not None:
+            chunks = kept[1]
+            while chunks and int(chunks[0][0][-1]) < offset:
+                kept[0] += len(chunks.pop(0)[0])
+
+    def rewind(self, seq: int, offset: int) -> None:
+        """Read span ``seq`` again from its frame at byte ``offset`` through the reference
+        reader, and every span opened after it again from its start: a deferred read met
+        its first failed check there (a handoff, or a data CRC the parser found). What was
+        handed out from there on is no longer counted as read. Iterate again after it."""
+        tag, _ = self.opened[seq]
+        kept = self.handed.get(seq, [0, []])
+        index = kept[0] + sum(int(np.count_nonzero(positions < offset)) for positions, _ in kept[1])
+        undo = ReadStats()
+        for s in [s for s in self.handed if s >= seq]:
+            for positions, lengths in self.handed.pop(s)[1]:
+                if s == seq:
+                    lengths = lengths[positions >= offset]
+                undo.records -= len(lengths)
+                undo.bytes -= int(lengths.sum()) + 16 * len(lengths)
+        self.src._merge_stats(undo)
+        for _, _, q, _ in self.ahead:
+            if q is not None:
+                q.close()
+        self.ahead.clear()
+        self.read_done = collections.deque((d, span) for d, span in self.read_done if d < seq)
+        self._start(tag, offset, index)
+        for s in sorted(self.opened):
+            if s > seq:
+                self._start(*self.opened[s])
+
+    def _start(self, tag: ChunkTag, start: int, reference: int | None = None) -> None:
+        """Start reading span ``tag`` from byte ``start`` (ahead, when that helps)."""
+        q = None
+        span = tag.span
+        if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
+            if self.pool is None:
+                self.pool = WorkerPool(max(self.read_ahead, self.remote_ahead), "read-ahead")
+            q = ChunkQueue(self.per_span)
+            self.pool.submit(self._fill, span, start, q, tag.seq == 0, reference)
+        self.ahead.append((tag, start, q, reference))
 
     def finish_all(self) -> None:
         """The pass reached its end: every span read to its end is done."""
@@ -144,20 +198,18 @@ class SpanChunks:
                 start = max(start, offset)
         tag = ChunkTag(self.seq, pstate, span)
         self.seq += 1
-        q = None
-        if self.read_ahead > 1 and _needs_read_ahead(span, self.o):
-            if self.pool is None:
-                self.pool = WorkerPool(max(self.read_ahead, self.remote_ahead), "read-ahead")
-            q = ChunkQueue(self.per_span)
-            self.pool.submit(self._fill, span, start, q, tag.seq == 0)
-        self.ahead.append((tag, start, q))
+        if self.defer_data_crc:  # spans a rewind may read again
+            self.opened[tag.seq] = (tag, start)
+        self._start(tag, start)
         return True
 
-    def _read(self, span: Span, start: int, stats: ReadStats, first: bool = True) -> Iterator[FrameChunk]:
+    def _read(self, span: Span, start: int, stats: ReadStats, first: bool = True,
+              reference: int | None = None) -> Iterator[FrameChunk]:
         """The chunks of ``span`` from byte ``start``. ``first``: the pass's first span,
         whose consumer waits for it now (its first chunk small); spans after it are read
         ahead, in chunks of ``chunk_size`` from the start, so a short span (a shuffled
-        block) is one chunk and no batch is copied together from two."""
+        block) is one chunk and no batch is copied together from two. ``reference``: read
+        through the reference reader, the frame at ``start`` being the ``reference``-th."""
         o = self.o
         if isinstance(span.handle, GatherPlan):
             chunks = gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
@@ -167,7 +219,7 @@ class SpanChunks:
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,
                                        end_offset=span.end, counters=self.counters, cache=self.cache,
                                        first_chunk=FIRST_CHUNK if first else self.chunk_size,
-                                       defer_data_crc=self.defer_data_crc)
+                                       defer_data_crc=self.defer_data_crc, reference_index=reference)
         return self._with_sources(span, chunks) if self.track_sources else chunks
 
     def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
@@ -199,35 +251,47 @@ class SpanChunks:
             while len(ahead) < self._ahead_limit(ahead[-1][0].span) and ahead[-1][2] is not None \
                     and self._open_next(block=False):
                 pass
-            tag, start, q = ahead[0]
-            kept = yield from (self._local(tag, start) if q is None else self._queued(tag, q))
+            tag, start, q, reference = ahead[0]
+            chunks = self._local(tag, start, reference) if q is None else self._queued(tag, q)
+            if self._deferred(tag.span, reference):
+                chunks = self._handing(tag.seq, chunks)
+            kept = yield from chunks
             ahead.popleft()
             if kept:
                 self.read_done.append((tag.seq, tag.span))
+            else:
+                self.opened.pop(tag.seq, None)  # never read again
+
+    def _deferred(self, span: Span, reference: int | None) -> bool:
+        """Whether a read leaves its data CRCs to the consumer: its records are then counted
+        as read when handed out (:meth:`rewind` takes back what it reads again), not when
+        the read ends (nothing is skipped there: it stops with a handoff instead)."""
+        return self.defer_data_crc and reference is None and not isinstance(span.handle, GatherPlan)
+
+    def _handing(self, seq: int, chunks: Any) -> Any:
+        """``chunks`` of span ``seq`` (``_local``'s or ``_queued``'s), each counted as read
+        and kept (its positions) as it is handed out; returns what ``chunks`` returns."""
+        kept = self.handed.setdefault(seq, [0, []])
+        try:
+            while True:
+                try:
+                    chunk, tag = next(chunks)
+                except StopIteration as stop:
+                    return stop.value
+                if chunk.count:
+                    kept[1].append((chunk.positions, chunk.lengths))
+                    self.src._merge_stats(ReadStats(records=chunk.count,
+                                                    bytes=int(chunk.lengths.sum()) + 16 * chunk.count))
+                yield chunk, tag
+        finally:
+            close_generator(chunks)
 
     def _stats(self) -> ReadStats:
         return ReadStats(on_skip=self.on_skip)
 
-    def url_of(self, file_id: int) -> str | None:
-        """The file a chunk's ``sources`` entry names (``track_sources``)."""
-        for url, i in self.file_ids.items():
-            if i == file_id:
-                return url
-        return None
-
-    def frame_skipped(self, err: Any, nbytes: int) -> None:
-        """A frame delivered in a chunk and skipped later, when its deferred data CRC failed:
-        put to the policy as the framing reader's skips are, and counted as skipped, not
-        read."""
+    def _local(self, tag: ChunkTag, start: int, reference: int | None = None) -> Any:
         stats = self._stats()
-        stats.records -= 1
-        stats.bytes -= nbytes
-        stats.skipped(err, 1, nbytes)
-        self.src._merge_stats(stats)
-
-    def _local(self, tag: ChunkTag, start: int) -> Iterator[tuple[FrameChunk, ChunkTag]]:
-        stats = self._stats()
-        chunks = self._read(tag.span, start, stats, first=tag.seq == 0)
+        chunks = self._read(tag.span, start, stats, tag.seq == 0, reference)
         try:
             for chunk in chunks:
                 if not self._keep(tag):  # checked before the records go out, not after
@@ -235,7 +299,8 @@ class SpanChunks:
                 yield chunk, tag
         finally:
             close_generator(chunks)  # now, not at garbage collection: its file or download stops
-            self.src._merge_stats(stats)
+            if not self._deferred(tag.span, reference):  # a deferred read's records count as handed out
+                self.src._merge_stats(stats)
         return True
 
     def _queued(self, tag: ChunkTag, q: ChunkQueue) -> Iterator[tuple[FrameChunk, ChunkTag]]:
@@ -256,30 +321,42 @@ class SpanChunks:
         logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
         return False
 
-    def _fill(self, span: Span, start: int, q: ChunkQueue, first: bool) -> None:
-        """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker."""
+    def _fill(self, span: Span, start: int, q: ChunkQueue, first: bool, reference: int | None = None) -> None:
+        """Runs in a read-ahead thread: the span's chunks into ``q``, then an end marker
+        (after the read's counts are merged: a pass that ends on it finds them counted)."""
         stats = self._stats()
-        chunks = self._read(span, start, stats, first)
+        chunks = self._read(span, start, stats, first, reference)
+        merged = self._deferred(span, reference)  # a deferred read's records count as handed out
+
+        def merge() -> None:
+            nonlocal merged
+            if not merged:
+                merged = True
+                self.src._merge_stats(stats)
+
         try:
             for chunk in chunks:
                 q.put(("chunk", chunk), max(1, _chunk_bytes(chunk)))
+            merge()
             q.put(("end", None), 1)
         except Closed:
             pass
         except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there
+            close_generator(chunks)
+            merge()
             try:
                 q.put(("error", exc), 1)
             except Closed:
                 pass
         finally:
             close_generator(chunks)  # a closed pass stops the span's reads (and downloads) now
-            self.src._merge_stats(stats)
+            merge()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        for _, _, q in self.ahead:
+        for _, _, q, _ in self.ahead:
             if q is not None:
                 q.close()
         self.ahead.clear()
