@@ -324,3 +324,52 @@ def test_a_handler_sees_each_bad_frame_once_and_a_dropped_remainder_still_reads_
         for _ in sf.read_tfrecord(str(a), SPEC).batch(1024, drop_remainder=True):
             pass
     assert (info.value.check, info.value.offset, info.value.record_index) == ("data crc", starts[12], 12)
+
+
+def _three_files(tmp_path) -> list[str]:
+    recs = records(40)
+    data, starts = framed(recs)
+    set_length(data, starts[12], len(recs[12]) + 100)
+    set_length(data, starts[30], starts[33] - starts[30] - 16)  # swallows 31 and 32
+    files = []
+    for i, blob in enumerate([bytes(data), bytes(framed(records(25, 1))[0]), bytes(data)[:-50]]):
+        p = tmp_path / f"q{i}.tfrecord"
+        p.write_bytes(blob)
+        files.append(str(p))
+    return files
+
+
+@needs_native
+@pytest.mark.parametrize("parallel", [None, 2])
+@pytest.mark.parametrize("batch", [1, 5, 1024])
+def test_a_queue_reader_reads_on_from_the_frame_in_an_item_it_already_finished(tmp_path, batch, parallel):
+    """A queue's items read to their end are acknowledged before their records are
+    delivered when the queue has nothing more at once (so a reader never waits on work it
+    holds): the rewind still reads such an item on, it is this reader's work."""
+    files = _three_files(tmp_path)
+
+    def outcome(n: int, name: str) -> tuple:
+        q = sf.WorkQueue(files, backend="memory", name=name, num_slices=3)
+        src = sf.read_tfrecord(q, SPEC, on_error="skip", num_parallel_reads=parallel if n else None)
+        got = [int(v) for b in src.batch(n) for v in b["label"]] if n else [int(r["label"]) for r in src]
+        return sorted(got), sorted((e.url, e.offset, e.check, e.record_index) for e in src.read_stats.corrupt)
+
+    ref = outcome(0, f"r{batch}{parallel}")
+    assert len(ref[0]) == 100 and len(ref[1]) == 5
+    assert outcome(batch, f"f{batch}{parallel}") == ref
+
+
+@needs_native
+@pytest.mark.parametrize("count", [2, 3])
+def test_each_slice_of_a_static_split_agrees(tmp_path, count):
+    files = _three_files(tmp_path)
+    for index in range(count):
+        for batch in (1, 7, 1024):
+            for on_error in ("skip", "raise"):
+                def make(fused: bool, on_error: str = on_error, index: int = index) -> Any:
+                    return sf.read_tfrecord(files, SPEC, on_error=on_error, slice_id=index, slice_count=count,
+                                            num_parallel_reads=sf.AUTOTUNE if fused else None)
+                ref, ref_err, ref_stats = _read(lambda: make(False), 0)
+                got, err, stats = _read(lambda: make(True), batch)
+                assert _what(err) == _what(ref_err) and _skips(stats) == _skips(ref_stats)
+                assert got == (ref if ref_err is None else ref[: len(ref) // batch * batch])

@@ -111,6 +111,7 @@ class SpanChunks:
         # deferred reads: records handed out, by span (seq -> [count before, [(positions, lengths) of
         # each chunk since]]): where a rewind's frame lies, and what it takes back
         self.handed: dict[int, list] = {}
+        self.finished: set[int] = set()  # spans of `opened` finished before their records were delivered
         self.read_done: collections.deque = collections.deque()  # (seq, span) read to the end, not finished
         self.closed = False
 
@@ -127,10 +128,11 @@ class SpanChunks:
         back before it)."""
         done = self.read_done
         while done and done[0][0] < seq:
-            self.stream.finish(done.popleft()[1])
+            self._finish(*done.popleft())
         for s in [s for s in self.opened if s < seq]:
             del self.opened[s]
             self.handed.pop(s, None)
+            self.finished.discard(s)
         kept = self.handed.get(seq)
         if offset is not None and kept is not None:
             chunks = kept[1]
@@ -177,7 +179,12 @@ class SpanChunks:
     def finish_all(self) -> None:
         """The pass reached its end: every span read to its end is done."""
         while self.read_done:
-            self.stream.finish(self.read_done.popleft()[1])
+            self._finish(*self.read_done.popleft())
+
+    def _finish(self, seq: int, span: Span) -> None:
+        self.stream.finish(span)
+        if seq in self.opened:  # a rewind may read it again: it is this reader's, finished or not
+            self.finished.add(seq)
 
     def _open_next(self, block: bool) -> bool:
         """Take the next span and start reading it ahead when that helps; false when the
@@ -257,10 +264,10 @@ class SpanChunks:
                 chunks = self._handing(tag.seq, chunks)
             kept = yield from chunks
             ahead.popleft()
-            if kept:
-                self.read_done.append((tag.seq, tag.span))
-            else:
+            if not kept:
                 self.opened.pop(tag.seq, None)  # never read again
+            elif tag.seq not in self.finished:  # one read again after a rewind is finished once
+                self.read_done.append((tag.seq, tag.span))
 
     def _deferred(self, span: Span, reference: int | None) -> bool:
         """Whether a read leaves its data CRCs to the consumer: its records are then counted
@@ -316,7 +323,7 @@ class SpanChunks:
             yield x, tag
 
     def _keep(self, tag: ChunkTag) -> bool:
-        if self.stream.keep(tag.span):
+        if self.stream.keep(tag.span) or tag.seq in self.finished:  # finished: its records are this reader's
             return True
         logger.warning("span %s of %s was given to another reader; stopping it here", tag.seq, mask(tag.span.url))
         return False
