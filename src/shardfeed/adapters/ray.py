@@ -31,11 +31,24 @@ from ..pipeline.records import read_tfrecord as _read_tfrecord
 from ..pipeline.sources import from_iterable
 from ..registry import require
 from ..storage import size as storage_size
+from ..storage.urls import parse_url
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 16 << 20
 """Parsed bytes a read task gathers into one Ray block (several parse batches, not copied)."""
+
+PROBE_ROWS = 256
+"""Records of a read task's first parse batch, which measures the parsed size of a record."""
+
+PARSE_BATCH_BYTES = 4 << 20
+"""Parsed bytes a read task's later parse batches aim at (``batch_size=None``)."""
+
+MAX_PARSE_ROWS = 16384
+"""Records a parse batch holds at most (``batch_size=None``)."""
+
+REMOTE_BATCH_ROWS = 1024
+"""Records a parse batch of remote objects holds (``batch_size=None``)."""
 
 SIZE_SAMPLE_FILES = 64
 """Files whose size is asked for to estimate a dataset's bytes (the rest extrapolated)."""
@@ -108,11 +121,17 @@ def _rows(batch: Mapping[str, Any]) -> int:
 
 
 # -- the datasource ---------------------------------------------------------------------------
+def _all_local(share: TFRecordSource) -> bool:
+    urls = getattr(share.provider, "urls", None)
+    return bool(urls) and all(parse_url(u).is_local for u in urls)
+
+
 class _ReadShare:
     """What one read task runs: reader ``index`` of ``count``'s share of the source, parsed
     batches gathered into blocks of about ``block_bytes``."""
 
-    def __init__(self, source: TFRecordSource, index: int, count: int, batch_size: int, block_bytes: int) -> None:
+    def __init__(self, source: TFRecordSource, index: int, count: int, batch_size: int | None,
+                 block_bytes: int) -> None:
         self.source, self.index, self.count = source, index, count
         self.batch_size, self.block_bytes = batch_size, block_bytes
 
@@ -123,26 +142,55 @@ class _ReadShare:
             raise ValueError(f"{self.source.provider!r} cannot be split among read tasks")
         tables: list[Any] = []
         held = 0
-        with iter(share.batch(self.batch_size, bytes_as="buffer")) as it:
-            for batch in it:
-                table = batch_to_arrow(batch)
-                tables.append(table)
-                held += table.nbytes
-                if held >= self.block_bytes:
-                    yield pa.concat_tables(tables)
-                    tables, held = [], 0
+        for table in self._tables(share):
+            tables.append(table)
+            held += table.nbytes
+            if held >= self.block_bytes:
+                yield pa.concat_tables(tables)
+                tables, held = [], 0
         if tables:
             yield pa.concat_tables(tables)
 
+    def _tables(self, share: TFRecordSource) -> Iterator[Any]:
+        """The share's parsed batches as Arrow tables. ``batch_size=None`` on local files: a
+        first batch of :data:`PROBE_ROWS` tells the parsed bytes a record, and the pass goes
+        on from its state in batches of about :data:`PARSE_BATCH_BYTES` (a batch's fixed costs,
+        tens of microseconds a column, spread over as many records as that memory allows)."""
+        if self.batch_size is not None or not _all_local(share):
+            # remote objects: no probe (going on from its state would fetch its read-ahead twice)
+            with iter(share.batch(self.batch_size or REMOTE_BATCH_ROWS, bytes_as="buffer")) as it:
+                for batch in it:
+                    yield batch_to_arrow(batch)
+            return
+        with iter(share.batch(PROBE_ROWS, bytes_as="buffer")) as it:
+            first = next(it, None)
+            if first is None:
+                return
+            table = batch_to_arrow(first)
+            yield table
+            per_row = max(1, table.nbytes // max(1, table.num_rows))
+            size = int(min(MAX_PARSE_ROWS, max(PROBE_ROWS, PARSE_BATCH_BYTES // per_row)))
+            if size == PROBE_ROWS:  # large records: batches of the probe's size
+                for batch in it:
+                    yield batch_to_arrow(batch)
+                return
+            state = it.get_state()
+        with iter(share.batch(size, bytes_as="buffer")) as it:
+            it.set_state(state)
+            for batch in it:
+                yield batch_to_arrow(batch)
 
-def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int = 1024,
+
+def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int | None = None,
                     block_bytes: int = DEFAULT_BLOCK_BYTES, num_parallel_reads: int | None = None,
                     **read_args: Any) -> Any:
     """A ``ray.data.Datasource`` reading ``source`` (a URL, glob or list, as for
     :func:`shardfeed.read_tfrecord`) with ``spec``; ``read_args`` are
     :func:`shardfeed.read_tfrecord`'s (``shuffle``, ``seed``, ``block_size``, ``cache_dir``,
     ``storage_options``, ``on_error``, ...; not ``slice_id``/``slice_count``, which the read
-    tasks are). ``batch_size``: records parsed at once; ``block_bytes``: parsed bytes a
+    tasks are). ``batch_size``: records parsed at once (``None``: about 4 MiB of parsed
+    records, measured on a first batch of 256, for local files; 1,024 for remote objects);
+    ``block_bytes``: parsed bytes a
     block gathers; ``num_parallel_reads``: parse threads in each read task (``None``: the
     task's own thread, as Ray gives a task one CPU)."""
     if spec is None:
@@ -151,7 +199,7 @@ def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size:
         if bad in read_args:
             raise ValueError(f"{bad} is not for Ray: each read task is one reader's share (override_num_blocks=n)")
     src = _read_tfrecord(source, spec, num_parallel_reads=num_parallel_reads, **read_args)
-    return _datasource_class()(src, int(batch_size), int(block_bytes))
+    return _datasource_class()(src, None if batch_size is None else int(batch_size), int(block_bytes))
 
 
 _CLASS: Any = None
@@ -174,11 +222,18 @@ def _datasource_class() -> Any:
     class TFRecordDatasource(ray.data.Datasource):  # type: ignore[misc, name-defined]
         """A ``ray.data.Datasource`` of TFRecord files: one read task per reader share."""
 
-        def __init__(self, src: TFRecordSource, batch_size: int, block_bytes: int) -> None:
+        def __init__(self, src: TFRecordSource, batch_size: int | None, block_bytes: int) -> None:
             self.src, self.batch_size, self.block_bytes = src, batch_size, block_bytes
 
         def get_name(self) -> str:
             return "shardfeed.TFRecord"
+
+        def read_units(self) -> int:
+            """Read tasks the data splits into without index files: a file each (unshuffled or
+            ``"files"``); with ``"blocks"`` or ``"global"``, one a CPU of the cluster."""
+            if getattr(self.src.provider, "mode", None) in ("blocks", "global"):
+                return max(1, int(ray.cluster_resources().get("CPU", 1)))
+            return self._units()
 
         def _units(self) -> int:
             provider = self.src.provider
@@ -216,20 +271,22 @@ def _datasource_class() -> Any:
     return _CLASS
 
 
-def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int = 1024,
+def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int | None = None,
                   block_bytes: int = DEFAULT_BLOCK_BYTES, num_parallel_reads: int | None = None,
                   override_num_blocks: int | None = None, ray_remote_args: Mapping[str, Any] | None = None,
                   **read_args: Any) -> Any:
     """A ``ray.data.Dataset`` of the records of ``source`` parsed with ``spec`` (see
     :func:`make_datasource` for the arguments). ``override_num_blocks``: read tasks (by
-    default Ray's choice, at most one per file unless a shuffle mode cuts finer). Every
+    default one a file, or with ``shuffle="blocks"``/``"global"`` one a CPU of the cluster;
+    never more than the files unless a shuffle mode cuts finer). Every
     record is read once per epoch, by one task; with ``shuffle="global"`` the order within
     and across tasks follows the seeded permutation of that mode."""
     ds = make_datasource(source, spec, batch_size=batch_size, block_bytes=block_bytes,
                          num_parallel_reads=num_parallel_reads, **read_args)
-    kwargs: dict[str, Any] = {}
-    if override_num_blocks is not None:
-        kwargs["override_num_blocks"] = int(override_num_blocks)
+    # as many blocks as read tasks: more would have Ray cut every task's blocks into slivers
+    # (SplitBlocks), each a round trip through the object store and a batch's fixed costs
+    kwargs: dict[str, Any] = {"override_num_blocks": int(override_num_blocks) if override_num_blocks is not None
+                              else ds.read_units()}
     if ray_remote_args:
         kwargs["ray_remote_args"] = dict(ray_remote_args)
     return _ray().data.read_datasource(ds, **kwargs)
