@@ -17,6 +17,7 @@ plain shardfeed pipeline. Ray is imported when first needed (``pip install 'shar
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -232,7 +233,8 @@ def _datasource_class() -> Any:
             """Read tasks the data splits into without index files: a file each (unshuffled or
             ``"files"``); with ``"blocks"`` or ``"global"``, one a CPU of the cluster."""
             if getattr(self.src.provider, "mode", None) in ("blocks", "global"):
-                return max(1, int(ray.cluster_resources().get("CPU", 1)))
+                cpus = ray.cluster_resources().get("CPU") if ray.is_initialized() else os.cpu_count()
+                return max(1, int(cpus or 1))
             return self._units()
 
         def _units(self) -> int:
