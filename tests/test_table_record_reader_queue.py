@@ -89,3 +89,27 @@ def test_a_slow_consumer_keeps_its_leases_renewed(tables):
     assert sorted(got) == list(range(300)) + list(range(1000, 1200))
     m = q.metrics()
     assert m["drained"] and m["expired"] == 0 and m["late_acks"] == 0 and m["done"] == len(q)
+
+
+@pytest.mark.timeout(120)
+def test_rows_of_the_last_items_do_not_each_ask_the_queue(tables, tmp_path):
+    # Holding the last item of the epoch (nothing pending, its own lease out), the reader
+    # asked the queue's backend again for every row it returned: 200+ round trips here.
+    q = sf.WorkQueue(tables, name="trr-asks", backend=f"sqlite://{tmp_path}/q.db", shuffle=False,
+                     poll_interval=60.0)
+    takes = []
+    take = q.backend.take
+
+    def counted(*args, **kwargs):
+        takes.append(1)
+        return take(*args, **kwargs)
+
+    q.backend.take = counted  # the real SQLite backend, its calls counted
+    reader = sf.TableRecordReader(csv_delimiter=";", num_threads=2, capacity=64)
+    try:
+        got = _run(reader, q, 1)
+    finally:
+        reader.close()
+    assert sorted(got) == list(range(300)) + list(range(1000, 1200))
+    assert q.metrics()["drained"]
+    assert len(takes) <= 10, f"{len(takes)} takes for 2 items"

@@ -160,6 +160,9 @@ class _Input:
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.done = False
+        # while holding items, a take that found nothing is asked again only after the queue's
+        # poll interval or once an item is done, not for every piece returned
+        self.ask_after = 0.0
         per_item = max(1, reader.capacity // reader.num_threads)
         self.piece_rows = max(1, min(BATCH_ROWS, per_item))
         self.depth = max(1, per_item // self.piece_rows)
@@ -174,9 +177,12 @@ class _Input:
             # threads wait for the consumer, who would wait here). None then only means
             # "nothing at once"; the reader asks again when its items are done.
             holding = bool(self.ahead)
+            if holding and time.monotonic() < self.ask_after:
+                return None
             item = self.queue.take(block=not holding)
             if item is None:
                 self.done = not holding  # a blocking take's None: drained, the end of the input
+                self.ask_after = time.monotonic() + getattr(self.queue, "poll_interval", 0.5)
                 return None
             if item.kind not in ("rows", "file"):
                 raise ValueError(f"work item {mask(item.work)} is {item.kind!r}, not a table: TableRecordReader "
@@ -217,6 +223,7 @@ class _Input:
                                "it now", self.queue.name, item.work.id, mask(item.url))
                 item.dropped.set()
                 self.ahead.remove(item)
+                self.ask_after = 0.0
 
     def next_piece(self, most: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Up to ``most`` rows of the current item; None at the end of the input."""
@@ -232,6 +239,7 @@ class _Input:
                     self.ahead.popleft()
                     if item.work is not None:
                         self.queue.ack(item.work)  # every row of it was returned
+                        self.ask_after = 0.0  # a place to read ahead into: ask the queue again
                     continue
                 if isinstance(got, BaseException):
                     raise got
