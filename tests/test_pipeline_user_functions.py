@@ -149,3 +149,46 @@ def test_map_in_processes_names_an_unpicklable_function_at_once():
     with pytest.raises(TypeError, match=r"but functools\.partial\(tests\.test_pipeline_user_functions\.takes, \.\.\.\) "
                                         r"cannot be pickled: its args\[0\] \(<unlocked _thread\.lock"):
         from_list([1]).map(functools.partial(takes, threading.Lock()), num_parallel_calls=2, use_processes=True)
+
+
+def open_item_stopping_at_b(item):
+    """A reader of work items with a bug: the call itself raises StopIteration for item b."""
+    if item.work.endswith("/b"):
+        next(iter(()))
+    return iter([item.work + "-1", item.work + "-2"])
+
+
+def test_open_item_raising_stopiteration_is_an_error_in_a_static_shard():
+    ds = sf.read_shard(["/w/a", "/w/b", "/w/c"], slice_id=0, slice_count=1, open_item=open_item_stopping_at_b)
+    # before: ['/w/a-1', '/w/a-2'] and the end of the pass, items b and c lost without a word
+    with pytest.raises(RuntimeError, match="open_item_stopping_at_b raised StopIteration") as info:
+        list(ds)
+    assert isinstance(info.value.__cause__, StopIteration)
+
+
+def test_open_item_raising_stopiteration_is_an_error_over_a_queue():
+    import uuid
+
+    q = sf.WorkQueue(["/w/a", "/w/b", "/w/c"], backend=f"memory://{uuid.uuid4().hex}", name="stop", shuffle=False)
+    got = []
+    with pytest.raises(RuntimeError, match="open_item_stopping_at_b raised StopIteration"):
+        for x in sf.read_queue(q, open_item=open_item_stopping_at_b):
+            got.append(x)
+    assert got == ["/w/a-1", "/w/a-2"]
+    m = q.metrics()
+    assert m["done"] == 1 and not m["drained"]  # b given back, c never taken: nothing acknowledged unread
+
+
+def test_resuming_an_item_that_now_has_fewer_rows_names_it():
+    rows = {"/w/a": 3, "/w/b": 3}
+
+    def open_item(item):
+        return iter(range(rows[item.work]))
+
+    ds = sf.read_shard(["/w/a", "/w/b"], slice_id=0, slice_count=1, open_item=open_item)
+    it = iter(ds)
+    assert [next(it) for _ in range(5)] == [0, 1, 2, 0, 1]
+    state = it.get_state()
+    rows["/w/b"] = 1  # the item shrank meanwhile
+    with pytest.raises(ValueError, match="gives 1 rows for item /w/b now, the state says 2 were delivered"):
+        list(ds.iter_from_state(state))

@@ -28,6 +28,7 @@ from ..formats.tfrecord import ReadStats
 from ..pipeline.records import TFRecordSource
 from ..pipeline.sources import SourceDataset
 from ..pipeline.spans import Span, StaticSpans
+from ..pipeline.userfn import stop_error
 from ..storage.urls import mask
 from .items import RowCounter, WorkItem
 from .ranks import resolve_slice
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OpenItem = Callable[[WorkItem], Iterator[Any]]
+
+_NONE = object()
 
 TAKE_SLICE_S = 1.0
 """A blocking take waits this long at a time, then checks whether the pass was closed."""
@@ -86,7 +89,7 @@ def iter_item_records(
     if open_item is not None or item.kind == "rows":
         if open_item is None:
             item_span(item)  # raises, naming the fix
-        yield from open_item(item)  # type: ignore[misc]
+        yield from _open_rows(open_item, item)  # type: ignore[arg-type]
         return
     span = item_span(item, storage_options)
     src = TFRecordSource(StaticSpans([span]), None, compression, verify_crc, on_corrupt, storage_options, None)
@@ -95,6 +98,16 @@ def iter_item_records(
         yield from it
     finally:
         it.close()
+
+
+def _open_rows(open_item: OpenItem, item: WorkItem) -> Iterator[Any]:
+    """``iter(open_item(item))``; a ``StopIteration`` out of that call is the function's
+    error (PEP 479's rule), not the end of the pass: the reader's caller takes a
+    ``StopIteration`` for the end of the data, and the items after it would be lost."""
+    try:
+        return iter(open_item(item))
+    except StopIteration as exc:
+        raise stop_error(open_item, f"open_item, for item {mask(item.work)}:", exc) from exc
 
 
 # -- a fixed list of items (static shards) -----------------------------------------------------
@@ -109,16 +122,18 @@ class _CustomItemsReader:
         self.delivered = int(state.get("delivered", 0)) if state else 0
         self.it: Iterator[Any] | None = None
         if self.delivered and self.k < len(items):
-            self.it = iter(open_item(items[self.k]))
-            for _ in range(self.delivered):
-                next(self.it)
+            self.it = _open_rows(open_item, items[self.k])
+            for n in range(self.delivered):
+                if next(self.it, _NONE) is _NONE:  # a StopIteration here would end the pass quietly
+                    raise ValueError(f"cannot resume: open_item gives {n} rows for item {mask(items[self.k].work)} "
+                                     f"now, the state says {self.delivered} were delivered (did the data change?)")
 
     def __next__(self) -> Any:
         while True:
             if self.it is None:
                 if self.k >= len(self.items):
                     raise StopIteration
-                self.it, self.delivered = iter(self.open_item(self.items[self.k])), 0
+                self.it, self.delivered = _open_rows(self.open_item, self.items[self.k]), 0
             try:
                 x = next(self.it)
             except StopIteration:
@@ -328,7 +343,7 @@ class _QueueItemsReader:
             return False
         self.item, self.taken = item, self.taken + 1
         if self.open_item is not None:
-            self.it = iter(self.open_item(item))
+            self.it = _open_rows(self.open_item, item)
         return True
 
     def _finish(self) -> None:
