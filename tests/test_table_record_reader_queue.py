@@ -113,3 +113,45 @@ def test_rows_of_the_last_items_do_not_each_ask_the_queue(tables, tmp_path):
     assert sorted(got) == list(range(300)) + list(range(1000, 1200))
     assert q.metrics()["drained"]
     assert len(takes) <= 10, f"{len(takes)} takes for 2 items"
+
+
+@pytest.mark.timeout(120)
+def test_leases_are_renewed_while_the_consumer_waits_for_a_slow_query(pg_server):  # noqa: F811
+    # The table is locked by another session for 3 s (a long transaction, a large OFFSET on
+    # a busy server): the consumer waits that long for the item's first rows, longer than
+    # its 1 s lease.
+    psycopg = pytest.importorskip("psycopg")
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name} (id bigint, price double precision)")
+        con.execute(f"INSERT INTO {name} SELECT g, g * 0.5 FROM generate_series(0, 99) g")
+    works, backend = [f"{pg_server}/{name}"], f"memory://{uuid.uuid4().hex}"
+    q = sf.WorkQueue(works, name="trr-slow", backend=backend, lease_timeout=1.0)
+    locker = psycopg.connect(pg_server)
+    locker.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
+    unlock = threading.Timer(3.0, locker.commit)
+    unlock.start()
+    other: list = []  # a second worker asks for work meanwhile, 2 s in
+
+    def ask() -> None:
+        w = sf.WorkQueue(works, name="trr-slow", backend=backend, lease_timeout=1.0)
+        other.append(w.take(block=False))
+        if other[-1] is not None:
+            w.release(other[-1])
+
+    asker = threading.Timer(2.0, ask)
+    asker.start()
+    reader = sf.TableRecordReader(csv_delimiter=";", num_threads=1)
+    try:
+        got = _run(reader, q, 10)
+    finally:
+        reader.close()
+        unlock.join()
+        asker.join()
+        locker.close()
+    # before: the lease ran out while the consumer waited for the rows: the second worker
+    # got the item, and its rows came twice
+    assert other == [None]
+    assert sorted(got) == list(range(100))
+    m = q.metrics()
+    assert m["drained"] and m["expired"] == 0 and m["late_acks"] == 0 and m["redelivered"] == 0

@@ -234,7 +234,9 @@ class _Input:
                 return None
             item = self.ahead[0]
             if not item.pending:
-                got = item.q.get()
+                got = self._get(item)
+                if got is None:  # its lease was lost while waiting: it is another worker's now
+                    continue
                 if got is _END:
                     self.ahead.popleft()
                     if item.work is not None:
@@ -250,6 +252,20 @@ class _Input:
                 return keys, values
             item.pending[0] = (keys[most:], values[most:])
             return keys[:most], values[:most]
+
+    def _get(self, item: _Item) -> Any:
+        """The next piece (or end, or error) of ``item``, waited for in slices of a quarter
+        lease with the leases renewed between them: a slow query (a large OFFSET, a locked
+        table) must not cost the items this reader holds. None: ``item``'s lease was lost."""
+        if self.queue is None or item.work is None:
+            return item.q.get()
+        while True:
+            try:
+                return item.q.get(timeout=max(0.01, self.queue.lease_timeout / 4))
+            except queue.Empty:
+                self._renew()
+                if item.dropped.is_set():
+                    return None
 
     def _read(self, item: _Item) -> None:
         """In a thread: the item's rows as strings into its queue (bounded), then the end."""
