@@ -93,37 +93,54 @@ def spin(k: int) -> int:
     return s
 
 
+def no_map(batch: dict) -> dict:
+    """``--map-share 0``: the batches as parsed (26 bytes columns reach the trainer)."""
+    return batch
+
+
 def pipeline(files: list[str], batch: int, rounds: int):
     import shardfeed as sf
 
-    return sf.read_tfrecord(files, spec=ctr_spec()).batch(batch), functools.partial(ctr_map, rounds=rounds)
+    fn = functools.partial(ctr_map, rounds=rounds) if rounds else no_map
+    return sf.read_tfrecord(files, spec=ctr_spec()).batch(batch), fn
 
 
 def run_config(name: str, a: argparse.Namespace, files: list[str]) -> dict:
     """One configuration, in this (fresh) process: the trainer loop and its numbers."""
     base, fn = pipeline(files, a.batch, a.map_rounds)
     it_close = None
+    if fn is not no_map:
+        base = base.map(fn) if not name.startswith(("alone", "threads")) else base
     if name.startswith("alone"):
         source = [fn(b) for b in base]
     elif name == "threads":
-        source = iter(base.map(fn, num_parallel_calls=1).prefetch(4))
+        source = iter(base.map(fn, num_parallel_calls=1).prefetch(4) if fn is not no_map else base.prefetch(4))
         it_close = source.close
     elif name in ("subprocess", "subprocess_copy"):
-        source = iter(base.map(fn).in_subprocess(4, zero_copy=name == "subprocess"))
+        source = iter(base.in_subprocess(4, zero_copy=name == "subprocess"))
         it_close = source.close
     elif name.startswith("dataloader"):
         from torch.utils.data import DataLoader
 
-        source = DataLoader(base.map(fn).to_torch(slice_id=0, slice_count=1), batch_size=None,
+        source = DataLoader(base.to_torch(slice_id=0, slice_count=1), batch_size=None,
                             num_workers=int(name[-1]))
     else:
         raise ValueError(name)
     steps: list[float] = []
+    nexts: list[tuple[float, float]] = []  # next()'s wall and trainer-thread CPU seconds
     records = 0
     t0 = time.perf_counter()
     first = last = None
-    for b in source:
+    key = "cat" if fn is not no_map else "label"
+    it = iter(source)
+    while True:
+        w, c = time.perf_counter(), time.thread_time()
+        try:
+            b = next(it)
+        except StopIteration:
+            break
         now = time.perf_counter()
+        nexts.append((now - w, time.thread_time() - c))
         if first is None:
             first = now
         else:
@@ -131,13 +148,15 @@ def run_config(name: str, a: argparse.Namespace, files: list[str]) -> dict:
         last = now
         t = time.perf_counter()
         spin(a.spin)
-        int(b["cat"][0, 0])  # the step uses the batch
+        int(b[key].ravel()[0])  # the step uses the batch
         steps.append(time.perf_counter() - t)
     if it_close:
         it_close()
     return {"config": name, "step_ms": statistics.median(steps[5:] or steps) * 1e3, "batches": len(steps),
             "records_per_s": records / (last - first) if last and last > first else 0.0,
-            "first_batch_s": (first or t0) - t0}
+            "first_batch_s": (first or t0) - t0,
+            "next_us": statistics.median(n[0] for n in nexts[5:] or nexts) * 1e6,
+            "next_cpu_us": statistics.median(n[1] for n in nexts[5:] or nexts) * 1e6}
 
 
 def tree_pss_kb(pid: int) -> int:
@@ -199,7 +218,7 @@ def calibrate(a: argparse.Namespace, files: list[str]) -> None:
     base, _ = pipeline(files, a.batch, 1)
     b = next(iter(base))
     t1 = min(_timed(ctr_map, b, 1) for _ in range(5))
-    a.map_rounds = max(1, round(a.step_ms / 1e3 * a.map_share / t1))
+    a.map_rounds = max(1, round(a.step_ms / 1e3 * a.map_share / t1)) if a.map_share else 0
     a.map_ms = t1 * a.map_rounds * 1e3
 
 
@@ -281,7 +300,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=20.0, help="the trainer step's pure-Python work")
-    ap.add_argument("--map-share", type=float, default=0.8, help="the map's Python work per batch, in steps")
+    ap.add_argument("--map-share", type=float, default=0.8,
+                    help="the map's Python work per batch, in steps (0: no map: the parsed batches, bytes columns "
+                         "and all, reach the trainer)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", default=os.path.join("bench-out", "beside_trainer.json"))
@@ -310,16 +331,16 @@ def main() -> None:
                 results[c].append(measure(c, a, files))
     load_after = os.getloadavg()[0]
     print(f"load average after: {load_after:.1f} (other processes on the machine share its cores)")
-    keys = ["step_ms", "records_per_s", "first_batch_s", "peak_pss_mb"]
+    keys = ["step_ms", "records_per_s", "first_batch_s", "peak_pss_mb", "next_us", "next_cpu_us"]
     med = {c: {k: statistics.median(r[k] for r in rs) for k in keys} for c, rs in results.items()}
     ref = med.get("alone+busy", med.get("alone"))
     print(f"{'config':<16}{'step ms':>9}{'vs alone+busy':>15}{'records/s':>11}{'first batch s':>15}"
-          f"{'peak PSS MB':>13}")
+          f"{'peak PSS MB':>13}{'next() us':>11}{'next() CPU us':>15}")
     for c in configs:
         m = med[c]
         vs = f"{m['step_ms'] / ref['step_ms']:.2f}x" if ref else "-"
         print(f"{c:<16}{m['step_ms']:>9.2f}{vs:>15}{m['records_per_s']:>11.0f}{m['first_batch_s']:>15.2f}"
-              f"{m['peak_pss_mb']:>13.0f}")
+              f"{m['peak_pss_mb']:>13.0f}{m['next_us']:>11.0f}{m['next_cpu_us']:>15.0f}")
     if "subprocess" in med and "dataloader1" in med:
         s, d1 = med["subprocess"], med["dataloader1"]
         ratio = s["records_per_s"] / d1["records_per_s"]

@@ -66,6 +66,34 @@ def run_pass(mb: int, batches: int, zero_copy: bool, touch: str, buffer_size: in
     return n * (mb << 20) / (last - first) / 1e9
 
 
+def epoch_gaps(mb: int = 1, batches: int = 5) -> dict:
+    """Seconds from the last batch of an epoch to the first of the next through one
+    ``in_subprocess`` dataset: a new ``iter()`` of it, and ``repeat(2)`` after the stage."""
+    import functools
+
+    from shardfeed.pipeline import from_list
+
+    ds = from_list(list(range(batches))).map(functools.partial(big_batch, mb=mb)).in_subprocess(buffer_size=2)
+    out = {}
+    last = None
+    for k in range(2):
+        with iter(ds) as it:
+            for i, _ in enumerate(it):
+                if i == 0 and k == 1:
+                    out["new_iter"] = time.perf_counter() - last
+            last = time.perf_counter()
+    rep = ds.repeat(2)
+    prev = None
+    for i, _ in enumerate(rep):
+        now = time.perf_counter()
+        if i == batches:
+            out["repeat"] = now - prev
+        prev = now
+    if hasattr(ds, "close"):  # (a shardfeed before kept children had no close())
+        ds.close()
+    return out
+
+
 def memcpy_gbs(mb: int, reps: int = 10) -> float:
     src = np.random.default_rng(0).integers(0, 255, mb << 20, dtype=np.uint8)
     dst = np.empty_like(src)
@@ -119,6 +147,11 @@ def main() -> None:
         z, c = med[f"zero_copy/{t}"], med[f"copy_out/{t}"]
         print(f"{t:<10}{z:>16.2f}{c:>15.2f}{z / c:>7.2f}x")
     print(f"anchor: one memcpy of {a.mb} MB in this process: {med['memcpy']:.2f} GB/s")
+    gaps = [epoch_gaps() for _ in range(a.rounds)]
+    for k in ("new_iter", "repeat"):
+        med[f"epoch_gap_{k}_ms"] = statistics.median(g[k] for g in gaps) * 1e3
+    print(f"from an epoch's last batch to the next's first: new iter() {med['epoch_gap_new_iter_ms']:.1f} ms, "
+          f"repeat() after the stage {med['epoch_gap_repeat_ms']:.1f} ms (median of {a.rounds})")
     result = {"args": vars(a), "medians": med, "rounds": results, "load_average_after": load_after}
     result["rows"] = table_rows(result)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)

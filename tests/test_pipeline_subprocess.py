@@ -439,12 +439,13 @@ def test_subprocess_to_torch_one_child_per_rank_reads_its_share(tmp_path):
     files = write_bytes_shards(tmp_path, n_files=4, per_file=3)
     ds = sf.read_tfrecord(files, spec=BSPEC).batch(2).map(add_total)
     # DataLoader's default_convert makes tensors of the views without a copy: they keep the slot
-    loader = DataLoader(from_list(list(range(20))).map(block).in_subprocess(buffer_size=2)
-                        .to_torch(slice_id=0, slice_count=1), batch_size=None)
+    sub = from_list(list(range(20))).map(block).in_subprocess(buffer_size=2)
+    loader = DataLoader(sub.to_torch(slice_id=0, slice_count=1), batch_size=None)
     batches = iter(loader)
     t = next(batches)["v"]
     assert isinstance(t, torch.Tensor) and _in_slot(t.data_ptr())
     assert [int(b["k"]) for b in batches] == list(range(1, 20))  # the pass ended and closed
+    sub.close()  # the child kept for the next pass goes (or with the dataset, garbage-collected)
     assert (t == 0).all() and not _segments()
     u = torch.from_numpy(np.asarray(t)[5:])  # from_numpy keeps it too
     del t
@@ -471,7 +472,9 @@ def test_subprocess_to_torch_one_child_per_rank_reads_its_share(tmp_path):
 def test_subprocess_to_tf_yields_the_same_batches():
     tf = pytest.importorskip("tensorflow")
     ds = from_list([{"a": np.arange(3) + i, "s": b"x%d" % i} for i in range(5)]).batch(2)
-    got = list(ds.in_subprocess().to_tf().as_numpy_iterator())
+    sub = ds.in_subprocess()
+    got = list(sub.to_tf().as_numpy_iterator())
+    sub.close()  # TensorFlow keeps the generator, and so the dataset and its kept child, past the pass
     assert ds.in_subprocess().to_tf().element_spec["a"] == tf.TensorSpec((None, 3), tf.int64)
     assert [g["a"].tolist() for g in got] == [b["a"].tolist() for b in ds]
     assert got[2]["s"].tolist() == [b"x4"]
@@ -683,3 +686,128 @@ def test_subprocess_timeout_must_be_a_positive_number():
         with pytest.raises(ValueError, match="in_subprocess timeout must be a positive number of seconds"):
             from_list([1]).in_subprocess(timeout=bad)
     assert list(from_list([1, 2]).in_subprocess(timeout=60)) == [1, 2]
+
+
+def test_subprocess_bytes_columns_become_objects_only_when_read(tmp_path):
+    """The trainer's side of a hand-over builds no bytes object: a bytes column stays buffer
+    plus offsets (views of the slot) until the batch's user reads it, and then it is the
+    object array the pipeline gives without in_subprocess, through every way of reading a dict."""
+    import copy
+    import pickle
+
+    files = write_bytes_shards(tmp_path)
+    want = list(sf.read_tfrecord(files, spec=BSPEC).batch(4))
+    for kw in ({}, {"zero_copy": False}):
+        with iter(sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(**kw)) as it:
+            b = next(it)
+            assert isinstance(b, dict) and list(b) == list(want[0])
+            assert not isinstance(dict.__getitem__(b, "tok"), np.ndarray)  # not made at next()
+            assert _in_slot(b["id"]) == (not kw)
+            tok = b["tok"]
+            assert tok.dtype == object and tok.shape == (4,) and tok.tolist() == want[0]["tok"].tolist()
+            assert dict.__getitem__(b, "tok") is tok  # made once, kept
+            assert b["tags"].values.dtype == object  # a VarLen bytes column: objects inside its RaggedColumn
+            for view in (dict(b), {**b}, b.copy(), copy.deepcopy(b), pickle.loads(pickle.dumps(b))):
+                assert type(view) is dict and elements_equal(view, want[0])
+            assert b.get("tok") is tok and "b't1'" in repr(b) and "LazyBytes" not in repr(next(it))
+            assert [type(v) for v in b.values()] == [type(v) for v in want[0].values()]
+            assert elements_equal(dict(b.items()), want[0]) and b.pop("tok") is tok and "tok" not in b
+            rest = list(it)
+            assert elements_equal([dict(x) for x in rest], want[2:])
+    assert elements_equal(list(sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(buffer_size=1)), want)
+
+
+def test_subprocess_new_pass_reuses_the_child_and_its_slots(tmp_path):
+    """A new iter() of the dataset, and each epoch of a repeat() after the stage, asks the
+    child that served the last pass for another (same pid, same segments); the child goes
+    away with the dataset's close(), and with the dataset itself, leaving no segment."""
+    files = write_bytes_shards(tmp_path)
+    before = _segments()
+    ds = sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(buffer_size=3)
+    want = list(sf.read_tfrecord(files, spec=BSPEC).batch(4))
+    pids, segs = [], []
+    for _ in range(3):
+        with iter(ds) as it:
+            got = list(it)
+            pids.append(ds.stats().stages[-1].extra["child_pid"])
+        assert elements_equal(got, want)
+        segs.append(_segments())
+    assert len(set(pids)) == 1 and pids[0] in _children() and segs[0] == segs[1] == segs[2] != before
+    assert [ds.stats().stages[-1].extra["reused_child"]] == [1]
+    rep = ds.repeat(3)
+    got = list(rep)
+    sub = [s for s in rep.stats().stages if s.name.endswith("subprocess")]
+    assert elements_equal(got, want * 3) and sub and all(s.extra["child_pid"] == pids[0] for s in sub)
+    # a state restore (mid-epoch) goes through the kept child too
+    with iter(ds) as it:
+        next(it)
+        next(it)
+        state = it.get_state()
+    # stopped mid-pass: that child went away; the next pass starts one and keeps it
+    assert pids[0] not in _children()
+    with ds.iter_from_state(json.loads(json.dumps(state))) as it:
+        assert elements_equal(list(it), want[2:])
+        pid = ds.stats().stages[-1].extra["child_pid"]
+    with ds.iter_from_state(json.loads(json.dumps(state))) as it:
+        assert elements_equal(list(it), want[2:])
+        assert ds.stats().stages[-1].extra["child_pid"] == pid
+    ds.close()
+    assert pid not in _children() and _segments() == before
+    assert elements_equal(list(ds), want)  # a pass after close() starts a new child
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    assert pid in _children()
+    del ds, rep, it  # the last iterator holds its dataset too
+    gc.collect()
+    for _ in range(100):
+        if pid not in _children():
+            break
+        time.sleep(0.05)
+    assert pid not in _children() and _segments() == before
+
+
+EXIT_SCRIPT = """
+import os, sys
+sys.path[:0] = {paths!r}
+import shardfeed as sf
+from shardfeed.pipeline import from_list
+from tests.test_pipeline_subprocess import block
+
+if __name__ == "__main__":
+    ds = from_list(list(range(6))).map(block).in_subprocess(buffer_size=2)
+    assert len(list(ds)) == 6
+    print("child", ds.stats().stages[-1].extra["child_pid"], os.getpid(), flush=True)
+    keep = ds  # kept to the interpreter's exit, its child idle
+"""
+
+
+def test_subprocess_kept_child_goes_away_at_interpreter_exit():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = textwrap.dedent(EXIT_SCRIPT.format(paths=[root] + sys.path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr and "leaked" not in p.stderr, p.stderr
+    child, parent = (int(w) for w in p.stdout.split()[1:3])
+    for _ in range(100):
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert not _segments(parent)
+
+
+def test_subprocess_kept_child_stops_when_no_pass_asks_for_it(monkeypatch):
+    """A dataset that lives on unused (TensorFlow's from_generator keeps its generator, say)
+    holds no idle child for ever: it stops after SHARDFEED_SUBPROCESS_IDLE_SECONDS."""
+    monkeypatch.setenv("SHARDFEED_SUBPROCESS_IDLE_SECONDS", "0.5")
+    before = _segments()
+    ds = from_list(list(range(6))).map(block).in_subprocess(buffer_size=2)
+    assert len(list(ds)) == 6
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    assert pid in _children()
+    for _ in range(100):
+        if pid not in _children():
+            break
+        time.sleep(0.05)
+    assert pid not in _children() and _segments() == before
+    assert [x["k"] for x in ds] == list(range(6))  # the next pass starts a new one
+    assert ds.stats().stages[-1].extra["reused_child"] == 0
+    ds.close()

@@ -27,10 +27,13 @@ restores by its anchor rule. And,
 at most every ``STATS_EVERY_S`` and at the end, the upstream stages' statistics, which the
 consumer's ``stats()`` shows as its own. An exception in the child reaches the consumer
 with the child's traceback (the same type when it pickles); a child that dies is one
-:class:`SubprocessError` naming the exit code or signal. ``close()``, garbage collection,
-Ctrl-C (the child ignores SIGINT; the consumer stops it) and interpreter exit stop the child
-and remove its segments' names; arrays the consumer still holds keep their memory (its own
-mapping) until they are gone.
+:class:`SubprocessError` naming the exit code or signal. A pass that ends leaves the child to the
+dataset for its next pass (:mod:`~shardfeed.pipeline.process_handle`); ``close()`` or garbage
+collection of a pass before its end, Ctrl-C (the child ignores SIGINT; the consumer stops it),
+and for a kept child the dataset's ``close()``, its garbage collection and interpreter exit,
+stop the child and remove its segments' names; arrays the consumer still holds keep their
+memory (its own mapping) until they are gone. A dict element's bytes columns reach the
+consumer as buffers and become object arrays when first read (:class:`~shardfeed.pipeline.shm.LazyBatch`).
 """
 
 from __future__ import annotations
@@ -41,13 +44,10 @@ import math
 import multiprocessing
 import os
 import pickle
-import secrets
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from multiprocessing.connection import wait
 from typing import Any
 
 from ..errors import SubprocessError
@@ -56,12 +56,13 @@ from .dataset import Dataset, UnaryDataset, positive_int
 from .deferred import DeferredState
 from .node import Build, Node
 from .pickling import check_picklable
-from .process_child import STAGE_FIELDS, child_main
+from .process_child import STAGE_FIELDS
+from .process_handle import ChildProcess, Keeper, Release
 from .stats import PipelineStats, StageStats
 
 logger = logging.getLogger(__name__)
+_keeper_lock = threading.Lock()
 
-JOIN_TIMEOUT_S = 10.0
 STACK_LINES = 60  # of a frozen child's threads' stacks, in the TimeoutError
 START_S = 30.0  # added to in_subprocess(timeout=) for the first element: the child's start (imports)
 
@@ -100,58 +101,26 @@ class SubprocessDataset(UnaryDataset):
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         return SubprocessNode(b, self, state)
 
+    def _keeper(self) -> Keeper:
+        """Where this dataset keeps its child between passes (made at the first pass)."""
+        with _keeper_lock:
+            k = self.__dict__.get("_kept_child")
+            if k is None:
+                k = self.__dict__["_kept_child"] = Keeper(self)
+        return k
 
-class _Ring:
-    """What the consumer and the leases of its elements share: the pipe that hands slots
-    back to the child and the slots whose arrays the user still holds. A lease ends in
-    whichever thread drops its last array (or in the garbage collector, inside any
-    allocation, this thread's sends included), so ``free`` never blocks on the lock: a slot
-    it cannot send now waits in ``later`` for the next ``flush`` (the consumer flushes before
-    and while it waits for an element)."""
+    def close(self) -> None:
+        """Stop the child kept between passes (if any) and remove its shared memory; a later
+        pass starts a new one. Also done when the dataset is garbage-collected and at exit."""
+        k = self.__dict__.get("_kept_child")
+        if k is not None:
+            k.close()
+            del self.__dict__["_kept_child"]
 
-    def __init__(self, nslots: int) -> None:
-        self.nslots = nslots
-        self.ctrl: Any = None
-        self.lock = threading.Lock()
-        self.held: set[int] = set()
-        self.later: collections.deque = collections.deque()
-        self.closed = False
-        self.extra: dict[str, Any] = {}  # the stage's stats.extra: held_slots kept current
-
-    def hold(self, slot: int) -> None:
-        self.held.add(slot)
-        self.extra["held_slots"] = len(self.held)
-
-    def free(self, slot: int) -> None:
-        self.held.discard(slot)
-        self.extra["held_slots"] = len(self.held)
-        self.later.append(slot)
-        self.flush()
-
-    def flush(self) -> None:
-        if not self.lock.acquire(blocking=False):
-            return  # another send is under way (maybe this thread's own): it or the next flush sends these
-        try:
-            while self.later:
-                slot = self.later.popleft()
-                if not self.closed:
-                    self.ctrl.send(("free", slot))
-        except (OSError, ValueError, AttributeError):
-            pass  # the child is gone (or the consumer closed the pipe): nobody needs the slot
-        finally:
-            self.lock.release()
-
-
-class _Release:
-    """A lease's end: hand ``slot`` back (a small object, so a lease holds no node)."""
-
-    __slots__ = ("ring", "slot")
-
-    def __init__(self, ring: _Ring, slot: int) -> None:
-        self.ring, self.slot = ring, slot
-
-    def __call__(self) -> None:
-        self.ring.free(self.slot)
+    def __getstate__(self) -> dict:
+        d = super().__getstate__()
+        d.pop("_kept_child", None)  # the child stays with the process that started it
+        return d
 
 
 class SubprocessNode(Node):
@@ -164,110 +133,61 @@ class SubprocessNode(Node):
         self.cur_state: Any = state["parent"] if state else None
         self.slots = ds.buffer_size
         self.zero_copy = ds.zero_copy
-        self.ring = _Ring(self.slots)
-        self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
-        self.maps: dict[int, Any] = {}  # slot -> (gen, the segment mapped here as a uint8 array, its interface)
-        self.gens = [-1] * self.slots  # the newest generation of each slot announced
-        self.proc: Any = None
-        self.conn: Any = None  # elements, errors, the end: child -> consumer
-        self.ctrl: Any = None  # free slots and stop: consumer -> child
+        self.child: ChildProcess | None = None  # this pass's; kept by the dataset when the pass ends
         self.pending: collections.deque = collections.deque()
-        self.asks: Any = None  # questions for a full state: consumer -> child
-        self.answers: Any = None  # ... and their answers
-        self.ask_lock = threading.RLock()
-        self.answered: dict[int, Any] = {}  # answers read by a get_state that waited for another
-        self.ask_broken = False  # a get_state was interrupted while reading an answer
-        self.reading: int | None = None  # the thread reading an answer now (its signal handler must not read too)
         self.cur_ref: int | None = None  # the child's number for the current element's full state
         self.done = False
+        self.mapped = -1  # slots mapped when shared_memory_bytes was last set
+        self.ended = False  # the child sent the pass's end: it can serve the next pass
         self.closed = False
         self.timeout = ds.timeout  # seconds to wait for one element; None: as long as it takes
-        self.frozen = False  # the child sent nothing within the timeout: stop it at once on close
         self.heard = False  # the child has sent something (started): the timeout is the element's alone
-        self.stack_path: str | None = None  # where the child writes its threads' stacks on SIGUSR1
         self.child_stages: list[StageStats] | None = None
         self.seen_storage: dict[str, float] = {}
         self.seen_errors: dict[str, int] = {}
         self.seen_examples = 0
         self.stats.threaded = True
-        self.stats.extra.update(slots=self.slots, shared_memory_bytes=0, zero_copy=0, copied_out=0, held_slots=0)
-        self.ring.extra = self.stats.extra
+        self.stats.extra.update(slots=self.slots, shared_memory_bytes=0, zero_copy=0, copied_out=0, held_slots=0,
+                                reused_child=0)
         b.ctx.on_close(self.close)
 
     # -- the child's lifetime ------------------------------------------------------------
     def _start(self) -> None:
         if self.ctx.closed or self.closed:
             raise RuntimeError("the iterator was closed")
-        if multiprocessing.current_process().daemon:
-            raise SubprocessError("in_subprocess cannot start its child inside a daemonic process (a DataLoader "
-                                  "worker, say): use it with DataLoader(num_workers=0), one child per rank")
+        keeper = self.ds._keeper()
+        child = keeper.take()
+        if child is not None:
+            self.heard = True  # started long ago: no start-up allowance
+            self.stats.extra["reused_child"] = 1
+        else:
+            if multiprocessing.current_process().daemon:
+                raise SubprocessError("in_subprocess cannot start its child inside a daemonic process (a DataLoader "
+                                      "worker, say): use it with DataLoader(num_workers=0), one child per rank")
+            try:
+                chain = pickle.dumps(self.ds.parent, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception:  # noqa: BLE001 - check_picklable names the stage
+                check_picklable(self.ds.parent)
+                raise
+            child = ChildProcess(chain, self.slots, with_stacks=self.timeout is not None)
+        self.child = child
         b = self.build
-        try:
-            payload = pickle.dumps((self.ds.parent, self.cur_state, b.epoch, b.scope, self.ctx.memory_budget),
-                                   protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:  # noqa: BLE001 - check_picklable names the stage
-            check_picklable(self.ds.parent)
-            raise
-        if self.timeout is not None:
-            fd, self.stack_path = tempfile.mkstemp(prefix=f"sf_{self.token}_", suffix=".stack")
-            os.close(fd)
-        mp = multiprocessing.get_context("spawn")
-        self.conn, child_conn = mp.Pipe(duplex=False)
-        child_ctrl, self.ctrl = mp.Pipe(duplex=False)
-        child_asks, self.asks = mp.Pipe(duplex=False)
-        self.answers, child_answers = mp.Pipe(duplex=False)
-        self.proc = mp.Process(target=child_main, args=(child_conn, child_ctrl, payload, self.token, self.slots,
-                                                         child_asks, child_answers, self.stack_path),
-                               name="shardfeed-subprocess", daemon=True)
-        self.proc.start()
-        self.ring.ctrl = self.ctrl
-        for c in (child_conn, child_ctrl, child_asks, child_answers):
-            c.close()
-        self.stats.extra["child_pid"] = self.proc.pid
+        child.ring.extra = self.stats.extra
+        self.stats.extra["held_slots"] = len(child.ring.held)
+        self.stats.extra["child_pid"] = child.proc.pid
+        child.start_pass(self.cur_state, b.epoch, b.scope, self.ctx.memory_budget)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self.ring.closed = True  # leases that end from now on hand nothing back
-        proc = self.proc
-        if proc is not None:
-            with self.ring.lock:  # not in the middle of a lease's send
-                try:
-                    self.ctrl.send(("stop",))
-                except (OSError, ValueError):
-                    pass  # the child is gone already
-            proc.join(0.5 if self.frozen else JOIN_TIMEOUT_S)  # a frozen child reads no stop message
-            if proc.exitcode is None:
-                if not self.frozen:
-                    logger.warning("in_subprocess child %d did not stop within %.0f s; terminating it", proc.pid,
-                                   JOIN_TIMEOUT_S)
-                proc.terminate()
-                proc.join(2.0)
-                if proc.exitcode is None:
-                    proc.kill()
-                    proc.join()
-            proc.close()
-            with self.ring.lock:
-                for c in (self.conn, self.ctrl):
-                    c.close()
-            for c in (self.asks, self.answers):  # a get_state waiting in another thread gives up
-                c.close()
+        child, self.child = self.child, None
+        if child is not None:
+            if self.ended and child.alive():
+                self.ds._keeper().give_back(child)  # for the next pass (an epoch, a new iterator)
+            else:
+                child.close()  # stopped mid-pass, failed, frozen or dead: what it made ahead goes with it
         self.pending.clear()
-        self.maps.clear()  # a mapping the user's arrays still view lives on until they go
-        if proc is not None:
-            for slot, gen in enumerate(self.gens):
-                # the newest announced generation, and the next one: a child that died
-                # between making a segment and announcing it leaves it under that name
-                for g in (gen, gen + 1):
-                    if g >= 0:
-                        shm.unlink_quietly(shm.slot_name(self.token, slot, g))
-        if self.stack_path is not None:
-            try:
-                os.unlink(self.stack_path)
-            except OSError:
-                pass
-            self.stack_path = None
 
     # -- the consumer's side ------------------------------------------------------------
     def _receive(self) -> None:
@@ -276,10 +196,12 @@ class SubprocessNode(Node):
         deadline = None
         if self.timeout is not None:  # the first element also waits for the child to start
             deadline = time.monotonic() + self.timeout + (0.0 if self.heard else START_S)
+        c = self.child
+        assert c is not None
         while True:
             try:
-                while self.conn.poll():
-                    self.pending.append(self.conn.recv())
+                while c.conn.poll():
+                    self.pending.append(c.conn.recv())
                     self.heard = True
             except EOFError:
                 if self.pending:
@@ -289,9 +211,9 @@ class SubprocessNode(Node):
                 return
             if self.ctx.closed:
                 raise RuntimeError("the iterator was closed")
-            self.ring.flush()  # slots whose arrays another thread dropped meanwhile
-            ready = wait([self.conn, self.proc.sentinel], timeout=0.1)
-            if ready and self.conn not in ready and not self.conn.poll():
+            c.ring.flush()  # slots whose arrays another thread dropped meanwhile
+            ready = [key.fileobj for key, _ in c.selector.select(0.1)]
+            if ready and c.conn not in ready and not c.conn.poll():
                 raise self._died()
             if deadline is not None and not ready and time.monotonic() >= deadline:
                 raise self._timed_out()
@@ -299,15 +221,17 @@ class SubprocessNode(Node):
     def _timed_out(self) -> TimeoutError:
         """The child sent nothing for ``timeout`` seconds: what it was doing (its threads'
         stacks, which it writes on SIGUSR1), as the error that ends the pass."""
-        self.done = self.frozen = True
-        pid = self.proc.pid
+        c = self.child
+        assert c is not None
+        self.done = c.frozen = True
+        pid = c.proc.pid
         stack = ""
-        if self.stack_path is not None:
+        if c.stack_path is not None:
             try:
                 os.kill(pid, signal.SIGUSR1)
                 for _ in range(20):  # written by the child's signal handler at once (faulthandler)
                     time.sleep(0.05)
-                    with open(self.stack_path, encoding="utf-8", errors="replace") as f:
+                    with open(c.stack_path, encoding="utf-8", errors="replace") as f:
                         got = f.read()
                     if got and got == stack:
                         break
@@ -324,8 +248,10 @@ class SubprocessNode(Node):
 
     def _died(self) -> SubprocessError:
         self.done = True
-        self.proc.join(1.0)
-        code = self.proc.exitcode
+        c = self.child
+        assert c is not None
+        c.proc.join(1.0)
+        code = c.proc.exitcode
         if code is not None and code < 0:
             try:
                 how = f"killed by signal {signal.Signals(-code).name} (exit code {code})"
@@ -333,16 +259,16 @@ class SubprocessNode(Node):
                 how = f"killed by signal {-code} (exit code {code})"
         else:
             how = f"exited with code {code}"
-        return SubprocessError(f"the in_subprocess child process (pid {self.proc.pid}) running the stages above "
+        return SubprocessError(f"the in_subprocess child process (pid {c.proc.pid}) running the stages above "
                                f"it died: {how}, before the end of the pass; the elements it had not sent are lost "
                                "(resume from the last get_state() to read them)")
 
     def _next(self) -> Any:
         if self.done:
             raise StopIteration
-        if self.proc is None:
+        if self.child is None:
             self._start()
-        self.ring.flush()
+        self.child.ring.flush()  # type: ignore[union-attr]
         if not self.pending:
             self._receive()
         self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
@@ -361,6 +287,7 @@ class SubprocessNode(Node):
         self.done = True
         self._merge(msg[-1])
         if kind == "end":
+            self.ended = True
             raise StopIteration
         _, blob, type_name, text, tb = msg[:5]
         exc = None
@@ -377,30 +304,26 @@ class SubprocessNode(Node):
         """The element in ``slot``: views of it while the user holds fewer than all slots
         but one (the slot goes back when the last view goes), else copied out (it goes back
         now), so the child always has a slot to fill."""
-        mapping, interface = self._slot(slot, gen)
-        ring, extra = self.ring, self.stats.extra
+        c = self.child
+        assert c is not None
+        mapping, interface = c.slot(slot, gen)
+        ring, extra = c.ring, self.stats.extra
+        if len(c.maps) != self.mapped:  # a slot mapped (or grown) since: say how much is mapped
+            self.mapped = len(c.maps)
+            extra["shared_memory_bytes"] = c.mapped_bytes()
         if not shm.views_slot(layout):  # nothing in the slot to view (scalars, bytes objects)
             x = shm.decode(mapping, structure, layout)
             ring.free(slot)
             extra["zero_copy"] += 1
         elif self.zero_copy and len(ring.held) < self.slots - 1:
             ring.hold(slot)
-            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, _Release(ring, slot), interface))
+            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, Release(ring, slot), interface))
             extra["zero_copy"] += 1
         else:
             x = shm.decode(mapping, structure, layout)
             ring.free(slot)
             extra["copied_out"] += 1
         return x
-
-    def _slot(self, slot: int, gen: int) -> tuple[Any, dict]:
-        have = self.maps.get(slot)
-        if have is None or have[0] != gen:
-            m = shm.map_segment(shm.slot_name(self.token, slot, gen))
-            have = self.maps[slot] = (gen, m, m.__array_interface__)  # the old mapping lives on in its views
-            self.gens[slot] = max(self.gens[slot], gen)
-            self.stats.extra["shared_memory_bytes"] = sum(mm.nbytes for _, mm, _ in self.maps.values())
-        return have[1], have[2]
 
     def _merge(self, snap: Mapping[str, Any] | None) -> None:
         """Show the child's statistics (cumulative for this pass) as this pass's own."""
@@ -435,44 +358,22 @@ class SubprocessNode(Node):
             return {"parent": self.cur_state}
         return {"parent": _ChildState(self, self.cur_ref, self.cur_state)}
 
+    @property
+    def reading(self) -> int | None:
+        """The thread reading an answer from the child now (see :meth:`ChildProcess.ask`)."""
+        return self.child.reading if self.child is not None else None
+
+    @reading.setter
+    def reading(self, ident: int | None) -> None:
+        if self.child is not None:
+            self.child.reading = ident
+
     def _ask(self, ref: int) -> Any:
-        """The child's full state number ``ref`` (its deferred parts made there, by a thread
-        that answers while the child makes elements), or None when it no longer has it or is
-        gone. Answers to other questions (a get_state inside another: a signal handler's, or
-        another thread's) are kept for them."""
-        if self.proc is None or self.closed or self.ask_broken or self.reading == threading.get_ident():
+        """The child's full state number ``ref``, or None (see :meth:`ChildProcess.ask`)."""
+        c = self.child
+        if c is None or self.closed:
             return None
-        with self.ask_lock:
-            if ref in self.answered:
-                return self.answered.pop(ref)
-            deadline = None if self.timeout is None else time.monotonic() + self.timeout
-            try:
-                self.asks.send(ref)
-                while True:
-                    if ref in self.answered:
-                        return self.answered.pop(ref)
-                    if not self.answers.poll():
-                        ready = wait([self.answers, self.proc.sentinel], timeout=1.0)
-                        if self.closed or (self.proc.sentinel in ready and not self.answers.poll()):
-                            return None  # closing, or the child is gone
-                        if not ready:
-                            if deadline is not None and time.monotonic() >= deadline:
-                                return None  # a frozen child: the state it sent (a late answer is kept)
-                            continue
-                    self.reading = threading.get_ident()
-                    try:
-                        got, made = self.answers.recv()
-                    finally:
-                        self.reading = None
-                    if got == ref:
-                        return made
-                    if len(self.answered) < 64:
-                        self.answered[got] = made
-            except (EOFError, OSError, ValueError, TypeError):
-                return None
-            except BaseException:
-                self.ask_broken = True  # perhaps in the middle of an answer: the pipe is out of step
-                raise
+        return c.ask(ref, self.timeout)
 
 
 class _ChildState(DeferredState):

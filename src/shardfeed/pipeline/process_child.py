@@ -3,13 +3,15 @@
 Started by :class:`~shardfeed.pipeline.process.SubprocessNode` with ``spawn``; see that module
 for the protocol. Messages to the consumer: ``("data", slot, generation, structure, layout,
 state, size, work_s, stats, ref)``, ``("end", stats)``, ``("error", pickled, type, text,
-traceback, stats)``; from it: ``("free", slot)`` and ``("stop",)``; on a pipe pair of their
-own, a full state's number and its answer.
+traceback, stats)``; from it: ``("start", state, epoch, scope, memory_budget)`` (a pass: one
+after another, each after the last one's end, so one child serves every epoch), ``("free",
+slot)`` and ``("stop",)``; on a pipe pair of their own, a full state's number and its answer.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import faulthandler
 import logging
 import pickle
@@ -20,7 +22,10 @@ import traceback
 from typing import Any
 
 from ..errors import SubprocessError
+from ..formats.native import BytesBuffer
+from ..formats.spec import BYTES, FixedLen, RaggedColumn, VarLen
 from . import shm
+from .batch import BatchDataset
 from .deferred import materialize
 from .node import Build, Context
 from .stats import PipelineStats
@@ -47,6 +52,39 @@ def _snapshot(stats: PipelineStats) -> dict:
     storage = {f: getattr(st, f) for f in st.FIELDS}
     storage["active_s"] = st.active_s
     return {"stages": stages, "storage": storage, "errors": stats.errors.to_dict()}
+
+
+def buffers_in_child(ds: Any) -> tuple[Any, Any]:
+    """``(chain, spec)``: a chain that ends in ``batch()`` over parsed TFRecords with bytes as
+    objects (FixedLen or VarLen bytes features), with its bytes parsed as buffers instead, and
+    the spec that says which columns the consumer gets as objects (:func:`objects_on_arrival`);
+    any other chain as it is, and None. The child then never makes a ``bytes`` object per
+    value only to pack them again into its slot (26 a record for a CTR table)."""
+    if type(ds) is not BatchDataset or ds.bytes_as != "object":
+        return ds, None
+    spec = ds.parent._deferred_spec()
+    if not spec:
+        return ds, None
+    cols = [s for s in spec.values() if getattr(s, "dtype", None) == BYTES]
+    if not cols or any(type(s) not in (FixedLen, VarLen) or (type(s) is FixedLen and not s.size) for s in cols):
+        return ds, None
+    return BatchDataset(ds.parent, ds.batch_size, ds.drop_remainder, "buffer"), spec
+
+
+def objects_on_arrival(batch: Any, spec: Any) -> Any:
+    """A batch of :func:`buffers_in_child`'s chain with each bytes column marked to arrive as
+    the object array ``bytes_as="object"`` gives (made by the consumer when first read)."""
+    if type(batch) is not dict:
+        return batch
+    for name, s in spec.items():
+        col = batch.get(name)
+        if getattr(s, "dtype", None) != BYTES:
+            continue
+        if isinstance(s, FixedLen) and isinstance(col, BytesBuffer):
+            batch[name] = shm.BytesObjects(col, (len(col) // s.size, *s.shape))
+        elif isinstance(col, RaggedColumn) and isinstance(col.values, BytesBuffer):
+            batch[name] = dataclasses.replace(col, values=shm.BytesObjects(col.values, (len(col.values),)))
+    return batch
 
 
 def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, asks: Any = None,
@@ -85,66 +123,72 @@ def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, as
         threading.Thread(target=answer_questions, name="shardfeed-subprocess-states", daemon=True).start()
     try:
         try:
-            ds, state, epoch, scope, budget = pickle.loads(payload)
+            ds = pickle.loads(payload)
         except Exception as exc:
             raise SubprocessError(
                 f"the child process could not unpickle the chain above in_subprocess ({type(exc).__name__}: "
                 f"{exc}): every function in it must be importable in a fresh interpreter (defined in a module or "
                 "script file, not in a notebook or an interactive session)") from exc
-        ctx = Context(budget)
-        root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
-        ctx.on_close(root.close)
-        last_stats = time.perf_counter()
+        ds, objects = buffers_in_child(ds)
         refs = 0
-        while True:
-            if _take_messages(ctrl, free, block=False):
+        while True:  # one pass per "start" (an epoch, a new iterator): the process and its slots stay
+            start = _take_messages(ctrl, free, block="start")
+            if start is True:
                 return
-            try:
-                x = next(root)
-            except StopIteration:
-                conn.send(("end", _snapshot(ctx.stats)))
-                ctx.close()
-                # the consumer may still ask for the last elements' full states, until it stops us
-                while not _take_messages(ctrl, free, block=True):
-                    pass
-                return
-            # deferred parts left out (made for every element they would cost what deferring
-            # saves); the full state kept a while, made if the consumer asks for it
-            full = root.get_state()
-            state = materialize(full, make=False)
-            ref = None
-            if state is not full:
-                refs += 1
-                ref = refs
-                with kept_lock:
-                    kept[ref] = full
-                    while len(kept) > nslots + KEPT_STATES:
-                        kept.popitem(last=False)
-            t = time.perf_counter()
-            structure, arrays, layout, size = shm.encode(x)
-            del x
-            work_s = time.perf_counter() - t
-            while not free:  # backpressure: wait for the consumer to hand a slot back
-                if _take_messages(ctrl, free, block=True):
+            _, state, epoch, scope, budget = start
+            ctx = Context(budget)
+            root = ds._build(Build(ctx, raw=False, epoch=epoch, scope=scope), state)
+            ctx.on_close(root.close)
+            last_stats = time.perf_counter()
+            while True:
+                if _take_messages(ctrl, free, block=False):
                     return
-            t = time.perf_counter()
-            k = free.popleft()
-            seg = segments[k]
-            if seg is None or seg.size < size:
-                new = shm.create(shm.slot_name(token, k, gens[k] + 1), int(size * GROWTH) + 4096)
-                if seg is not None:  # the consumer is done with it: it handed this slot back
-                    seg.close()
-                    seg.unlink()
-                segments[k] = new
-                gens[k] += 1
-            shm.write(segments[k].buf, arrays, layout)
-            del arrays
-            work_s += time.perf_counter() - t
-            now = time.perf_counter()
-            snap = None
-            if now - last_stats >= STATS_EVERY_S:
-                snap, last_stats = _snapshot(ctx.stats), now
-            conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap, ref))
+                try:
+                    x = next(root)
+                except StopIteration:
+                    conn.send(("end", _snapshot(ctx.stats)))
+                    ctx.close()
+                    ctx = None
+                    break  # the consumer may still ask for the last elements' full states, or start a pass
+                # deferred parts left out (made for every element they would cost what deferring
+                # saves); the full state kept a while, made if the consumer asks for it
+                full = root.get_state()
+                state = materialize(full, make=False)
+                ref = None
+                if state is not full:
+                    refs += 1
+                    ref = refs
+                    with kept_lock:
+                        kept[ref] = full
+                        while len(kept) > nslots + KEPT_STATES:
+                            kept.popitem(last=False)
+                t = time.perf_counter()
+                if objects is not None:
+                    x = objects_on_arrival(x, objects)
+                structure, arrays, layout, size = shm.encode(x)
+                del x
+                work_s = time.perf_counter() - t
+                while not free:  # backpressure: wait for the consumer to hand a slot back
+                    if _take_messages(ctrl, free, block=True):
+                        return
+                t = time.perf_counter()
+                k = free.popleft()
+                seg = segments[k]
+                if seg is None or seg.size < size:
+                    new = shm.create(shm.slot_name(token, k, gens[k] + 1), int(size * GROWTH) + 4096)
+                    if seg is not None:  # the consumer is done with it: it handed this slot back
+                        seg.close()
+                        seg.unlink()
+                    segments[k] = new
+                    gens[k] += 1
+                shm.write(segments[k].buf, arrays, layout)
+                del arrays
+                work_s += time.perf_counter() - t
+                now = time.perf_counter()
+                snap = None
+                if now - last_stats >= STATS_EVERY_S:
+                    snap, last_stats = _snapshot(ctx.stats), now
+                conn.send(("data", k, gens[k], structure, layout, state, size, work_s, snap, ref))
     except (BrokenPipeError, EOFError, ConnectionResetError):
         return  # the consumer is gone
     except BaseException as exc:  # noqa: BLE001 - carried to the consumer
@@ -173,15 +217,20 @@ def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, as
             stack_file.close()
 
 
-def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> bool:
-    """Read the consumer's messages (slots handed back); True when it asked to stop or is gone."""
+def _take_messages(ctrl: Any, free: collections.deque, block: bool) -> Any:
+    """Read the consumer's messages (slots handed back); True when it asked to stop or is
+    gone, a ``("start", ...)`` message when it asks for a pass (it sends one only while no
+    pass runs), else False. ``block``: wait for one message (a start, when no pass runs)."""
+    for_start = block == "start"
     try:
         while block or ctrl.poll():
             msg = ctrl.recv()
             if msg[0] == "stop":
                 return True
+            if msg[0] == "start":
+                return msg
             free.append(msg[1])
-            block = False
+            block = for_start
     except (EOFError, OSError):
         return True
     return False

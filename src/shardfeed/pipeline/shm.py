@@ -12,7 +12,9 @@ copied out into arrays the consumer owns (a second copy, the slot free at once).
 
 from __future__ import annotations
 
+import functools
 import io
+import math
 import mmap
 import os
 import pickle
@@ -26,34 +28,43 @@ from ..formats.native import BytesBuffer, pack_bytes
 
 ALIGN = 64  # each array starts on a cache line
 _NUMERIC = "a"
-_BYTES = "b"
+_BYTES = "b"  # a bytes column inside the element's structure: made into objects as it is decoded
+_LAZY = "B"  # a value of a dict element: made into objects when first read (see LazyBatch)
+
+
+class BytesObjects:
+    """A bytes column the child parsed as one buffer (``bytes_as="buffer"``) where the
+    consumer asked for objects: it crosses as buffer plus offsets and becomes the object
+    array of ``shape`` that ``bytes_as="object"`` gives, on the consumer's side."""
+
+    __slots__ = ("buffer", "shape")
+
+    def __init__(self, buffer: BytesBuffer, shape: tuple) -> None:
+        self.buffer, self.shape = buffer, shape
 
 
 class _Encoder(pickle.Pickler):
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, top: set[int]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.arrays: list[tuple[str, Any]] = []
+        self.top = top  # ids of a dict element's values: its bytes columns are made into objects lazily
 
     def persistent_id(self, obj: Any) -> Any:
-        if type(obj) is not np.ndarray:
+        t = type(obj)
+        if t is BytesObjects:
+            packed, shape = obj.buffer, obj.shape
+        elif t is np.ndarray:
+            if not obj.dtype.hasobject:
+                self.arrays.append((_NUMERIC, obj))
+                return len(self.arrays) - 1
+            packed = pack_bytes(obj) if obj.size else None  # natively, one buffer plus offsets
+            if packed is None:
+                return None  # other object arrays (str, mixed, empty) travel in the pickle
+            shape = obj.shape
+        else:
             return None
-        if not obj.dtype.hasobject:
-            self.arrays.append((_NUMERIC, obj))
-            return len(self.arrays) - 1
-        packed = pack_bytes(obj) if obj.size else None  # natively, one buffer plus offsets
-        if packed is not None:
-            self.arrays.append((_BYTES, (obj.shape, packed.offsets, packed.data)))
-            return len(self.arrays) - 1
-        return None  # other object arrays (str, mixed, empty) travel in the pickle
-
-
-class _Decoder(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, arrays: list) -> None:
-        super().__init__(file)
-        self.arrays = arrays
-
-    def persistent_load(self, pid: Any) -> Any:
-        return self.arrays[pid]
+        self.arrays.append((_LAZY if id(obj) in self.top else _BYTES, (shape, packed.offsets, packed.data)))
+        return len(self.arrays) - 1
 
 
 def _align(n: int) -> int:
@@ -62,15 +73,17 @@ def _align(n: int) -> int:
 
 def encode(x: Any) -> tuple[bytes, list, list, int]:
     """``(structure, arrays, layout, size)``: the pickled structure, the arrays to write,
-    where each goes in a slot, and the slot bytes they need."""
+    where each goes in a slot, and the slot bytes they need. A numeric array's dtype travels
+    as its ``str`` when that names it exactly (a dtype object costs microseconds to unpickle)."""
     f = io.BytesIO()
-    enc = _Encoder(f)
+    enc = _Encoder(f, {id(v) for v in x.values()} if type(x) is dict else set())
     enc.dump(x)
     layout: list[tuple] = []
     pos = 0
     for kind, a in enc.arrays:
         if kind == _NUMERIC:
-            layout.append((kind, pos, a.dtype, a.shape))
+            dt = a.dtype
+            layout.append((kind, pos, dt.str if dt.kind in "biufc" else dt, a.shape))
             pos = _align(pos + a.nbytes)
         else:
             shape, offsets, data = a
@@ -113,31 +126,138 @@ class SlotLease:
             release()
 
 
+@functools.lru_cache(maxsize=64)
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(name)
+
+
+class LazyBytes:
+    """A bytes column on its way to being an object array: ``root`` (the slot's lease, or a
+    copy) and where its offsets and data lie in it (its layout entry), made into objects by
+    :class:`LazyBatch` when first read (nothing more is made before: this is built for every
+    column of every batch, on the trainer's side)."""
+
+    __slots__ = ("root", "where")
+
+    def __init__(self, root: np.ndarray, where: tuple) -> None:
+        self.root, self.where = root, where
+
+    def objects(self) -> np.ndarray:
+        _, pos, shape, count, data_at, size = self.where
+        r = self.root
+        return BytesBuffer(r[data_at:data_at + size], np.ndarray(count, np.int64, r, pos)).to_numpy().reshape(shape)
+
+
+class LazyBatch(dict):
+    """A batch (a ``dict``) whose bytes columns become numpy object arrays of ``bytes`` when
+    first read, so a consumer that never reads one never pays for a Python object per
+    value. Every way of reading a value (``b[k]``, ``get``, ``items``, ``values``, ``pop``,
+    ``dict(b)``, ``{**b}``, ``==``, ``repr``, pickle, copy) sees the object arrays; only
+    ``dict``'s own methods called on it unbound (``dict.values(b)``) see the buffers."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        v = dict.__getitem__(self, key)
+        if type(v) is LazyBytes:
+            v = v.objects()
+            dict.__setitem__(self, key, v)
+        return v
+
+    def _make_all(self) -> None:
+        for k in [k for k, v in dict.items(self) if type(v) is LazyBytes]:
+            self[k]  # noqa: B018 - made and stored by __getitem__
+
+    def __iter__(self) -> Any:  # defined here so dict(b) and {**b} read the values through __getitem__
+        return dict.__iter__(self)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def values(self) -> Any:
+        self._make_all()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._make_all()
+        return dict.items(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self:
+            self[key]  # noqa: B018
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple:
+        self._make_all()
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else dict.setdefault(self, key, default)
+
+    def copy(self) -> dict:
+        return dict(self.items())
+
+    def __reduce__(self) -> Any:  # pickles (and copies) as the plain dict it stands for
+        return dict, (dict(self.items()),)
+
+    def __repr__(self) -> str:
+        self._make_all()
+        return dict.__repr__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._make_all()
+        if isinstance(other, LazyBatch):
+            other._make_all()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __or__(self, other: Any) -> Any:
+        return dict(self.items()) | other
+
+    def __ror__(self, other: Any) -> Any:
+        return other | dict(self.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def decode(mapping: np.ndarray, structure: bytes, layout: list, lease: SlotLease | None = None) -> Any:
     """The element :func:`encode` described, from ``mapping`` (the slot as a uint8 array):
-    its numeric arrays are views of the slot hanging from ``lease`` when one is given
-    (writable; the slot must not be reused until the lease is gone), else copies."""
+    its numeric arrays, and a dict element's bytes columns as buffer plus offsets (a
+    :class:`LazyBatch`), are views of the slot hanging from ``lease`` when one is given
+    (writable; the slot must not be reused until the lease is gone), else copies. One
+    ``ndarray`` call per numeric array: this runs on the trainer's side for every element."""
     arrays: list[Any] = []
     root = np.asarray(lease) if lease is not None else mapping  # its base is the lease
+    lazy = False
     for where in layout:
-        if where[0] == _NUMERIC:
+        kind = where[0]
+        if kind == _NUMERIC:
             _, pos, dtype, shape = where
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            if nbytes:
-                a = root[pos:pos + nbytes].view(dtype).reshape(shape)
-                arrays.append(a if lease is not None else a.copy())
-            else:
-                arrays.append(np.empty(shape, dtype))
+            a = np.ndarray(shape, _dtype(dtype) if type(dtype) is str else dtype, root, pos)
+            arrays.append(a if lease is not None else a.copy())
+        elif kind == _LAZY:
+            lazy = True
+            if lease is not None:
+                arrays.append(LazyBytes(root, where))
+            else:  # a copy of its offsets and data, the slot free at once
+                kind, pos, shape, count, data_at, size = where
+                region = mapping[pos:data_at + size].copy()
+                arrays.append(LazyBytes(region, (kind, 0, shape, count, data_at - pos, size)))
         else:  # bytes objects own their memory: each value is copied out of the slot (natively)
             _, pos, shape, count, data_at, size = where
-            packed = BytesBuffer(mapping[data_at:data_at + size], mapping[pos:pos + count * 8].view(np.int64))
+            packed = BytesBuffer(mapping[data_at:data_at + size], np.ndarray(count, np.int64, mapping, pos))
             arrays.append(packed.to_numpy().reshape(shape))
-    return _Decoder(io.BytesIO(structure), arrays).load()
+    u = pickle.Unpickler(io.BytesIO(structure))
+    u.persistent_load = arrays.__getitem__  # C-level: no Python call per array
+    x = u.load()
+    return LazyBatch(x) if lazy else x
 
 
 def views_slot(layout: list) -> bool:
-    """Whether :func:`decode` with a lease leaves any array viewing the slot."""
-    return any(w[0] == _NUMERIC and int(np.prod(w[3], dtype=np.int64)) for w in layout)
+    """Whether :func:`decode` with a lease leaves anything viewing the slot."""
+    return any(w[0] == _LAZY or (w[0] == _NUMERIC and math.prod(w[3])) for w in layout)
 
 
 def map_segment(name: str) -> np.ndarray:
