@@ -28,6 +28,7 @@
 #include "imgcheck.h"
 #include "imgrows.h"
 #include "packbytes.h"
+#include "permute.h"
 #include "resample.h"
 
 #define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
@@ -1975,6 +1976,9 @@ static PyMethodDef methods[] = {
      "validate_sequence_example(buf) -> None or a DecodeError message"},
     {"gather", py_gather, METH_VARARGS,
      "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
+    {"permute", sf_py_permute, METH_VARARGS,
+     "permute(out, n, half, keys, first, step, positions=None) -> None: a window of pipeline/permute.py's "
+     "permutation (permute.h)"},
     {"pack_bytes", sf_pack_bytes, METH_O,
      "pack_bytes(array) -> (data, offsets), or None when a value is not exactly bytes"},
     {"unpack_bytes", sf_unpack_bytes, METH_VARARGS, "unpack_bytes(data, offsets) -> 1-D object array of bytes"},

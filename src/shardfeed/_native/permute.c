@@ -1,0 +1,68 @@
+/* The seeded permutation of pipeline/permute.py in C: see permute.h. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#include "permute.h"
+
+static inline uint64_t mix(uint64_t x) { /* SplitMix64's finalizer */
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+static inline uint64_t once(uint64_t x, unsigned half, uint64_t mask, const uint64_t *keys, size_t rounds) {
+    uint64_t left = x >> half, right = x & mask;
+    for (size_t r = 0; r < rounds; r++) {
+        uint64_t t = left ^ (mix(right ^ keys[r]) & mask);
+        left = right;
+        right = t;
+    }
+    return (left << half) | right;
+}
+
+void sf_permute(uint64_t n, unsigned half, const uint64_t *keys, size_t rounds, const int64_t *positions,
+                int64_t first, int64_t step, size_t count, int64_t *out) {
+    uint64_t mask = (half >= 64) ? ~0ULL : ((1ULL << half) - 1);
+    for (size_t i = 0; i < count; i++) {
+        uint64_t x = positions ? (uint64_t)positions[i] : (uint64_t)(first + (int64_t)i * step);
+        uint64_t y = once(x, half, mask, keys, rounds);
+        while (y >= n) y = once(y, half, mask, keys, rounds); /* cycle walking: stay inside [0, n) */
+        out[i] = (int64_t)y;
+    }
+}
+
+PyObject *sf_py_permute(PyObject *self, PyObject *args) {
+    Py_buffer out, keys, pos = {0};
+    unsigned long long n;
+    unsigned half;
+    long long first, step;
+    PyObject *positions = Py_None;
+    if (!PyArg_ParseTuple(args, "w*KIy*LL|O", &out, &n, &half, &keys, &first, &step, &positions)) return NULL;
+    PyObject *result = NULL;
+    size_t count = (size_t)out.len / sizeof(int64_t);
+    if (half < 1 || half > 32 || keys.len % sizeof(uint64_t) || out.len % sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "permute: half must be in [1, 32], keys uint64, out int64");
+        goto done;
+    }
+    if (positions != Py_None) {
+        if (PyObject_GetBuffer(positions, &pos, PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if ((size_t)pos.len != count * sizeof(int64_t)) {
+            PyErr_SetString(PyExc_ValueError, "permute: positions (int64) must be as long as out");
+            goto done;
+        }
+    }
+    const int64_t *p = positions != Py_None ? (const int64_t *)pos.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sf_permute((uint64_t)n, half, (const uint64_t *)keys.buf, (size_t)keys.len / sizeof(uint64_t), p,
+               (int64_t)first, (int64_t)step, count, (int64_t *)out.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (pos.obj) PyBuffer_Release(&pos);
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&out);
+    return result;
+}
