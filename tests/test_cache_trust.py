@@ -64,14 +64,9 @@ def _wire(proxy) -> tuple[int, int]:
     return proxy.object_gets, proxy.object_bytes
 
 
-_INDEX_READS = pytest.mark.xfail(strict=True, reason="index files are read (or built, reading each shard whole) "
-                                 "outside the pass's counters: formats/index.py load_index takes no counters")
-
-
 @pytest.mark.parametrize("path", [
-    "sequential", "batched-prefetch", "cache-fill", "subprocess",
-    pytest.param("global-shuffle-cached", marks=_INDEX_READS), pytest.param("blocks", marks=_INDEX_READS),
-    pytest.param("global-shuffle-building-indexes", marks=_INDEX_READS)])
+    "sequential", "batched-prefetch", "cache-fill", "subprocess", "global-shuffle-cached", "blocks",
+    "global-shuffle-building-indexes"])
 def test_storage_counters_match_what_crossed_the_wire(objects, fault_proxy, tmp_path, path, s3_bucket):
     urls, expected, opts = objects
     spec = None
@@ -101,6 +96,22 @@ def test_storage_counters_match_what_crossed_the_wire(objects, fault_proxy, tmp_
     assert nbytes > 0
     assert abs(st.bytes_fetched - nbytes) <= nbytes // 100, (st.bytes_fetched, nbytes)
     assert abs(st.requests - gets) <= max(1, gets // 100), (st.requests, gets)
+
+
+def test_a_global_shuffle_building_indexes_downloads_each_cached_shard_once(objects, fault_proxy, tmp_path,
+                                                                           s3_bucket):
+    """No index files: each shard is scanned to build its index through the cache, so
+    the pass reads it from there (before, once to build and once more into the cache)."""
+    from shardfeed import storage
+
+    urls, expected, opts = objects
+    total = sum(storage.size(u, s3_bucket[1]) for u in urls)
+    gets, nbytes = _wire(fault_proxy)
+    it = iter(sf.read_tfrecord(urls, storage_options=opts, cache_dir=str(tmp_path / "cache"), shuffle="global",
+                               seed=5))
+    assert sorted(it) == sorted(r for v in expected.values() for r in v)
+    assert fault_proxy.object_bytes - nbytes == total == it.stats().storage.bytes_fetched
+    assert all(storage.exists(u + ".idx", s3_bucket[1]) for u in urls)
 
 
 def test_read_bytes_counts_what_it_fetched(objects, fault_proxy):

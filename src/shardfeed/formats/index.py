@@ -60,12 +60,15 @@ def check_index(index: np.ndarray, file_size: int) -> str | None:
     return None
 
 
-def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
+def read_index(index_url: str, storage_options: Mapping[str, Any] | None = None,
+               counters: Any = None) -> np.ndarray:
     """Read an index file into an ``int64`` array of shape ``(records, 2)``: offset, length.
+    A remote file's GETs and bytes are counted in ``counters`` (a pass's
+    :class:`~shardfeed.storage.IOCounters`) when given.
 
     Raises :class:`ShardfeedError` naming the file and line for a malformed line.
     """
-    data = storage.read_bytes(index_url, storage_options=storage_options)
+    data = storage.read_bytes(index_url, storage_options=storage_options, counters=counters)
     fast = _parse_index_fast(data)
     if fast is not None:
         return fast
@@ -254,7 +257,7 @@ def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.nd
 
 
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
-               cache: Any = None, size: int | None = None) -> np.ndarray | None:
+               cache: Any = None, size: int | None = None, counters: Any = None) -> np.ndarray | None:
     """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
     or the index cache; ``None`` when there is none and ``build`` is false.
 
@@ -268,15 +271,17 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     With ``build=True`` a missing index is made by scanning the shard once (the native
     frame scan) and saved beside it, or in :func:`cache_dir` when the storage is
     read-only, so later readers and later passes find it. With a ``cache`` (an
-    :class:`~shardfeed.storage.cache.ObjectCache`) a remote index file is read through it.
-    Compressed shards have no
+    :class:`~shardfeed.storage.cache.ObjectCache`) a remote index file is read through it,
+    and a shard scanned to build its index is downloaded into it (read once, not once to
+    build and once more to read). What either fetches is counted in ``counters`` (the
+    pass's :class:`~shardfeed.storage.IOCounters`) when given. Compressed shards have no
     index (records cannot be reached without inflating what precedes them): ``ValueError``.
     """
     idx = index_url_of(url)
     if normalize_compression("auto", url) is not None:
         # an index of a compressed shard counts frames of the inflated stream: no size to check
         if storage.exists(idx, storage_options):
-            return read_index(idx, storage_options)
+            return read_index(idx, storage_options, counters)
         if not build:
             return None
         raise ValueError(f"{mask(url)}: a compressed shard cannot be split into record ranges (index files "
@@ -284,8 +289,9 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     n = size if size is not None else _shard_size(url, storage_options)
 
     def read_beside() -> np.ndarray:
-        local = cache.fetch(idx, storage_options) if cache is not None and not parse_url(idx).is_local else None
-        return read_index(local, None) if local is not None else read_index(idx, storage_options)
+        local = (cache.fetch(idx, storage_options, counters) if cache is not None and not parse_url(idx).is_local
+                 else None)
+        return read_index(local, None) if local is not None else read_index(idx, storage_options, counters)
 
     index, stale = _read_checked(url, idx, read_beside, n)
     if index is not None:
@@ -305,7 +311,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     from .chunks import iter_frame_chunks  # noqa: PLC0415
 
     offsets, lengths = [], []
-    for chunk in iter_frame_chunks(url, None, storage_options=storage_options):
+    for chunk in iter_frame_chunks(url, None, storage_options=storage_options, counters=counters, cache=cache):
         offsets.append(chunk.positions)
         lengths.append(chunk.lengths + 16)
     index = np.stack([np.concatenate(offsets) if offsets else np.zeros(0, np.int64),

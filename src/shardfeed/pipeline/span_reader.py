@@ -24,7 +24,7 @@ from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
 from .gather import gather_chunks
-from .spans import GatherPlan, Span
+from .spans import GatherPlan, Span, open_pass
 from .workers import ChunkQueue, Closed, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class SpanChunks:
         rebase = getattr(src.provider, "rebase", None)
         if rebase is not None:  # a state saved by another reader (of another world size)
             state = rebase(state)
-        self.stream = src.provider.open(state["spans"] if state else None, epoch)
+        # index files the pass loads (a shuffle's) are counted with its other reads
+        self.stream = open_pass(src.provider, state["spans"] if state else None, epoch, self.counters)
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
         self.read_ahead = src.read_ahead

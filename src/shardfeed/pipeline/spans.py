@@ -354,6 +354,14 @@ INDEX_LOADS_AT_ONCE = 16
 shuffled pass waits for all of them before its first record."""
 
 
+def open_pass(provider: SpanProvider, state: Any, epoch: tuple, counters: Any) -> SpanStream:
+    """``provider.open(state, epoch)`` for one pass whose reads are counted in ``counters``
+    (an :class:`~shardfeed.storage.IOCounters`): a provider that loads index files for the
+    pass (:meth:`ShuffledSpans.open_counted`) counts them there too."""
+    opener = getattr(provider, "open_counted", None)
+    return opener(state, epoch, counters) if opener is not None else provider.open(state, epoch)
+
+
 def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
     """``{url: fn(url)}`` for the distinct ``urls``; remote ones several at once (each is a
     few round trips). The error of the first URL in order that failed is raised."""
@@ -368,14 +376,14 @@ def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
 
 
 def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None, cache: Any,
-                 wrap: Any = None) -> dict[str, np.ndarray]:
+                 wrap: Any = None, counters: Any = None) -> dict[str, np.ndarray]:
     """The index of each of ``urls`` (built when missing), ``{url: index}``; remote ones
     several at once. ``wrap(url, exc)``, when given, turns a storage error into the one
-    raised."""
+    raised; what the loads fetch is counted in ``counters`` (the pass's)."""
 
     def one(url: str) -> np.ndarray:
         try:
-            return np.asarray(load_index(url, storage_options, build=True, cache=cache))
+            return np.asarray(load_index(url, storage_options, build=True, cache=cache, counters=counters))
         except (PermissionError, OSError) as exc:
             if wrap is None:
                 raise
@@ -390,7 +398,7 @@ bytes ``[offset, end)`` (see :func:`block_spans`)."""
 
 
 def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: Mapping[str, Any] | None = None,
-                compression: str | None = "auto", cache: Any = None) -> list[Span]:
+                compression: str | None = "auto", cache: Any = None, counters: Any = None) -> list[Span]:
     """``spans`` cut into blocks, in order. With ``block_size`` records: record ranges
     through the files' index files (built when missing), the last of a file maybe
     shorter. With ``None``, by bytes: the records of a file whose frames start in the same
@@ -401,7 +409,8 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
     placeholders (``handle`` :data:`STEP`, the step's bytes as ``offset``/``end``), cut
     through the index when read (:func:`cut_step`), so no index file is read before the
     first record. A record range (not a whole file) is cut likewise, counting its steps
-    from its first record, through its index at once."""
+    from its first record, through its index at once. What index loads fetch is counted
+    in ``counters`` (the pass's)."""
     for s in spans:
         if normalize_compression(compression, s.url) is not None:
             raise ValueError(f"shuffle='blocks' needs record ranges, but {mask(s.url)} is compressed (there is "
@@ -411,7 +420,7 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
         step = DEFAULT_BLOCK_BYTES
         sizes = _each(lambda u: size(u, storage_options), [s.url for s in spans if _whole(s)])
         parts = [s for s in spans if not _whole(s)]
-        indexes = load_indexes([s.url for s in parts], storage_options, cache) if parts else {}
+        indexes = load_indexes([s.url for s in parts], storage_options, cache, counters=counters) if parts else {}
         for s in spans:
             if _whole(s):
                 n = sizes[s.url]
@@ -426,7 +435,7 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
                 for lo, hi in zip(cuts[:-1], cuts[1:]):
                     out += range_spans(s.url, idx, lo, hi)
         return out
-    indexes = load_indexes([s.url for s in spans], storage_options, cache)
+    indexes = load_indexes([s.url for s in spans], storage_options, cache, counters=counters)
     for s in spans:
         idx = indexes[s.url]
         a, b = _records_of(s, idx)
@@ -460,7 +469,7 @@ class _BlockStream(_ListStream):
     applied to blocks cut another way (its index would point at other blocks)."""
 
     def __init__(self, spans: Sequence[Span], state: Any, rule: str, provider: "ShuffledSpans",
-                 ident: Mapping[str, Any] | None = None) -> None:
+                 ident: Mapping[str, Any] | None = None, counters: Any = None) -> None:
         saved = state.get("blocks") if state else rule
         if saved is None and rule.startswith("bytes:"):
             # saved before blocks were cut by bytes: always a count of records
@@ -476,6 +485,7 @@ class _BlockStream(_ListStream):
         super().__init__(spans, state, ident)
         self.rule = rule
         self.p = provider
+        self.counters = counters  # the pass's: index files loaded for it are counted there
         self.pool: Any = None
         self.loading: dict[str, Any] = {}
         wanted = [s.url for s in spans[self.i:] if s.handle == STEP and s.url not in provider._indexes]
@@ -484,7 +494,7 @@ class _BlockStream(_ListStream):
             from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
             self.pool = ThreadPoolExecutor(min(INDEX_LOADS_AT_ONCE, len(wanted)), thread_name_prefix="shardfeed-index")
-            self.loading = {u: self.pool.submit(provider.index_of, u) for u in wanted}
+            self.loading = {u: self.pool.submit(provider.index_of, u, counters) for u in wanted}
 
     def next_span(self, block: bool = True) -> Span | None:
         while True:
@@ -492,7 +502,7 @@ class _BlockStream(_ListStream):
             if s is None or s.handle != STEP:
                 return s
             fut = self.loading.get(s.url)
-            idx = fut.result() if fut is not None else self.p.index_of(s.url)
+            idx = fut.result() if fut is not None else self.p.index_of(s.url, self.counters)
             cut = cut_step(s, idx)
             if cut is not None:
                 return cut
@@ -540,34 +550,36 @@ class ShuffledSpans:
         self._sizes = _sizes if _sizes is not None else {}  # url -> size known from the block cut, shared
         self._files: list[str] = _files if _files is not None else []  # the spans' digest, made once, shared
 
-    def units(self) -> list[Span]:
+    def units(self, counters: Any = None) -> list[Span]:
+        """This provider's units, cut once (``counters``: the pass that cuts them, which
+        counts the index files read)."""
         if self.mode == "global":
             raise ValueError("shuffle='global' has no units: its spans are computed per window")
         if not self._units_cache:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
                                                                         self.storage_options, self.compression,
-                                                                        self.cache)
+                                                                        self.cache, counters)
             for u in units:  # the last step of a file ends at its size: its index check needs no stat
                 if u.handle == STEP and u.end is not None:
                     self._sizes[u.url] = u.end
             self._units_cache.append(units)
         return self._units_cache[0]
 
-    def index_of(self, url: str) -> np.ndarray:
+    def index_of(self, url: str, counters: Any = None) -> np.ndarray:
         """``url``'s index (built when missing), loaded once for this provider and its
-        splits (any thread)."""
+        splits (any thread); what the load fetches is counted in ``counters``."""
         idx = self._indexes.get(url)
         if idx is None:
             idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache,
-                                        size=self._sizes.get(url)))
+                                        size=self._sizes.get(url), counters=counters))
             idx = self._indexes.setdefault(url, idx)  # atomic: a load raced by another thread keeps one
         return idx
 
-    def order(self, epoch: tuple) -> list[Span]:
+    def order(self, epoch: tuple, counters: Any = None) -> list[Span]:
         """This reader's units of the epoch, in order."""
         from .permute import Permutation  # noqa: PLC0415
 
-        units = self.units()
+        units = self.units(counters)
         perm = Permutation(len(units), (self.seed, *[int(e) for e in epoch]))
         return [units[i] for i in perm.take(self.index, len(units), self.count).tolist()]
 
@@ -581,13 +593,19 @@ class ShuffledSpans:
         return identity(self._files[0], share, self.mode, self.seed)
 
     def open(self, state: Any, epoch: tuple) -> Any:
+        return self.open_counted(state, epoch, None)
+
+    def open_counted(self, state: Any, epoch: tuple, counters: Any) -> Any:
+        """:meth:`open`, the index files the pass needs counted in ``counters`` (its
+        :class:`~shardfeed.storage.IOCounters`: reads, and shards scanned to build them)."""
         ident = self.identity()
         if state:
             check_state(state, ident)
         if self.mode == "global":
-            return _GlobalStream(self, epoch, state, ident)
+            return _GlobalStream(self, epoch, state, ident, counters)
         if self.mode == "blocks":
-            return _BlockStream(self.order(epoch), state, blocks_rule(self.block_size), self, ident)
+            return _BlockStream(self.order(epoch, counters), state, blocks_rule(self.block_size), self, ident,
+                                counters)
         return _ListStream(self.order(epoch), state, ident)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
@@ -602,11 +620,12 @@ class ShuffledSpans:
         return n if n is None else len(range(self.index, n, self.count))
 
     # -- shuffle="global" ---------------------------------------------------------------------
-    def records(self) -> "GlobalIndex":
+    def records(self, counters: Any = None) -> "GlobalIndex":
         """Every record of every file, through the index files (loaded once, built when
-        missing); shared with the splits of this provider."""
+        missing, what that fetches counted in ``counters``); shared with the splits of this
+        provider."""
         if not self._units_cache:
-            g = GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache)
+            g = GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache, counters)
             self._units_cache.append(g)
             remote = [u for u in g.urls if not parse_url(u).is_local]
             if remote and self.cache is None:
@@ -695,7 +714,7 @@ class GlobalIndex:
 
     @classmethod
     def of(cls, spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None,
-           cache: Any) -> "GlobalIndex":
+           cache: Any, counters: Any = None) -> "GlobalIndex":
         urls, indexes = [], []
         for s in spans:
             if normalize_compression(compression, s.url) is not None:
@@ -707,7 +726,7 @@ class GlobalIndex:
             return type(exc)(f"shuffle='global' needs the index file of {mask(url)} and cannot build it "
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
-        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap)
+        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters)
         for s in spans:
             idx = loaded[s.url]
             a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
@@ -750,11 +769,12 @@ class _GlobalStream(_OwnStream):
     integers: where this pass's positions start (``base``), which reader of how many,
     and the window's first position."""
 
-    def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any, ident: Mapping[str, Any]) -> None:
+    def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any, ident: Mapping[str, Any],
+                 counters: Any = None) -> None:
         self.p = provider
         self.ident = dict(ident)
         self.epoch = tuple(int(e) for e in epoch)
-        self.g = provider.records()
+        self.g = provider.records(counters)
         self.base = int(state["base"]) if state else 0
         self.t = int(state["t"]) if state else 0
 
