@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import re
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 import shardfeed as sf
+from shardfeed.formats.native import Buffers
 from shardfeed.pipeline import check_resume_everywhere
+from shardfeed.pipeline.shuffle_batch import ShuffledBatches
 from shardfeed.pipeline.state import elements_equal
 
 from .test_pipeline_helpers import SPEC, example, example_files
@@ -191,3 +194,44 @@ def test_deferred_state_parts_are_made_or_left_out():
     assert materialize(st) == {"a": {"x": 1}, "b": [2, {}], "d": 3}
     assert materialize(st, make=False) == {"b": [None, {}], "d": 3}
     assert isinstance(st["a"], Part)  # the state itself is left as it was
+
+
+def test_shuffled_batches_refer_to_the_chunks_read_not_a_copy(tmp_path):
+    # large records (a 20 KB image-like value each) in small chunks, a buffer that outlives
+    # them: every batch's records are read where the source put them (its chunks, or the
+    # copies compaction kept), so the bytes go from the read buffer to the parser once
+    blob = np.random.default_rng(3).integers(0, 256, 40_000, dtype=np.uint8).tobytes()
+    files = []
+    for f in range(3):
+        p = str(tmp_path / f"big-{f}.tfrecord")
+        sf.write_records(p, [sf.encode_example({"id": [f * 1000 + i], "image": blob[i * 97:i * 97 + 20_000]})
+                             for i in range(150)])
+        files.append(p)
+    spec = {"id": sf.FixedLen("int64"), "image": sf.FixedLen("bytes")}
+    src = sf.read_tfrecord(files, spec=spec)
+    ds = src.shuffle(100, seed=2).batch(16)
+    producer = ShuffledBatches(src, ds.parent, ds, (), None)
+    try:
+        read: set[int] = set()  # every buffer a chunk the source read lies in
+
+        class Recording(collections.deque):
+            def append(self, c):
+                read.add(id(c.chunk.buffer))
+                super().append(c)
+
+        producer.chunks = Recording(producer.chunks)
+        seen = []
+        while True:
+            kept = {id(v[0]) for v in producer.survivors.values()}  # records compaction copied out
+            try:
+                batch = next(producer)[0]
+            except StopIteration:
+                break
+            bufs = batch.buffer.buffers if isinstance(batch.buffer, Buffers) else (batch.buffer,)
+            assert all(id(b) in read | kept for b in bufs)
+            seen += [int(sf.parse_single_example(rec, spec)["id"]) for rec in batch.records()]
+    finally:
+        producer.close()
+    assert sorted(seen) == sorted(f * 1000 + i for f in range(3) for i in range(150))
+    unfused = sf.read_tfrecord(files, spec=spec).take(-1).shuffle(100, seed=2).batch(16)
+    assert [int(v) for b in ds for v in b["id"]] == seen == [int(v) for b in unfused for v in b["id"]]

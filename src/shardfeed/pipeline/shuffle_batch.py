@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.chunks import FrameChunk
+from ..formats.native import Buffers
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
@@ -255,8 +256,9 @@ class ShuffledBatches:
 
     # -- records at positions --------------------------------------------------------------------
     def _gather(self, positions: np.ndarray) -> tuple[FrameChunk, list[str]]:
-        """The frames at ``positions``, copied in that order into one buffer (per-record
-        metadata by numpy, one slice per record), and each record's file."""
+        """The frames at ``positions``, in that order, as references into the buffers they
+        lie in (:class:`~shardfeed.formats.native.Buffers`: the chunks read, the compacted
+        records), and each record's file."""
         chunks = self.chunks
         n = len(positions)
         bases = np.fromiter((c.base for c in chunks), dtype=np.int64, count=len(chunks))
@@ -281,20 +283,20 @@ class ShuffledBatches:
             src_off[sel] = c.chunk.offsets[j]
             lens[sel] = c.chunk.lengths[j]
             file_pos[sel] = c.chunk.positions[j]
-        views = [memoryview(c.chunk.buffer) for c in chunks]
-        ends = src_off + lens
-        if kept:
-            pieces = [kept[k][0] if w < 0 else views[w][o:e]
-                      for k, (w, o, e) in enumerate(zip(which.tolist(), src_off.tolist(), ends.tolist()))]
-        else:
-            pieces = [views[w][o:e] for w, o, e in zip(which.tolist(), src_off.tolist(), ends.tolist())]
-        offs = np.zeros(n, dtype=np.int64)
-        if n > 1:
-            np.cumsum(lens[:-1], out=offs[1:])
         urls = [kept[k][2] if w < 0 else chunks[w].url for k, w in enumerate(which.tolist())]
         ids = self.file_ids
         sources = np.fromiter((ids.setdefault(u, len(ids)) for u in urls), dtype=np.int64, count=n)
-        return FrameChunk(b"".join(pieces), offs, lens, file_pos, sources), urls
+        # by reference: each record where it lies, in the chunk the source read (or its
+        # compacted copy); the batch parser reads them there, so no byte is copied here
+        used = np.unique(which[which >= 0])
+        bufs = [chunks[w].chunk.buffer for w in used.tolist()]
+        slot = np.searchsorted(used, which)
+        for k in sorted(kept):
+            slot[k] = len(bufs)
+            bufs.append(kept[k][0])
+        if len(bufs) == 1:
+            return FrameChunk(bufs[0], src_off, lens, file_pos, sources), urls
+        return FrameChunk(Buffers(tuple(bufs), slot.astype(np.int64)), src_off, lens, file_pos, sources), urls
 
     def _buffered(self) -> np.ndarray:
         t = self.table
