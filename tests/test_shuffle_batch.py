@@ -235,3 +235,14 @@ def test_shuffled_batches_refer_to_the_chunks_read_not_a_copy(tmp_path):
     assert sorted(seen) == sorted(f * 1000 + i for f in range(3) for i in range(150))
     unfused = sf.read_tfrecord(files, spec=spec).take(-1).shuffle(100, seed=2).batch(16)
     assert [int(v) for b in ds for v in b["id"]] == seen == [int(v) for b in unfused for v in b["id"]]
+
+
+def test_stats_show_the_fused_shuffles_own_time_apart_from_read_and_parse(tmp_path):
+    files = example_files(tmp_path, [300, 200])
+    ds = _fused(files, 50, 16, 3)
+    assert sum(len(b["id"]) for b in ds) == 500
+    stages = {s["name"].split(":", 1)[1]: s for s in ds.stats().to_dict()["stages"]}
+    assert set(stages) == {"shuffle", "batch"}
+    shuffle = stages["shuffle"]
+    assert shuffle["elements"] == 500 and shuffle["busy_s"] > 0 and shuffle["read_s"] > 0
+    assert "shuffle" in str(ds.stats())

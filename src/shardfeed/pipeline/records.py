@@ -317,10 +317,11 @@ class TFRecordSource(SourceDataset):
             return None
         if state is not None and state.get("read") is None:
             return None
-        from .shuffle_batch import ShuffledBatches  # noqa: PLC0415 - it imports this module
+        from .shuffle_batch import ShuffledBatches, shuffle_stage  # noqa: PLC0415 - it imports this module
 
         return SourceBatchNode(b, batch, self, state, ShuffledBatches(self, shuffle, batch, b.epoch, state,
-                                                                            b.ctx.stats.storage, b.ctx.stats.errors))
+                                                                            b.ctx.stats.storage, b.ctx.stats.errors,
+                                                                            shuffle_stage(b, shuffle)))
 
     def with_provider(self, provider: SpanProvider, num_parallel_reads: int | None | str = "same") -> "TFRecordSource":
         """The same source (spec, options) over another provider; ``read_stats`` shared."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +41,17 @@ from .frames import Frames, chunk_entry, fetch_frames
 from .records import RECORD_CHUNK, TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
+from .stats import StageStats
+
+
+def shuffle_stage(b: Any, shuffle_ds: Any) -> StageStats:
+    """The statistics stage of the fused node's shuffle (named and keyed as the unfused
+    shuffle node's would be): its own time as ``busy_s``, the time it waited for the
+    source's chunks as ``read_s``; the parse stays the batch stage's."""
+    key = (b.scope, shuffle_ds.kind) if b.scope else id(shuffle_ds)
+    st = b.ctx.stats.stage(key, f"{b.scope}/{shuffle_ds.kind}" if b.scope else shuffle_ds.kind)
+    st.threaded = True  # its time is measured, not inferred from its upstream's
+    return st
 
 
 class _Chunk:
@@ -57,8 +69,13 @@ class ShuffledBatches:
     """The batch producer of a fused shuffle + batch (see :class:`~shardfeed.pipeline.records.SourceBatchNode`)."""
 
     def __init__(self, src: TFRecordSource, shuffle_ds: Any, batch_ds: Any, epoch: tuple,
-                 state: Mapping[str, Any] | None, counters: Any = None, errors: Any = None) -> None:
+                 state: Mapping[str, Any] | None, counters: Any = None, errors: Any = None,
+                 stage: StageStats | None = None) -> None:
         self.src = src
+        # the shuffle's own time (draws, gather, compaction, state) and, apart, the time
+        # spent waiting for the source's chunks: the parse is the batch stage's
+        self.stage = stage
+        self.read_s = 0.0
         self.counters = counters
         self.errors = errors
         self.file_ids: dict[str, int] = {}  # for each batch's file mix
@@ -128,12 +145,15 @@ class ShuffledBatches:
     def _read_to(self, target: int) -> None:
         """Read chunks until ``read >= target`` or the source ends."""
         while self.read < target and not self.ended:
+            t0 = time.perf_counter()
             try:
                 chunk, tag = next(self.it)
             except StopIteration:
+                self.read_s += time.perf_counter() - t0
                 self.ended = True
                 self.span_chunks.finish_all()
                 break
+            self.read_s += time.perf_counter() - t0
             if not chunk.count:
                 continue
             end = int(chunk.positions[-1] + chunk.lengths[-1]) + FRAME_OVERHEAD
@@ -239,15 +259,23 @@ class ShuffledBatches:
         return out
 
     def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
-        if not self.filled:
-            self._fill_first()
-        parts = self._draw(self.k)
-        positions = np.concatenate(parts) if parts else np.empty(0, np.int64)
-        if not len(positions) or (self.drop and len(positions) < self.k):
-            raise StopIteration
-        batch, urls = self._gather(positions)
-        state = self.get_state()
-        self._compact()
+        t0, read0 = time.perf_counter(), self.read_s
+        try:
+            if not self.filled:
+                self._fill_first()
+            parts = self._draw(self.k)
+            positions = np.concatenate(parts) if parts else np.empty(0, np.int64)
+            if not len(positions) or (self.drop and len(positions) < self.k):
+                raise StopIteration
+            batch, urls = self._gather(positions)
+            state = self.get_state()
+            self._compact()
+        finally:
+            if self.stage is not None:
+                self.stage.add_work(max(0.0, time.perf_counter() - t0 - (self.read_s - read0)))
+                self.stage.extra["read_s"] = round(self.read_s, 6)
+        if self.stage is not None:
+            self.stage.elements += len(positions)
 
         def where(k: int) -> str:
             return f"byte offset {int(batch.positions[k])} of {mask(urls[k])} (upstream record #{int(positions[k])})"
