@@ -811,3 +811,20 @@ def test_subprocess_kept_child_stops_when_no_pass_asks_for_it(monkeypatch):
     assert [x["k"] for x in ds] == list(range(6))  # the next pass starts a new one
     assert ds.stats().stages[-1].extra["reused_child"] == 0
     ds.close()
+
+
+def test_subprocess_kept_child_killed_while_idle_is_replaced_at_the_next_pass():
+    before = _segments()
+    ds = from_list(list(range(6))).map(block).in_subprocess(buffer_size=2)
+    assert [x["k"] for x in ds] == list(range(6))
+    pid = ds.stats().stages[-1].extra["child_pid"]
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if pid not in _children():
+            break
+        time.sleep(0.05)
+    assert [x["k"] for x in ds] == list(range(6))  # every element, from a new child
+    extra = ds.stats().stages[-1].extra
+    assert extra["child_pid"] != pid and extra["reused_child"] == 0
+    ds.close()
+    assert _segments() == before  # the dead child's segments were removed too
