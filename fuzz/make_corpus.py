@@ -1,4 +1,4 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck,imgrows}/),
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck,imgrows,permute}/),
 deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
@@ -254,6 +254,24 @@ def main() -> None:
     for name, data in imgrows_seeds().items():
         with open(os.path.join(ir_dir, name), "wb") as f:
             f.write(data)
+    pm_dir = os.path.join(HERE, "corpus", "permute")
+    os.makedirs(pm_dir, exist_ok=True)
+    for name, data in permute_seeds().items():
+        with open(os.path.join(pm_dir, name), "wb") as f:
+            f.write(data)
+
+
+def permute_seeds() -> dict[str, bytes]:
+    """name -> inputs of fuzz_permute.c: n (8 bytes), the mode byte (even: n cut to 1..4096),
+    six round keys, the first position, the step: small sizes at the bit widths' edges, and
+    large ones (2^32 + 1, 2^62) read in windows with strides 1 and 7."""
+    keys = struct.pack("<6Q", *(0x9E3779B97F4A7C15 * (r + 1) % 2**64 for r in range(6)))
+    out = {}
+    for n in (1, 2, 3, 4, 5, 16, 17, 255, 256, 4095):
+        out[f"small-{n}"] = struct.pack("<Q", n - 1) + b"\0" + keys
+    for n, first, step in ((2**32 + 1, 2**32 - 3, 1), (2**62, 12345, 7)):
+        out[f"large-{n}-{step}"] = struct.pack("<Q", n - 1) + b"\1" + keys + struct.pack("<qB", first, step)
+    return out
 
 
 def imgrows_seeds() -> dict[str, bytes]:

@@ -70,3 +70,14 @@ def test_out_of_range_positions_raise():
         p[np.array([0, -1])]
     assert p.take(8, 100).tolist() == Permutation(10, 1, native=False).take(8, 100).tolist()
     assert p.take(10, 20).size == 0
+
+
+@needs_native
+def test_the_native_window_refuses_positions_it_would_walk_forever():
+    keys = Permutation(10, 1).keys
+    out = np.empty(3, np.int64)
+    for n, half, first, step in ((0, 1, 0, 1), (10, 2, 8, 1), (10, 2, -1, 1), (10, 2, 0, -1), (100, 2, 0, 1)):
+        with pytest.raises(IndexError, match="permute: positions"):
+            permute._native_permute(out, n, half, keys, first, step)
+    with pytest.raises(IndexError):
+        permute._native_permute(out, 10, 2, keys, 0, 0, np.array([0, 10, 1], np.int64))

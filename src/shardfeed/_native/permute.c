@@ -1,6 +1,9 @@
-/* The seeded permutation of pipeline/permute.py in C: see permute.h. */
+/* The seeded permutation of pipeline/permute.py in C: see permute.h. SF_PERMUTE_NO_PYTHON
+ * leaves the binding out (the fuzz harness links the C alone). */
+#ifndef SF_PERMUTE_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#endif
 #include <stdint.h>
 
 #include "permute.h"
@@ -33,6 +36,7 @@ void sf_permute(uint64_t n, unsigned half, const uint64_t *keys, size_t rounds, 
     }
 }
 
+#ifndef SF_PERMUTE_NO_PYTHON
 PyObject *sf_py_permute(PyObject *self, PyObject *args) {
     Py_buffer out, keys, pos = {0};
     unsigned long long n;
@@ -54,6 +58,20 @@ PyObject *sf_py_permute(PyObject *self, PyObject *args) {
         }
     }
     const int64_t *p = positions != Py_None ? (const int64_t *)pos.buf : NULL;
+    /* a position outside [0, n), or n past the network's domain, would walk forever */
+    int bad = half < 32 && n > (1ULL << (2 * half));
+    if (p) {
+        for (size_t i = 0; i < count && !bad; i++) bad = p[i] < 0 || (uint64_t)p[i] >= n;
+    } else if (count) {
+        long long last;
+        bad = bad || step < 0 || first < 0 || (uint64_t)first >= n ||
+              __builtin_mul_overflow((long long)(count - 1), step, &last) ||
+              __builtin_add_overflow(first, last, &last) || (uint64_t)last >= n;
+    }
+    if (bad) {
+        PyErr_Format(PyExc_IndexError, "permute: positions must be in [0, %llu) and n within 2**%u", n, 2 * half);
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
     sf_permute((uint64_t)n, half, (const uint64_t *)keys.buf, (size_t)keys.len / sizeof(uint64_t), p,
                (int64_t)first, (int64_t)step, count, (int64_t *)out.buf);
@@ -66,3 +84,4 @@ done:
     PyBuffer_Release(&out);
     return result;
 }
+#endif
