@@ -8,8 +8,13 @@ interleaved rounds (every row once per round), medians. From the page cache:
   4 MiB of a file, cut through its index file);
 - ``shuffle="blocks"`` followed by a 4,096-record buffer shuffle;
 - ``shuffle="global"`` (one seeded permutation of all records, gathered through the index);
+- the same with the permutation computed by its numpy reference (the path before the native
+  ``permute.c``, and where the extension is not built: the before/after of issue 40);
 - a 10,000-record buffer shuffle after the source (``.shuffle(10_000, seed=0)``);
-- tf.data ``TFRecordDataset(files).shuffle(10_000).batch(1024).map(parse_example)``.
+- tf.data ``TFRecordDataset(files).shuffle(10_000).batch(1024).map(parse_example)``;
+- large records (``--image-records``, 3,000 of 100 KB, an image-like bytes value and a label,
+  in 4 files): ``batch(64)``, ``.shuffle(1000, seed=0).batch(64)``, and the same with each
+  batch's records copied into one buffer (the gather before issue 40) (``0`` skips).
 
 From object storage (``--no-s3`` skips): the same shards and their ``.idx`` files uploaded
 straight to a moto S3 server on 127.0.0.1 (``object_storage.py``'s ``MotoServer``), read
@@ -78,6 +83,10 @@ S3_GLOBAL_E1, S3_GLOBAL_E2 = "S3 shuffle='global' + cache_dir, epoch 1", "S3 shu
 TF = "tf.data shuffle(10000)"
 GRAIN_MAP = "grain MapDataset shuffle + __getitems__"
 GRAIN_LOADER = "grain DataLoader(IndexSampler shuffle)"
+GLOBAL_PY = "shuffle='global', numpy permutation"
+IMG_SEQ, IMG_SHUF = "100 KB records: batch(64)", "100 KB records: shuffle(1000).batch(64)"
+IMG_SHUF_COPY = "100 KB records: shuffle(1000).batch(64), copied"
+IMG_SPEC = {"image": sf.FixedLen("bytes"), "label": sf.FixedLen("int64")}
 PREFIX_ROWS = (S3_GLOBAL_NOCACHE, GRAIN_LOADER)  # slow rows that read only their first records
 
 
@@ -98,6 +107,17 @@ def _rate(ds, limit: int | None = None) -> tuple[int, float]:
     return n, dt
 
 
+def _numpy_permutation(fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the global shuffle's permutation computed by the numpy reference."""
+    from shardfeed.pipeline import permute  # noqa: PLC0415
+
+    native, permute._native_permute = getattr(permute, "_native_permute", None), None
+    try:
+        return fn()
+    finally:
+        permute._native_permute = native
+
+
 def runners(files):
     def src(**kw):
         return sf.read_tfrecord(files, spec=SPEC, **kw)
@@ -109,8 +129,59 @@ def runners(files):
         "shuffle='blocks' + shuffle(4096)": lambda: _rate(src(shuffle="blocks", seed=0).shuffle(4096, seed=0)
                                                           .batch(BATCH)),
         GLOBAL: lambda: _rate(src(shuffle="global", seed=0).batch(BATCH)),
+        GLOBAL_PY: lambda: _numpy_permutation(lambda: _rate(src(shuffle="global", seed=0).batch(BATCH))),
         "buffer shuffle(10000)": lambda: _rate(src().shuffle(10_000, seed=0).batch(BATCH)),
     }
+
+
+def image_files(directory: str, records: int) -> list[str]:
+    """``records`` records of a 100 KB bytes value (pieces of one random blob) and a label, in
+    4 files, written once."""
+    files = [os.path.join(directory, f"img-{i}-of-4-{records}.tfrecord") for i in range(4)]
+    if all(os.path.exists(f) for f in files):
+        return files
+    os.makedirs(directory, exist_ok=True)
+    blob = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+    for i, f in enumerate(files):
+        with sf.TFRecordWriter(f) as w:
+            for k in range(i, records, 4):
+                w.write(sf.encode_example({"image": blob[(k * 7919) % 100_000:][:100_000], "label": k}))
+    return files
+
+
+def _records_copied(fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the fused buffer shuffle's batches copied into one buffer, one slice a
+    record joined (its gather before it passed records by reference)."""
+    from shardfeed.formats.chunks import FrameChunk  # noqa: PLC0415
+    from shardfeed.formats.native import Buffers  # noqa: PLC0415
+    from shardfeed.pipeline.shuffle_batch import ShuffledBatches  # noqa: PLC0415
+
+    by_reference = ShuffledBatches._gather
+
+    def copied(self, positions):
+        batch, urls = by_reference(self, positions)
+        buf = batch.buffer
+        bufs, which = (buf.buffers, buf.which.tolist()) if isinstance(buf, Buffers) else ((buf,), [0] * batch.count)
+        views = [memoryview(b).cast("B") for b in bufs]
+        pieces = [views[w][o:o + n] for w, o, n in zip(which, batch.offsets.tolist(), batch.lengths.tolist())]
+        offs = np.zeros(batch.count, np.int64)
+        np.cumsum(batch.lengths[:-1], out=offs[1:])
+        return FrameChunk(b"".join(pieces), offs, batch.lengths, batch.positions, batch.sources), urls
+
+    ShuffledBatches._gather = copied
+    try:
+        return fn()
+    finally:
+        ShuffledBatches._gather = by_reference
+
+
+def image_runners(files: list[str]) -> dict[str, Callable[[], Any]]:
+    def src():
+        return sf.read_tfrecord(files, spec=IMG_SPEC)
+
+    return {IMG_SEQ: lambda: _rate(src().batch(64)),
+            IMG_SHUF: lambda: _rate(src().shuffle(1000, seed=0).batch(64)),
+            IMG_SHUF_COPY: lambda: _records_copied(lambda: _rate(src().shuffle(1000, seed=0).batch(64)))}
 
 
 def run_tf(files):
@@ -309,6 +380,8 @@ def main(argv=None) -> int:
                     help="S3 global shuffle without a cache: records read (one GET each)")
     ap.add_argument("--grain-loader-records", type=int, default=32768,
                     help="Grain DataLoader row: records read (it goes record by record)")
+    ap.add_argument("--image-records", type=int, default=3000, help="100 KB records for the buffer-shuffle rows "
+                    "(0: skip them)")
     ap.add_argument("--json", default=os.path.join("bench-out", "shuffle.json"))
     args = ap.parse_args(argv)
     files = make_dataset(args.dir, args.records)
@@ -319,6 +392,9 @@ def main(argv=None) -> int:
     if not args.no_tf:
         run[TF] = lambda: run_tf(files)
     expected = {k: args.records for k in run}
+    if args.image_records:
+        run.update(image_runners(image_files(args.dir, args.image_records)))
+        expected[IMG_SEQ] = expected[IMG_SHUF] = expected[IMG_SHUF_COPY] = args.image_records
     skipped: dict[str, str] = {}
 
     grain_paths = None
@@ -404,6 +480,12 @@ def main(argv=None) -> int:
         if k in med and expected[k] < args.records:
             print(f"({k}: the first {expected[k]:,} records only)")
 
+    if IMG_SHUF in med:
+        print(f"100 KB records: shuffle(1000).batch(64) {med[IMG_SHUF] / med[IMG_SEQ]:.2f}x of batch(64) "
+              f"(target >= 0.8x; {med[IMG_SHUF_COPY] / med[IMG_SEQ]:.2f}x with the records copied)")
+    print(f"page cache: shuffle='global' {med[GLOBAL] / seq:.2f}x (numpy permutation {med[GLOBAL_PY] / seq:.2f}x) "
+          f"and shuffle='blocks' {med[BLOCKS] / seq:.2f}x of sequential (targets >= 0.5x, >= 0.9x); load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     blocks_vs_s3 = med[S3_BLOCKS] / s3_seq if s3_seq else None
     global_vs_seq = med[GLOBAL] / seq
     met = {"s3_blocks_vs_s3_sequential": None if blocks_vs_s3 is None else blocks_vs_s3 >= 0.80,
