@@ -246,3 +246,19 @@ def test_stats_show_the_fused_shuffles_own_time_apart_from_read_and_parse(tmp_pa
     shuffle = stages["shuffle"]
     assert shuffle["elements"] == 500 and shuffle["busy_s"] > 0 and shuffle["read_s"] > 0
     assert "shuffle" in str(ds.stats())
+
+
+def test_without_the_native_core_the_same_batches_and_order(tmp_path, monkeypatch):
+    # the pure-Python twins: the parse reads records by reference too (Buffers), and the
+    # global shuffle's permutation comes from the numpy reference
+    from shardfeed.formats import native as nv
+    from shardfeed.pipeline import permute
+
+    files = example_files(tmp_path, [120, 80, 0, 45])
+    fused = [[int(v) for v in b["id"]] for b in _fused(files, 30, 7, 4)]
+    glob_ = [[int(v) for v in b["id"]] for b in sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=2).batch(7)]
+    monkeypatch.setattr(nv, "_ext", None)
+    monkeypatch.setattr(permute, "_native_permute", None)
+    assert [[int(v) for v in b["id"]] for b in _fused(files, 30, 7, 4)] == fused
+    assert [[int(v) for v in b["id"]]
+            for b in sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=2).batch(7)] == glob_
