@@ -257,7 +257,8 @@ def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.nd
 
 
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
-               cache: Any = None, size: int | None = None, counters: Any = None) -> np.ndarray | None:
+               cache: Any = None, size: int | None = None, counters: Any = None,
+               seen: set | None = None) -> np.ndarray | None:
     """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
     or the index cache; ``None`` when there is none and ``build`` is false.
 
@@ -274,7 +275,9 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     :class:`~shardfeed.storage.cache.ObjectCache`) a remote index file is read through it,
     and a shard scanned to build its index is downloaded into it (read once, not once to
     build and once more to read). What either fetches is counted in ``counters`` (the
-    pass's :class:`~shardfeed.storage.IOCounters`) when given. Compressed shards have no
+    pass's :class:`~shardfeed.storage.IOCounters`) when given, a shard downloaded once
+    (``seen``: the cached objects the pass counted, as the cache's ``fetch`` takes it).
+    Compressed shards have no
     index (records cannot be reached without inflating what precedes them): ``ValueError``.
     """
     idx = index_url_of(url)
@@ -289,8 +292,8 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     n = size if size is not None else _shard_size(url, storage_options)
 
     def read_beside() -> np.ndarray:
-        local = (cache.fetch(idx, storage_options, counters) if cache is not None and not parse_url(idx).is_local
-                 else None)
+        local = (cache.fetch(idx, storage_options, counters, seen) if cache is not None
+                 and not parse_url(idx).is_local else None)
         return read_index(local, None) if local is not None else read_index(idx, storage_options, counters)
 
     index, stale = _read_checked(url, idx, read_beside, n)
@@ -310,10 +313,21 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
         logger.warning("%s is a stale index of %s (%s): rebuilding it", mask(idx), mask(url), stale)
     from .chunks import iter_frame_chunks  # noqa: PLC0415
 
+    # the whole shard is scanned: through the cache it is downloaded once, and the pass then
+    # reads the cached copy (counted once, a miss, in ``seen``)
+    local = None
+    if cache is not None and not parse_url(url).is_local:
+        local = cache.fetch(url, storage_options, counters, seen)
     offsets, lengths = [], []
-    for chunk in iter_frame_chunks(url, None, storage_options=storage_options, counters=counters, cache=cache):
-        offsets.append(chunk.positions)
-        lengths.append(chunk.lengths + 16)
+    try:
+        for chunk in iter_frame_chunks(local or url, None, storage_options=None if local else storage_options,
+                                       counters=counters):
+            offsets.append(chunk.positions)
+            lengths.append(chunk.lengths + 16)
+    except CorruptRecordError as exc:
+        if local:
+            exc.add_note(f"(building the index of {mask(url)} from its local copy {local} in the cache)")
+        raise
     index = np.stack([np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
                       np.concatenate(lengths) if lengths else np.zeros(0, np.int64)], axis=1).astype(np.int64)
     data = format_index(index.tolist())

@@ -96,7 +96,8 @@ class SpanChunks:
         if rebase is not None:  # a state saved by another reader (of another world size)
             state = rebase(state)
         # index files the pass loads (a shuffle's) are counted with its other reads
-        self.stream = open_pass(src.provider, state["spans"] if state else None, epoch, self.counters)
+        self.stream = open_pass(src.provider, state["spans"] if state else None, epoch, self.counters, self.cache,
+                                self.cached_seen)
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
         self.read_ahead = src.read_ahead

@@ -354,12 +354,14 @@ INDEX_LOADS_AT_ONCE = 16
 shuffled pass waits for all of them before its first record."""
 
 
-def open_pass(provider: SpanProvider, state: Any, epoch: tuple, counters: Any) -> SpanStream:
+def open_pass(provider: SpanProvider, state: Any, epoch: tuple, counters: Any, cache: Any = None,
+              seen: set | None = None) -> SpanStream:
     """``provider.open(state, epoch)`` for one pass whose reads are counted in ``counters``
-    (an :class:`~shardfeed.storage.IOCounters`): a provider that loads index files for the
-    pass (:meth:`ShuffledSpans.open_counted`) counts them there too."""
+    (an :class:`~shardfeed.storage.IOCounters`), through ``cache`` (its view of the object
+    cache) with ``seen`` (the cached objects it counted): a provider that loads index files
+    for the pass (:meth:`ShuffledSpans.open_counted`) counts them there too."""
     opener = getattr(provider, "open_counted", None)
-    return opener(state, epoch, counters) if opener is not None else provider.open(state, epoch)
+    return opener(state, epoch, counters, cache, seen) if opener is not None else provider.open(state, epoch)
 
 
 def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
@@ -376,14 +378,16 @@ def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
 
 
 def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None, cache: Any,
-                 wrap: Any = None, counters: Any = None) -> dict[str, np.ndarray]:
+                 wrap: Any = None, counters: Any = None, seen: set | None = None) -> dict[str, np.ndarray]:
     """The index of each of ``urls`` (built when missing), ``{url: index}``; remote ones
     several at once. ``wrap(url, exc)``, when given, turns a storage error into the one
-    raised; what the loads fetch is counted in ``counters`` (the pass's)."""
+    raised; what the loads fetch is counted in ``counters`` (the pass's; ``seen``: the
+    cached objects it counted, see :func:`~shardfeed.formats.index.load_index`)."""
 
     def one(url: str) -> np.ndarray:
         try:
-            return np.asarray(load_index(url, storage_options, build=True, cache=cache, counters=counters))
+            return np.asarray(load_index(url, storage_options, build=True, cache=cache, counters=counters,
+                                         seen=seen))
         except (PermissionError, OSError) as exc:
             if wrap is None:
                 raise
@@ -398,7 +402,8 @@ bytes ``[offset, end)`` (see :func:`block_spans`)."""
 
 
 def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: Mapping[str, Any] | None = None,
-                compression: str | None = "auto", cache: Any = None, counters: Any = None) -> list[Span]:
+                compression: str | None = "auto", cache: Any = None, counters: Any = None,
+                seen: set | None = None) -> list[Span]:
     """``spans`` cut into blocks, in order. With ``block_size`` records: record ranges
     through the files' index files (built when missing), the last of a file maybe
     shorter. With ``None``, by bytes: the records of a file whose frames start in the same
@@ -420,7 +425,8 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
         step = DEFAULT_BLOCK_BYTES
         sizes = _each(lambda u: size(u, storage_options), [s.url for s in spans if _whole(s)])
         parts = [s for s in spans if not _whole(s)]
-        indexes = load_indexes([s.url for s in parts], storage_options, cache, counters=counters) if parts else {}
+        indexes = (load_indexes([s.url for s in parts], storage_options, cache, counters=counters, seen=seen)
+                   if parts else {})
         for s in spans:
             if _whole(s):
                 n = sizes[s.url]
@@ -435,7 +441,7 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
                 for lo, hi in zip(cuts[:-1], cuts[1:]):
                     out += range_spans(s.url, idx, lo, hi)
         return out
-    indexes = load_indexes([s.url for s in spans], storage_options, cache, counters=counters)
+    indexes = load_indexes([s.url for s in spans], storage_options, cache, counters=counters, seen=seen)
     for s in spans:
         idx = indexes[s.url]
         a, b = _records_of(s, idx)
@@ -469,7 +475,7 @@ class _BlockStream(_ListStream):
     applied to blocks cut another way (its index would point at other blocks)."""
 
     def __init__(self, spans: Sequence[Span], state: Any, rule: str, provider: "ShuffledSpans",
-                 ident: Mapping[str, Any] | None = None, counters: Any = None) -> None:
+                 ident: Mapping[str, Any] | None = None, reads: tuple = (None, None, None)) -> None:
         saved = state.get("blocks") if state else rule
         if saved is None and rule.startswith("bytes:"):
             # saved before blocks were cut by bytes: always a count of records
@@ -485,7 +491,7 @@ class _BlockStream(_ListStream):
         super().__init__(spans, state, ident)
         self.rule = rule
         self.p = provider
-        self.counters = counters  # the pass's: index files loaded for it are counted there
+        self.reads = reads  # the pass's (counters, cache, seen): index files loaded for it are counted there
         self.pool: Any = None
         self.loading: dict[str, Any] = {}
         wanted = [s.url for s in spans[self.i:] if s.handle == STEP and s.url not in provider._indexes]
@@ -494,7 +500,7 @@ class _BlockStream(_ListStream):
             from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
             self.pool = ThreadPoolExecutor(min(INDEX_LOADS_AT_ONCE, len(wanted)), thread_name_prefix="shardfeed-index")
-            self.loading = {u: self.pool.submit(provider.index_of, u, counters) for u in wanted}
+            self.loading = {u: self.pool.submit(provider.index_of, u, *reads) for u in wanted}
 
     def next_span(self, block: bool = True) -> Span | None:
         while True:
@@ -502,7 +508,7 @@ class _BlockStream(_ListStream):
             if s is None or s.handle != STEP:
                 return s
             fut = self.loading.get(s.url)
-            idx = fut.result() if fut is not None else self.p.index_of(s.url, self.counters)
+            idx = fut.result() if fut is not None else self.p.index_of(s.url, *self.reads)
             cut = cut_step(s, idx)
             if cut is not None:
                 return cut
@@ -550,36 +556,37 @@ class ShuffledSpans:
         self._sizes = _sizes if _sizes is not None else {}  # url -> size known from the block cut, shared
         self._files: list[str] = _files if _files is not None else []  # the spans' digest, made once, shared
 
-    def units(self, counters: Any = None) -> list[Span]:
-        """This provider's units, cut once (``counters``: the pass that cuts them, which
-        counts the index files read)."""
+    def units(self, counters: Any = None, cache: Any = None, seen: set | None = None) -> list[Span]:
+        """This provider's units, cut once (``counters``, ``cache``, ``seen``: those of the
+        pass that cuts them, which counts the index files read)."""
         if self.mode == "global":
             raise ValueError("shuffle='global' has no units: its spans are computed per window")
         if not self._units_cache:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
                                                                         self.storage_options, self.compression,
-                                                                        self.cache, counters)
+                                                                        cache or self.cache, counters, seen)
             for u in units:  # the last step of a file ends at its size: its index check needs no stat
                 if u.handle == STEP and u.end is not None:
                     self._sizes[u.url] = u.end
             self._units_cache.append(units)
         return self._units_cache[0]
 
-    def index_of(self, url: str, counters: Any = None) -> np.ndarray:
+    def index_of(self, url: str, counters: Any = None, cache: Any = None, seen: set | None = None) -> np.ndarray:
         """``url``'s index (built when missing), loaded once for this provider and its
-        splits (any thread); what the load fetches is counted in ``counters``."""
+        splits (any thread); what the load fetches is counted in ``counters`` (``cache``,
+        ``seen``: the pass's)."""
         idx = self._indexes.get(url)
         if idx is None:
-            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=self.cache,
-                                        size=self._sizes.get(url), counters=counters))
+            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=cache or self.cache,
+                                        size=self._sizes.get(url), counters=counters, seen=seen))
             idx = self._indexes.setdefault(url, idx)  # atomic: a load raced by another thread keeps one
         return idx
 
-    def order(self, epoch: tuple, counters: Any = None) -> list[Span]:
-        """This reader's units of the epoch, in order."""
+    def order(self, epoch: tuple, reads: tuple = (None, None, None)) -> list[Span]:
+        """This reader's units of the epoch, in order (``reads``: see :meth:`open_counted`)."""
         from .permute import Permutation  # noqa: PLC0415
 
-        units = self.units(counters)
+        units = self.units(*reads)
         perm = Permutation(len(units), (self.seed, *[int(e) for e in epoch]))
         return [units[i] for i in perm.take(self.index, len(units), self.count).tolist()]
 
@@ -595,17 +602,21 @@ class ShuffledSpans:
     def open(self, state: Any, epoch: tuple) -> Any:
         return self.open_counted(state, epoch, None)
 
-    def open_counted(self, state: Any, epoch: tuple, counters: Any) -> Any:
+    def open_counted(self, state: Any, epoch: tuple, counters: Any, cache: Any = None,
+                     seen: set | None = None) -> Any:
         """:meth:`open`, the index files the pass needs counted in ``counters`` (its
-        :class:`~shardfeed.storage.IOCounters`: reads, and shards scanned to build them)."""
+        :class:`~shardfeed.storage.IOCounters`: reads, and shards scanned to build them),
+        read through ``cache`` (the pass's view of the cache; default this provider's) and
+        ``seen`` (the cached objects the pass counted: a shard downloaded to build its
+        index is not counted again when the pass reads it)."""
         ident = self.identity()
         if state:
             check_state(state, ident)
+        reads = (counters, cache, seen)
         if self.mode == "global":
-            return _GlobalStream(self, epoch, state, ident, counters)
+            return _GlobalStream(self, epoch, state, ident, reads)
         if self.mode == "blocks":
-            return _BlockStream(self.order(epoch, counters), state, blocks_rule(self.block_size), self, ident,
-                                counters)
+            return _BlockStream(self.order(epoch, reads), state, blocks_rule(self.block_size), self, ident, reads)
         return _ListStream(self.order(epoch), state, ident)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
@@ -620,12 +631,13 @@ class ShuffledSpans:
         return n if n is None else len(range(self.index, n, self.count))
 
     # -- shuffle="global" ---------------------------------------------------------------------
-    def records(self, counters: Any = None) -> "GlobalIndex":
+    def records(self, counters: Any = None, cache: Any = None, seen: set | None = None) -> "GlobalIndex":
         """Every record of every file, through the index files (loaded once, built when
-        missing, what that fetches counted in ``counters``); shared with the splits of this
-        provider."""
+        missing, what that fetches counted in ``counters``; see :meth:`open_counted`);
+        shared with the splits of this provider."""
         if not self._units_cache:
-            g = GlobalIndex.of(self.spans, self.storage_options, self.compression, self.cache, counters)
+            g = GlobalIndex.of(self.spans, self.storage_options, self.compression, cache or self.cache, counters,
+                               seen)
             self._units_cache.append(g)
             remote = [u for u in g.urls if not parse_url(u).is_local]
             if remote and self.cache is None:
@@ -714,7 +726,7 @@ class GlobalIndex:
 
     @classmethod
     def of(cls, spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None,
-           cache: Any, counters: Any = None) -> "GlobalIndex":
+           cache: Any, counters: Any = None, seen: set | None = None) -> "GlobalIndex":
         urls, indexes = [], []
         for s in spans:
             if normalize_compression(compression, s.url) is not None:
@@ -726,7 +738,7 @@ class GlobalIndex:
             return type(exc)(f"shuffle='global' needs the index file of {mask(url)} and cannot build it "
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
-        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters)
+        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen)
         for s in spans:
             idx = loaded[s.url]
             a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
@@ -770,11 +782,11 @@ class _GlobalStream(_OwnStream):
     and the window's first position."""
 
     def __init__(self, provider: ShuffledSpans, epoch: tuple, state: Any, ident: Mapping[str, Any],
-                 counters: Any = None) -> None:
+                 reads: tuple = (None, None, None)) -> None:
         self.p = provider
         self.ident = dict(ident)
         self.epoch = tuple(int(e) for e in epoch)
-        self.g = provider.records(counters)
+        self.g = provider.records(*reads)
         self.base = int(state["base"]) if state else 0
         self.t = int(state["t"]) if state else 0
 
