@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from ..formats.native import BytesBuffer, pack_bytes
-from ..formats.spec import BYTES, FixedLen, RaggedColumn, VarLen
-from ..pipeline.batch import BatchDataset
+from ..formats.spec import BYTES, FixedLen, RaggedColumn
+from ..pipeline.batch import bytes_as_buffers
 from ..pipeline.dataset import Dataset
 from ..pipeline.slicing import split_near_source
 from ..pipeline.tree import tree_map
@@ -120,21 +120,10 @@ class _BytesInTransit:
 
 
 def buffers_in_worker(ds: Dataset) -> tuple[Dataset, Any]:
-    """``(pipeline, spec)``: for a pipeline that ends in ``batch()`` over parsed TFRecords
-    with bytes as objects (and whose bytes features are FixedLen or VarLen), the same with
-    bytes parsed as buffers, and the spec to make the objects from in the main process (see
-    :func:`objects_in_main`); any other pipeline as it is, and None. A worker whose batches
-    are pickled anyway then never makes the 26 bytes objects a CTR record has only to pack
-    them again."""
-    if type(ds) is not BatchDataset or ds.bytes_as != "object":
-        return ds, None
-    spec = ds.parent._deferred_spec()
-    if not spec:
-        return ds, None
-    cols = [s for s in spec.values() if getattr(s, "dtype", None) == BYTES]
-    if not cols or any(type(s) not in (FixedLen, VarLen) or (type(s) is FixedLen and not s.size) for s in cols):
-        return ds, None
-    return BatchDataset(ds.parent, ds.batch_size, ds.drop_remainder, "buffer"), spec
+    """``(pipeline, spec)``: :func:`~shardfeed.pipeline.batch.bytes_as_buffers` of a
+    worker's pipeline, whose batches are pickled anyway (the objects are made in the main
+    process: :func:`objects_in_main`)."""
+    return bytes_as_buffers(ds)
 
 
 def objects_in_main(batch: Any, spec: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.parse import parse_batch
-from ..formats.spec import RaggedColumn, SparseColumn
+from ..formats.spec import BYTES, FixedLen, RaggedColumn, SparseColumn, VarLen
 from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
 from .source_batch import parse_skipping
@@ -195,3 +195,21 @@ class _UnbatchNode(Node):
     def close(self) -> None:
         self.rows = []
         self.parent.close()
+
+
+def bytes_as_buffers(ds: Dataset) -> tuple[Dataset, Any]:
+    """``(chain, spec)``: for a chain that ends in ``batch()`` over parsed TFRecords with
+    bytes as objects (FixedLen or VarLen bytes features), the same chain with its bytes
+    parsed as buffers, and the spec that says which columns the consumer wants as objects;
+    any other chain as it is, and None. A process that hands its batches to another (an
+    ``in_subprocess`` child, a DataLoader worker) then never makes a ``bytes`` object per
+    value only to pack them again (26 a record for a CTR table)."""
+    if type(ds) is not BatchDataset or ds.bytes_as != "object":
+        return ds, None
+    spec = ds.parent._deferred_spec()
+    if not spec:
+        return ds, None
+    cols = [s for s in spec.values() if getattr(s, "dtype", None) == BYTES]
+    if not cols or any(type(s) not in (FixedLen, VarLen) or (type(s) is FixedLen and not s.size) for s in cols):
+        return ds, None
+    return BatchDataset(ds.parent, ds.batch_size, ds.drop_remainder, "buffer"), spec

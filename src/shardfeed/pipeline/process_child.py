@@ -23,9 +23,9 @@ from typing import Any
 
 from ..errors import SubprocessError
 from ..formats.native import BytesBuffer
-from ..formats.spec import BYTES, FixedLen, RaggedColumn, VarLen
+from ..formats.spec import BYTES, FixedLen, RaggedColumn
 from . import shm
-from .batch import BatchDataset
+from .batch import bytes_as_buffers
 from .deferred import materialize
 from .node import Build, Context
 from .stats import PipelineStats
@@ -55,20 +55,9 @@ def _snapshot(stats: PipelineStats) -> dict:
 
 
 def buffers_in_child(ds: Any) -> tuple[Any, Any]:
-    """``(chain, spec)``: a chain that ends in ``batch()`` over parsed TFRecords with bytes as
-    objects (FixedLen or VarLen bytes features), with its bytes parsed as buffers instead, and
-    the spec that says which columns the consumer gets as objects (:func:`objects_on_arrival`);
-    any other chain as it is, and None. The child then never makes a ``bytes`` object per
-    value only to pack them again into its slot (26 a record for a CTR table)."""
-    if type(ds) is not BatchDataset or ds.bytes_as != "object":
-        return ds, None
-    spec = ds.parent._deferred_spec()
-    if not spec:
-        return ds, None
-    cols = [s for s in spec.values() if getattr(s, "dtype", None) == BYTES]
-    if not cols or any(type(s) not in (FixedLen, VarLen) or (type(s) is FixedLen and not s.size) for s in cols):
-        return ds, None
-    return BatchDataset(ds.parent, ds.batch_size, ds.drop_remainder, "buffer"), spec
+    """``(chain, spec)``: :func:`~shardfeed.pipeline.batch.bytes_as_buffers` of the chain the
+    child runs (its bytes columns reach the consumer as :func:`objects_on_arrival` makes them)."""
+    return bytes_as_buffers(ds)
 
 
 def objects_on_arrival(batch: Any, spec: Any) -> Any:

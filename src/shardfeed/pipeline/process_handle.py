@@ -123,7 +123,15 @@ class ChildProcess:
         self.selector.register(self.proc.sentinel, selectors.EVENT_READ)
 
     def alive(self) -> bool:
-        return not self.closed and self.proc.exitcode is None
+        if self.closed or self.proc.exitcode is not None:
+            return False
+        # a process killed while its threads are still being torn down is already a zombie (its
+        # leader) but not yet waitable: exitcode says None for a moment, /proc says it is dead
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return True  # no /proc here: the exit code is all there is
 
     def start_pass(self, state: Any, epoch: Any, scope: Any, budget: Any) -> None:
         """Ask the child for a pass (it runs one at a time: the previous one has ended)."""
