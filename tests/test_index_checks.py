@@ -158,3 +158,26 @@ def test_a_work_queue_refuses_record_ranges_through_a_stale_index(tmp_path):
     _damage_last_lines(files[0])
     with pytest.raises(StaleIndexError, match=r"ix-000\.tfrecord\.idx is a stale index"):
         sf.WorkQueue(files, num_slices=6, backend="memory", name="stale-index")
+
+
+@pytest.mark.parametrize("mode", ["global", "blocks"])
+def test_a_presigned_shards_index_is_kept_in_the_index_cache_never_written_over_the_shard(s3_bucket, tmp_path,
+                                                                                            monkeypatch, mode):
+    import boto3
+
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    path = str(tmp_path / "p.tfrecord")
+    sf.write_records(path, [sf.encode_example({"id": i}) for i in range(300)])
+    body = open(path, "rb").read()
+    client.put_object(Bucket=bucket, Key="signed/p.tfrecord", Body=body)
+    url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "signed/p.tfrecord"},
+                                        ExpiresIn=3600)
+    monkeypatch.setenv("SHARDFEED_CACHE_DIR", str(tmp_path / "cache"))
+    ds = sf.read_tfrecord([url], {"id": sf.FixedLen("int64")}, shuffle=mode, seed=1, block_size=50).batch(32)
+    for _ in range(2):  # the second pass finds the index in the cache
+        assert sorted(x for b in ds for x in b["id"].tolist()) == list(range(300))
+    # the moto server checks no signature: a PUT to the signed URL + ".idx" once replaced the shard
+    assert client.get_object(Bucket=bucket, Key="signed/p.tfrecord")["Body"].read() == body
+    assert [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]] == ["signed/p.tfrecord"]
+    assert len(list((tmp_path / "cache" / "index").glob("*.idx"))) == 1

@@ -104,7 +104,9 @@ def count_records(url: str, storage_options: Mapping[str, Any] | None = None, sc
     if index is not None:
         return len(index)
     if not scan:
-        raise ValueError(f"{mask(url)} has no index file ({mask(index_url_of(url))}); splitting a file into "
+        beside = index_url_of(url)
+        where = mask(beside) if beside else "none can lie beside a signed URL"
+        raise ValueError(f"{mask(url)} has no index file ({where}); splitting a file into "
                          "record ranges needs one: run `shardfeed index FILES` or sf.build_index(url)")
     from ..formats.chunks import iter_frame_chunks  # noqa: PLC0415
 

@@ -205,14 +205,18 @@ class IndexedTFRecord:
 
 
 # -- finding, building and caching the index of a shard ------------------------------------
-def index_url_of(url: str) -> str:
-    """Where the index of ``url`` lives beside it: ``<url>.idx`` (before any query string,
-    except for http(s), whose query is part of the object's address)."""
+def index_url_of(url: str) -> str | None:
+    """Where the index of ``url`` lives beside it: ``<url>.idx`` (before any query string);
+    ``None`` for an http(s) URL with a query (a presigned URL, say): its query is part of the
+    object's address and signs that object alone, so no index can be addressed beside it
+    (appending ``.idx`` to the query once named the shard itself, and a server that did not
+    check the signature took the index written there as the new shard). Such a shard's
+    index lives in :func:`cache_dir` only."""
     from ..storage.urls import parse_url  # noqa: PLC0415
 
     url = os.fspath(url)
-    if parse_url(url).protocol in ("http", "https"):
-        return url + ".idx"
+    if parse_url(url).protocol in ("http", "https") and "?" in url:
+        return None
     return url.split("?", 1)[0] + ".idx"
 
 
@@ -283,7 +287,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     idx = index_url_of(url)
     if normalize_compression("auto", url) is not None:
         # an index of a compressed shard counts frames of the inflated stream: no size to check
-        if storage.exists(idx, storage_options):
+        if idx is not None and storage.exists(idx, storage_options):
             return read_index(idx, storage_options, counters)
         if not build:
             return None
@@ -292,11 +296,13 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     n = size if size is not None else _shard_size(url, storage_options)
 
     def read_beside() -> np.ndarray:
+        if idx is None:
+            raise FileNotFoundError(url)  # none can lie beside it: the index cache alone
         local = (cache.fetch(idx, storage_options, counters, seen) if cache is not None
                  and not parse_url(idx).is_local else None)
         return read_index(local, None) if local is not None else read_index(idx, storage_options, counters)
 
-    index, stale = _read_checked(url, idx, read_beside, n)
+    index, stale = _read_checked(url, idx or url, read_beside, n)
     if index is not None:
         return index
     cached = _cached_index_path(url, n)
@@ -306,7 +312,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
             return index
         stale = stale or cached_stale
     if stale is not None and not build:
-        raise StaleIndexError(url, idx, stale)
+        raise StaleIndexError(url, idx or cached, stale)
     if not build:
         return None
     if stale is not None:
@@ -332,6 +338,8 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
                       np.concatenate(lengths) if lengths else np.zeros(0, np.int64)], axis=1).astype(np.int64)
     data = format_index(index.tolist())
     try:
+        if idx is None:
+            raise PermissionError("no index can be written beside a URL signed for the shard alone")
         storage.write_bytes(idx, data, storage_options)
         logger.info("built the index of %s (%d records) and saved it as %s", mask(url), len(index), mask(idx))
     except (PermissionError, OSError, NotImplementedError) as exc:
