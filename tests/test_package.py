@@ -79,3 +79,11 @@ def test_names_shadowing_a_submodule_stay_the_functions():
             "callable(mix), mix.__module__, sf.mix is mix)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "shardfeed.convert.api", "True", "shardfeed.pipeline.mix", "True"]
+
+
+def test_reading_a_converted_output_loads_no_conversion_code():
+    loaded = _modules_after("import shardfeed as sf\nsf.read_converted")
+    assert "shardfeed.convert.reading" in loaded
+    unwanted = {"shardfeed.convert.api", "shardfeed.convert.writer", "shardfeed.convert.plan",
+                "shardfeed.convert.sources", "shardfeed.convert.tasks", "PIL"}
+    assert not loaded & unwanted, f"sf.read_converted loaded {sorted(loaded & unwanted)}"

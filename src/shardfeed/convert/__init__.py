@@ -13,23 +13,15 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_names
 
 if TYPE_CHECKING:
-    from .api import (
-        ConvertResult,
-        convert,
-        convert_annotations,
-        find_manifest,
-        load_manifest,
-        manifest_spec,
-        read_converted,
-        read_dataset,
-    )
+    from .api import ConvertResult, convert, convert_annotations
     from .options import ConvertOptions, Discard, Row
+    from .reading import find_manifest, load_manifest, manifest_spec, read_converted, read_dataset
     from .schema import COLUMN_TYPES, Schema
     from .tasks import ConvertContext
 
 _MODULES: dict[str, tuple[str, ...]] = {
-    "api": ("ConvertResult", "convert", "convert_annotations", "find_manifest", "load_manifest", "manifest_spec",
-            "read_converted", "read_dataset"),
+    "api": ("ConvertResult", "convert", "convert_annotations"),
+    "reading": ("find_manifest", "load_manifest", "manifest_spec", "read_converted", "read_dataset"),
     "options": ("ConvertOptions", "Discard", "Row"),
     "schema": ("COLUMN_TYPES", "Schema"),
     "tasks": ("ConvertContext",),

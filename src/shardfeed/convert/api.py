@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -10,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import storage
-from ..deprecation import renamed_argument
 from ..storage.urls import mask, parse_url
 from .annotations import annotation_format, read_annotation_csv, read_itag_manifest
 from .options import ConvertOptions, fspath, options_from
@@ -18,7 +16,7 @@ from .plan import Plan, make_plan
 from .runner_local import run_local  # the default runner, imported with the API (beam and spark when used)
 from .schema import Schema, as_schema
 from .sources import _dirname, parquet_parts, read_dataframe, read_image_folder, read_table_file
-from .writer import finalize, join, manifest_url, spec_from_json
+from .writer import finalize, join, manifest_url
 
 logger = logging.getLogger(__name__)
 
@@ -314,89 +312,5 @@ def convert_annotations(label_file: str | os.PathLike, output_dir: str | os.Path
                 pipeline_options)
 
 
-def find_manifest(output_dir: str | os.PathLike, prefix: str | None = None,
-                  storage_options: Mapping[str, Any] | None = None) -> str:
-    """URL of the conversion manifest in ``output_dir`` (``<prefix>-manifest.json``).
-
-    Raises ``FileNotFoundError`` when there is none, ``ValueError`` when there are several
-    and no ``prefix`` says which.
-    """
-    out = fspath(output_dir)
-    if prefix is not None:
-        url = manifest_url(out, prefix)
-        if not storage.exists(url, storage_options):
-            raise FileNotFoundError(f"{mask(url)}: no conversion manifest (was the conversion finished?)")
-        return url
-    try:
-        found = [u for u in storage.list_dir(out, storage_options) if u.endswith("-manifest.json")]
-    except (FileNotFoundError, NotADirectoryError):
-        found = []
-    if not found:
-        raise FileNotFoundError(f"{mask(out)}: no '<prefix>-manifest.json' here; not a finished conversion output")
-    if len(found) > 1:
-        names = ", ".join(u.rsplit("/", 1)[-1] for u in found)
-        raise ValueError(f"{mask(out)} holds several conversions ({names}); pass prefix=")
-    return found[0]
-
-
-def load_manifest(output_dir: str | os.PathLike, prefix: str | None = None,
-                  storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest of a converted output directory, as a dict."""
-    return json.loads(storage.read_bytes(find_manifest(output_dir, prefix, storage_options),
-                                         storage_options=storage_options))
-
-
-def manifest_spec(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The feature spec (``FixedLen``/``VarLen``) a manifest records."""
-    return spec_from_json(manifest["feature_spec"])
-
-
-@renamed_argument("output_dir", "source")
-def read_converted(source: str | os.PathLike, split: str = "train", *, prefix: str | None = None,
-                   storage_options: Mapping[str, Any] | None = None, **read_kwargs: Any):
-    """A dataset over one split of a converted output, its spec taken from the manifest:
-    ``shardfeed.read_tfrecord(<that split's shards>, spec=...)``; other keyword arguments go
-    to ``read_tfrecord`` (``num_parallel_reads``, ``on_corrupt`` ...).
-
-    The manifest's record counts make the dataset's ``cardinality()`` known (so
-    ``to_tf()`` tells Keras the epoch length) even for compressed shards.
-
-    ``source`` may also be what TFRecorder wrote (no manifest; ``train-*``,
-    ``validation-*``, ``test-*`` GZIP shards, directly or in the one ``tfrecorder-*`` job
-    folder under it): the split's records are parsed with a spec inferred from a sample of
-    them, and ``image`` (TFRecorder's base64 of raw pixels) comes decoded into a uint8
-    array of shape ``(image_height, image_width, image_channels)``;
-    ``split="discarded-data"`` reads the rows TFRecorder discarded
-    (:mod:`shardfeed.convert.tfrecorder`).
-
-    Raises ``ValueError`` naming the splits there are when ``split`` has no shards,
-    ``FileNotFoundError`` when ``source`` holds neither layout.
-    """
-    from ..pipeline import read_tfrecord
-    from ..pipeline.spans import StaticSpans, file_spans
-
-    out = fspath(source)
-    try:
-        manifest = load_manifest(out, prefix, storage_options)
-    except FileNotFoundError:
-        if prefix is not None:
-            raise
-        from .tfrecorder import find_layout, read_split
-
-        layout = find_layout(out, storage_options)
-        if layout is None:
-            raise
-        return read_split(layout, split, storage_options, **read_kwargs)
-    split = split.lower()
-    info = manifest["splits"].get(split)
-    if not info or not info["shards"]:
-        have = ", ".join(manifest["splits"]) or "none"
-        raise ValueError(f"{mask(out)}: no shards for split {split!r} (splits: {have})")
-    files = [join(out, s["file"]) for s in info["shards"]]
-    counts = {join(out, s["file"]): int(s["records"]) for s in info["shards"] if "records" in s}
-    return read_tfrecord(StaticSpans(file_spans(files), counts), spec=manifest_spec(manifest),
-                         compression=manifest["compression"], storage_options=storage_options, **read_kwargs)
-
-
-read_dataset = read_converted
-"""The earlier name of :func:`read_converted`."""
+# reading a converted output lives in .reading (light: `sf.read_converted` imports no conversion code)
+from .reading import find_manifest, load_manifest, manifest_spec, read_converted, read_dataset  # noqa: E402,F401

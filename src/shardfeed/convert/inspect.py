@@ -21,7 +21,8 @@ import numpy as np
 
 from ..formats.example import decode_example
 from ..formats.tfrecord import TFRecordReader
-from .api import load_manifest
+from .layout import join
+from .reading import load_manifest
 from .tfrecorder import (
     DiscardedRows,
     TFRecorderLayout,
@@ -31,7 +32,6 @@ from .tfrecorder import (
     sample_records,
     split_name,
 )
-from .writer import join
 
 _PALETTE = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48), (145, 30, 180),
             (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128), (170, 110, 40)]

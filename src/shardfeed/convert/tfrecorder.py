@@ -34,7 +34,7 @@ import numpy as np
 from .. import storage
 from ..errors import DecodeError
 from ..storage.urls import mask
-from .writer import join
+from .layout import join
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from ..formats.native import frame_records
 from ..formats.spec import FixedLen, VarLen
 from ..formats.tfrecord import TFRecordWriter
 from ..storage.urls import parse_url
+from .layout import join, manifest_url
 from .native_rows import native_image_rows
 from .options import Discard, DiscardRecord, Row
 from .plan import RUNTIME_OPTIONS, Plan, Shard
@@ -35,14 +36,6 @@ from .plan import RUNTIME_OPTIONS, Plan, Shard
 logger = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = "shardfeed.convert/1"
-
-
-def join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name if "://" in base else base.rstrip("/\\") + "/" + name
-
-
-def manifest_url(output_dir: str, prefix: str) -> str:
-    return join(output_dir, f"{prefix}-manifest.json")
 
 
 def discards_url(output_dir: str, prefix: str) -> str:
@@ -209,19 +202,6 @@ def spec_to_json(spec: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise TypeError(f"feature {k!r}: only FixedLen and VarLen specs can go in a manifest, got {s!r}")
     return out
-
-
-def spec_from_json(d: Mapping[str, Any]) -> dict[str, Any]:
-    spec = {}
-    for k, s in d.items():
-        if s["kind"] == "VarLen":
-            spec[k] = VarLen(s["dtype"])
-        else:
-            default = s.get("default")
-            if isinstance(default, dict) and "base64" in default:
-                default = base64.b64decode(default["base64"])
-            spec[k] = FixedLen(s["dtype"], tuple(s.get("shape") or ()), default)
-    return spec
 
 
 def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
