@@ -148,3 +148,30 @@ def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_
         except OSError:
             pass
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_every_call_of_a_worker_whose_queue_was_lost_raises_work_queue_lost():
+    """Not only take: ack, renew, release and metrics of a joined worker say the queue was lost
+    (before, ack raised a plain KeyError and renew/release answered False)."""
+    exe, d, port = _server_place("sf-redis-lost-all-")
+    _start(exe, d, port, persist=False)
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=20"
+        works = [f"/data/part-{i:03d}" for i in range(6)]
+        q = sf.WorkQueue(works, backend=url, name="volatile2", seed=3)
+        a, b = q.take(), q.take()
+        _stop(d)
+        _start(exe, d, port, persist=False)  # back, empty
+        for call in (lambda: q.ack(a), lambda: q.renew(a), lambda: q.release(b), q.metrics, q.get_state):
+            with pytest.raises(sf.WorkQueueLostError, match="gone since this worker joined"):
+                call()
+        sf.WorkQueue(works, backend=url, name="volatile2", seed=3)  # a newcomer makes it again
+        for call in (lambda: q.ack(a), lambda: q.renew(a), lambda: q.release(b)):
+            with pytest.raises(sf.WorkQueueLostError, match="created again"):
+                call()
+    finally:
+        try:
+            _stop(d)
+        except OSError:
+            pass
+        shutil.rmtree(d, ignore_errors=True)

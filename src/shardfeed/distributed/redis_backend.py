@@ -332,11 +332,6 @@ class RedisBackend(QueueBackend):
 
     def _check_lost(self, name: str, out: dict) -> None:
         status = out["status"]
-        if status == "missing" and name in self._gens:
-            raise WorkQueueLostError(
-                f"work queue {name!r} on {self.url} is gone since this worker joined it (a Redis restart without "
-                "persistence, or a reset?); nothing more is handed out, to keep the epoch from running again: "
-                "restore it with WorkQueue.set_state(checkpoint), or start afresh with `shardfeed queue reset`")
         if status == "missing":
             raise self._missing(name)
         if status == "recreated":
@@ -346,7 +341,25 @@ class RedisBackend(QueueBackend):
                 "Redis with persistence (appendonly yes), and restore from a checkpoint (WorkQueue.set_state)")
 
     def _missing(self, name: str) -> KeyError:
+        """The error for a queue not found: for a worker that joined it, the queue was lost
+        (every call path says so alike, :class:`WorkQueueLostError`); else a plain KeyError."""
+        if name in self._gens:
+            return WorkQueueLostError(
+                f"work queue {name!r} on {self.url} is gone since this worker joined it (a Redis restart without "
+                "persistence, or a reset?); nothing more is handed out, to keep the epoch from running again: "
+                "restore it with WorkQueue.set_state(checkpoint), or start afresh with `shardfeed queue reset`")
         return KeyError(f"no work queue named {name!r} on {self.url}")
+
+    def _check_joined(self, name: str) -> None:
+        """After a lease call found no lease: raise :class:`WorkQueueLostError` when the
+        queue this worker joined is gone or was made again (a lost lease alone is no error)."""
+        if name not in self._gens:
+            return
+        raw = self._call("read", lambda: self._r.get(self._keys(name)[0]))
+        if raw is None:
+            raise self._missing(name)
+        if _gen(json.loads(raw)) != self._gens[name]:
+            self._check_lost(name, {"status": "recreated"})
 
     def open(self, name: str, meta: dict) -> tuple[dict, bool]:
         k = self._keys(name)
@@ -387,6 +400,8 @@ class RedisBackend(QueueBackend):
                         [item_id, token, worker, item_id.split(":")[0], secrets.token_hex(8)])
         if got == -1:
             raise self._missing(name)
+        if got != 1:
+            self._check_joined(name)  # a refused ack on a queue made again is a lost queue
         return got == 1
 
     def ack_and_take(self, name: str, item_id: str, token: int, worker: str, lease_s: float) -> tuple[bool, dict]:
@@ -401,11 +416,17 @@ class RedisBackend(QueueBackend):
 
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
         k = self._keys(name)
-        return self._run("renew", [k[3], k[4]], [item_id, token, lease_s]) == 1
+        if self._run("renew", [k[3], k[4]], [item_id, token, lease_s]) == 1:
+            return True
+        self._check_joined(name)
+        return False
 
     def release(self, name: str, item_id: str, token: int) -> bool:
         k = self._keys(name)
-        return self._run("release", [k[1], k[3], k[4], k[2], k[7]], [item_id, token]) == 1
+        if self._run("release", [k[1], k[3], k[4], k[2], k[7]], [item_id, token]) == 1:
+            return True
+        self._check_joined(name)
+        return False
 
     def snapshot(self, name: str) -> dict | None:
         k = self._keys(name)
@@ -416,6 +437,8 @@ class RedisBackend(QueueBackend):
             return p.execute()
         state, pending, lease, epochs, wfields, t = self._call("snapshot", read)
         if not state:
+            if name in self._gens:
+                raise self._missing(name)  # the queue this worker joined was lost
             return None
         workers: dict[str, dict[str, float]] = {}
         for f, v in wfields.items():
