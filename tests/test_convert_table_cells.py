@@ -131,3 +131,23 @@ def test_csv_cells_past_pythons_default_limit_are_read_and_past_ours_are_an_erro
             sources.read_csv(str(tmp_path / "t.csv"), None)
     finally:
         csv.field_size_limit(saved)
+
+
+
+def test_a_nan_float_cell_is_missing_and_out_of_range_discards_alike_from_csv_and_parquet(tmp_path):
+    """CSV text 'nan' is missing as a Parquet NaN is (it was converted as NaN); 1e40 is no
+    float32 (it was written as inf, unreported); an explicit inf is a value in both."""
+    (tmp_path / "t.csv").write_text("id,w\n1,1.5\n2,nan\n3,1e40\n4,-inf\n")
+    pq.write_table(pa.table({"id": [1, 2, 3, 4], "w": [1.5, math.nan, 1e40, -math.inf]}), tmp_path / "t.parquet")
+    for url in (str(tmp_path / "t.csv"), str(tmp_path / "t.parquet")):
+        rows, discards = _read(url, {"id": "int", "w": "float"})
+        assert {n: v["w"] for n, v in rows.items()} == {1: 1.5, 4: -math.inf}, url
+        assert "'w' is missing" in discards[2] and "'w': 1e+40 is out of float32 range" in discards[3], url
+        rows, _ = _read(url, {"id": "int", "w": "float"}, defaults={"w": 0.0})
+        assert rows[2]["w"] == 0.0, url
+
+
+def test_in_a_float_list_nan_stays_a_value(tmp_path):
+    (tmp_path / "l.csv").write_text("w\n1;nan\n")
+    rows, _ = _read(str(tmp_path / "l.csv"), {"w": "float list"})
+    assert rows[1]["w"][0] == 1.0 and math.isnan(rows[1]["w"][1])

@@ -475,3 +475,11 @@ def test_csv_lines_of_blank_cells_are_no_rows_and_the_rest_keep_their_numbers(tm
     assert [(r.number, r.label, r.values) for r in rows] == [
         (1, 1, {"x": 2.5, "name": "a"}), (2, 0, {"x": -1.0, "name": "b"}), (3, 2, {"x": -1.0, "name": "\u00a0c"})]
     assert [(d.row, d.reason) for d in discards] == [(4, "column 'label' is missing and has no default")]
+
+
+def test_a_header_naming_a_column_twice_is_refused_naming_file_and_column(tmp_path):
+    """``id,id`` was converted with the first column's cells silently dropped."""
+    path = tmp_path / "dup.csv"
+    path.write_text("id,id\n1,2\n")
+    with pytest.raises(ValueError, match=r"dup\.csv: the header names column 'id' twice"):
+        sc.convert(str(path), str(tmp_path / "out"), schema={"id": "int"}, test_ratio=0.0, progress=False)

@@ -314,3 +314,11 @@ def test_csv_tables_with_cells_longer_than_a_block_are_read_and_bad_lines_name_t
     (tmp_path / "bad.csv").write_text("id,text\n1,a\n2,b,extra\n")
     with pytest.raises(ShardfeedError, match=r"bad\.csv: .*Expected 2 columns, got 3"):
         list(read_table(str(tmp_path / "bad.csv"), record_defaults=[0, ""]))
+
+
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):
+    """read_table gave the first column's cells under both names."""
+    path = tmp_path / "dup.csv"
+    path.write_text("id,id\n1,2\n")
+    with pytest.raises(ValueError, match=r"dup\.csv: the header names column 'id' twice"):
+        list(read_table(str(path)))

@@ -48,6 +48,11 @@ def csv_layout(first: Sequence[str], schema: Schema | None, origin: str, header:
     if header is None:
         header = header_matches_automl(first) or (schema is not None and set(schema.columns) <= set(first))
     if header:
+        seen: set[str] = set()
+        for c in first:  # a repeated name would keep one column's cells and drop the other's
+            if c in seen:
+                raise ValueError(f"{origin}: the header names column {c!r} twice; give each column its own name")
+            seen.add(c)
         return True, list(first)
     columns = list(schema.columns) if schema is not None else list(AUTOML_COLUMNS)
     where = f"{origin}: the first row ({_shown(first)})"

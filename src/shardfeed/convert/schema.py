@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 
 from ..formats.spec import FixedLen, VarLen
 from .options import Discard
+
+FLOAT32_MAX = 3.4028234663852886e38  # a finite float beyond it would be written as inf
 
 COLUMN_TYPES = (
     "split", "image_uri", "int", "float", "string", "int list", "float list", "string list",
@@ -219,8 +222,16 @@ def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
     Missing: empty, blank, None, NaN, pandas NA; for a list column only a null (a blank text
     cell is the empty list, as ``"a;b"`` is two items). A null item in a list discards the
     row (a float list's NaN is a float, not a null). A struct or list in a text column is
-    written as JSON."""
+    written as JSON. In a ``float`` cell the text ``nan`` is missing too, ``inf``/``-inf`` is a
+    value, and a finite number beyond float32's range discards the row."""
     t = schema.columns[column]
+    if t == "float" and not is_missing(raw):
+        raw = _to_float(column, raw)  # a text 'nan' is missing, as a Parquet NaN is
+        if not math.isinf(raw) and abs(raw) > FLOAT32_MAX:
+            try:
+                struct.pack("<f", raw)  # rounds to float32's largest value, or overflows to inf
+            except OverflowError:
+                raise Discard(f"column {column!r}: {raw!r} is out of float32 range") from None
     if not isinstance(raw, (list, tuple)) and is_missing(raw):
         if column in schema.defaults:
             return schema.defaults[column]
@@ -267,9 +278,11 @@ def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:
         def parse_float(raw: Any) -> Any:
             if type(raw) is str:  # a blank str raises here and is a missing cell there
                 try:
-                    return float(raw)
+                    f = float(raw)
                 except ValueError:
-                    pass
+                    f = math.nan
+                if -FLOAT32_MAX <= f <= FLOAT32_MAX:  # NaN, inf and out of range: the general path
+                    return f
             return slow(raw)
         return parse_float
     if t in ("string", "string label"):
