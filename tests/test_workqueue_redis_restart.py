@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -77,10 +78,24 @@ def _server_place(prefix: str) -> tuple[str, str, int]:
     return exe, tempfile.mkdtemp(prefix=prefix), free_port()
 
 
-def test_workers_survive_a_redis_restart_with_its_data():
-    exe, d, port = _server_place("sf-redis-restart-")
-    _start(exe, d, port)
+@contextmanager
+def _redis_server(prefix: str, persist: bool = True):
+    """A redis-server on a free loopback port in its own folder: ``(exe, folder, port)``;
+    stopped and its folder removed afterwards (whatever the test left running)."""
+    exe, d, port = _server_place(prefix)
+    _start(exe, d, port, persist=persist)
     try:
+        yield exe, d, port
+    finally:
+        try:
+            _stop(d)
+        except OSError:
+            pass
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_workers_survive_a_redis_restart_with_its_data():
+    with _redis_server("sf-redis-restart-") as (exe, d, port):
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=30"
         works = [f"/data/part-{i:03d}" for i in range(40)]
         q = sf.WorkQueue(works, backend=url, name="restart", seed=1, lease_timeout=60)
@@ -109,19 +124,10 @@ def test_workers_survive_a_redis_restart_with_its_data():
         m = q.metrics()
         assert m["drained"] and m["done"] == len(works)
         assert isinstance(q.backend, RedisBackend) and q.backend.reconnect_s == 30.0
-    finally:
-        try:
-            _stop(d)
-        except OSError:
-            pass
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_clear_error():
-    exe, d, port = _server_place("sf-redis-lost-")
-
-    _start(exe, d, port, persist=False)
-    try:
+    with _redis_server("sf-redis-lost-", persist=False) as (exe, d, port):
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=20"
         works = [f"/data/part-{i:03d}" for i in range(10)]
         old = sf.WorkQueue(works, backend=url, name="volatile", seed=2)
@@ -142,20 +148,12 @@ def test_a_queue_lost_in_a_restart_without_persistence_stops_its_workers_with_a_
             left.append(str(it))
             old.ack(it)
         assert sorted(left) == sorted(works)  # nothing was acknowledged before the checkpoint
-    finally:
-        try:
-            _stop(d)
-        except OSError:
-            pass
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_every_call_of_a_worker_whose_queue_was_lost_raises_work_queue_lost():
     """Not only take: ack, renew, release and metrics of a joined worker say the queue was lost
     (before, ack raised a plain KeyError and renew/release answered False)."""
-    exe, d, port = _server_place("sf-redis-lost-all-")
-    _start(exe, d, port, persist=False)
-    try:
+    with _redis_server("sf-redis-lost-all-", persist=False) as (exe, d, port):
         url = f"redis://127.0.0.1:{port}/0?reconnect_s=20"
         works = [f"/data/part-{i:03d}" for i in range(6)]
         q = sf.WorkQueue(works, backend=url, name="volatile2", seed=3)
@@ -169,9 +167,3 @@ def test_every_call_of_a_worker_whose_queue_was_lost_raises_work_queue_lost():
         for call in (lambda: q.ack(a), lambda: q.renew(a), lambda: q.release(b)):
             with pytest.raises(sf.WorkQueueLostError, match="created again"):
                 call()
-    finally:
-        try:
-            _stop(d)
-        except OSError:
-            pass
-        shutil.rmtree(d, ignore_errors=True)
