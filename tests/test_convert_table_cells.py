@@ -151,3 +151,32 @@ def test_in_a_float_list_nan_stays_a_value(tmp_path):
     (tmp_path / "l.csv").write_text("w\n1;nan\n")
     rows, _ = _read(str(tmp_path / "l.csv"), {"w": "float list"})
     assert rows[1]["w"][0] == 1.0 and math.isnan(rows[1]["w"][1])
+
+
+def test_list_items_and_ints_out_of_their_range_discard_the_row_naming_the_item(tmp_path):
+    """A float list's 1e40 was written as inf without a word; an int beyond int64 was
+    reported only as a converter's OverflowError. From CSV text, Parquet and a DataFrame."""
+    (tmp_path / "t.csv").write_text(
+        f"id,xs,ns,n\n1,0.5;2,1;2,3\n2,1;1e40,1,3\n3,0.5,1;{2**70},3\n4,-inf;nan,{-2**63},{2**63}\n")
+    pq.write_table(pa.table({
+        "id": [1, 2, 3, 4],
+        "xs": pa.array([[0.5, 2.0], [1.0, 1e40], [0.5], [-math.inf, math.nan]], pa.list_(pa.float64())),
+        "ns": pa.array([[1, 2], [1], [1, 2**62], [-2**63]], pa.list_(pa.int64())),
+        "n": pa.array([3, 3, 3, 3], pa.int64()),
+    }), tmp_path / "t.parquet")
+    schema = {"id": "int", "xs": "float list", "ns": "int list", "n": "int"}
+    rows, discards = _read(str(tmp_path / "t.csv"), schema)
+    assert sorted(rows) == [1] and rows[1]["xs"] == [0.5, 2.0]
+    assert discards == {2: "column 'xs': 1e+40 is out of float32 range (item 1)",
+                        3: f"column 'ns': {2**70} is out of int64 range (item 1)",
+                        4: f"column 'n': {2**63} is out of int64 range"}
+    rows, discards = _read(str(tmp_path / "t.parquet"), schema)
+    assert sorted(rows) == [1, 3, 4] and discards == {2: "column 'xs': 1e+40 is out of float32 range (item 1)"}
+    assert rows[4]["ns"] == [-2**63] and rows[4]["xs"][0] == -math.inf and math.isnan(rows[4]["xs"][1])
+    import pandas as pd
+
+    frame = pd.DataFrame({"id": [1, 2], "xs": [[1.0], [3e39]], "ns": [[2**64], [1]], "n": [1, 1]})
+    rows, discards, _ = read_dataframe(frame, Schema(schema, {}))
+    assert not rows and {d.row: d.reason for d in discards} == {
+        1: f"column 'ns': {2**64} is out of int64 range (item 0)",
+        2: "column 'xs': 3e+39 is out of float32 range (item 0)"}

@@ -22,6 +22,7 @@ from ..formats.spec import FixedLen, VarLen
 from .options import Discard
 
 FLOAT32_MAX = 3.4028234663852886e38  # a finite float beyond it would be written as inf
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 COLUMN_TYPES = (
     "split", "image_uri", "int", "float", "string", "int list", "float list", "string list",
@@ -183,7 +184,30 @@ def _to_text(column: str, v: Any) -> str:
     return str(v)
 
 
-def _to_int(column: str, v: Any) -> int:
+def _item(item: int | None) -> str:
+    return "" if item is None else f" (item {item})"
+
+
+def _to_int(column: str, v: Any, item: int | None = None) -> int:
+    """An int64 value; beyond int64's range discards the row (an Example holds int64)."""
+    i = _to_any_int(column, v)
+    if not INT64_MIN <= i <= INT64_MAX:
+        raise Discard(f"column {column!r}: {i} is out of int64 range{_item(item)}")
+    return i
+
+
+def _in_float32(column: str, f: float, item: int | None = None) -> float:
+    """``f`` unless it is finite and beyond float32's range, which discards the row rather
+    than being written as inf; NaN and inf are values."""
+    if not math.isinf(f) and abs(f) > FLOAT32_MAX:
+        try:
+            struct.pack("<f", f)  # rounds to float32's largest value, or overflows to inf
+        except OverflowError:
+            raise Discard(f"column {column!r}: {f!r} is out of float32 range{_item(item)}") from None
+    return f
+
+
+def _to_any_int(column: str, v: Any) -> int:
     if isinstance(v, (Mapping, list, tuple)):
         raise _nested(column, v, "an integer")
     if isinstance(v, (bool, np.bool_)):  # numpy's too: a nullable boolean column iterates as np.bool_
@@ -226,12 +250,7 @@ def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
     value, and a finite number beyond float32's range discards the row."""
     t = schema.columns[column]
     if t == "float" and not is_missing(raw):
-        raw = _to_float(column, raw)  # a text 'nan' is missing, as a Parquet NaN is
-        if not math.isinf(raw) and abs(raw) > FLOAT32_MAX:
-            try:
-                struct.pack("<f", raw)  # rounds to float32's largest value, or overflows to inf
-            except OverflowError:
-                raise Discard(f"column {column!r}: {raw!r} is out of float32 range") from None
+        raw = _in_float32(column, _to_float(column, raw))  # a text 'nan' is missing, as a Parquet NaN is
     if not isinstance(raw, (list, tuple)) and is_missing(raw):
         if column in schema.defaults:
             return schema.defaults[column]
@@ -249,9 +268,9 @@ def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
         if _is_null(x) and not (t == "float list" and isinstance(x, float)):
             raise Discard(f"column {column!r}: null element in list (item {k})")
     if t == "int list":
-        return [_to_int(column, x) for x in items]
+        return [_to_int(column, x, k) for k, x in enumerate(items)]
     if t == "float list":
-        return [_to_float(column, x) for x in items]
+        return [_in_float32(column, _to_float(column, x), k) for k, x in enumerate(items)]
     return [_to_text(column, x) for x in items]
 
 
@@ -269,9 +288,11 @@ def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:
         def parse_int(raw: Any) -> Any:
             if type(raw) is str:  # int() strips as _to_int does; what it refuses, the general path judges
                 try:
-                    return int(raw)
+                    i = int(raw)
                 except ValueError:
-                    pass
+                    return slow(raw)
+                if INT64_MIN <= i <= INT64_MAX:  # beyond: the general path discards the row
+                    return i
             return slow(raw)
         return parse_int
     if t == "float":
