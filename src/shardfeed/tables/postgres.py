@@ -1,9 +1,10 @@
 """PostgreSQL tables: ``postgresql://user[:password]@host:port/db/table[/k=v...]``.
 
-Rows come in physical order (``ORDER BY ctid``: stable while the table is not
-rewritten), so slices are exact row ranges. ``k=v`` segments become ``WHERE k = 'v'``
-(the literal is cast to the column's type by the server). Each ``read`` uses its own
-connection and a server-side cursor, so threads read in parallel.
+Rows come in physical order (``ORDER BY tableoid, ctid``: stable while the table is not
+rewritten; a view's rows in the order of their text), so slices are exact row ranges.
+``k=v`` segments become ``WHERE k = 'v'`` (the literal is cast to the column's type by
+the server). Each ``read`` uses its own connection and a server-side cursor, so threads
+read in parallel.
 
 Writing: rows are staged in a TEMP table with ``COPY`` (it dies with the session); a
 commit, in one transaction under ``LOCK TABLE ... IN EXCLUSIVE MODE``, replaces this
@@ -61,6 +62,7 @@ class PostgresBackend(TableBackend):
         self.table = quote_ident(turl.table)
         self._schema: pa.Schema | None = None
         self._casts: dict[str, str] = {}
+        self._order = ""
 
     def connect(self, autocommit: bool = True) -> Any:
         try:
@@ -92,11 +94,24 @@ class PostgresBackend(TableBackend):
                     t, cast = _TYPES.get(d.type_code, (pa.string(), "::text"))
                     self._casts[d.name] = cast
                     fields.append(pa.field(d.name, t))
+                self._order = self._row_order(con)
             self._schema = pa.schema(fields)
             missing = [k for k, _ in self.turl.partitions if k not in self._schema.names]
             if missing:
                 raise ValueError(f"{self.masked}: partition column(s) {missing} are not columns of the table")
         return self._schema
+
+    def _row_order(self, con: Any) -> str:
+        """The ORDER BY that makes slices exact row ranges: physical order, partition by
+        partition (the partitions of a table repeat each other's ctids, so ctid alone
+        leaves ties that LIMIT/OFFSET may break differently per slice); a view or a foreign
+        table has no ctid: the whole row's text, a total order up to identical rows, which
+        are interchangeable (a sort per read: slower than a table's scan)."""
+        try:
+            con.execute(f"SELECT tableoid, ctid FROM {self.table} LIMIT 0")
+            return " ORDER BY tableoid, ctid"
+        except (self.psycopg.errors.UndefinedColumn, self.psycopg.errors.FeatureNotSupported):
+            return " ORDER BY ROW(_sf_row.*)::text"  # ROW(): a column named _sf_row cannot shadow it
 
     def num_rows(self) -> int:
         with self.connect() as con:
@@ -107,7 +122,7 @@ class PostgresBackend(TableBackend):
         types = [schema.field(c).type for c in columns]
         cols = ", ".join(f"{quote_column(c)}{self._casts.get(c, '')}" for c in columns)
         with self.connect(autocommit=False) as con:
-            q = f"SELECT {cols} FROM {self.table}{self._where(con)} ORDER BY ctid"
+            q = f"SELECT {cols} FROM {self.table} AS _sf_row{self._where(con)}{self._order}"
             if stop is not None:
                 q += f" LIMIT {max(0, stop - start)}"
             if start:
