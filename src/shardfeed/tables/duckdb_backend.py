@@ -95,6 +95,7 @@ class DuckDBBackend(TableBackend):
         self.path = os.path.abspath(turl.location)
         self.table = quote_ident(turl.table)
         self._schema: pa.Schema | None = None
+        self._order = ""
 
     def _where(self) -> str:
         if not self.turl.partitions:
@@ -116,6 +117,7 @@ class DuckDBBackend(TableBackend):
             cur = _acquire(self.path, False)
             try:
                 self._schema = cur.sql(f"SELECT * FROM {self.table} LIMIT 0").to_arrow_table().schema
+                self._order = self._row_order(cur)
             except duckdb.CatalogException as exc:
                 raise FileNotFoundError(f"{self.masked}: no such table ({str(exc).splitlines()[0]})") from None
             finally:
@@ -125,12 +127,25 @@ class DuckDBBackend(TableBackend):
                 raise ValueError(f"{self.masked}: partition column(s) {missing} are not columns of the table")
         return self._schema
 
+    def _row_order(self, cur: Any) -> str:
+        """A table's scan keeps insertion order (DuckDB's ``preserve_insertion_order``), so
+        slices are exact row ranges without a sort; a view's order may change from one query
+        to the next (a hash aggregate's, a parallel union's), and LIMIT/OFFSET slices of it
+        would repeat and lose rows: it is read sorted by every column read (rows equal in
+        all of them are interchangeable)."""
+        try:
+            cur.execute(f"SELECT rowid FROM {self.table} LIMIT 0")
+            return ""
+        except duckdb.BinderException:
+            return " ORDER BY ALL"
+
     def num_rows(self) -> int:
         return int(self._query(f"SELECT count(*) FROM {self.table}{self._where()}")[0][0])
 
     def read(self, columns: list[str], start: int, stop: int | None, batch_rows: int) -> Iterator[pa.RecordBatch]:
         cols = ", ".join(quote_column(c) for c in columns)
-        sql = f"SELECT {cols} FROM {self.table}{self._where()}"
+        self.schema()
+        sql = f"SELECT {cols} FROM {self.table}{self._where()}{self._order}"
         if stop is not None:
             sql += f" LIMIT {max(0, stop - start)}"
         if start:
