@@ -16,13 +16,14 @@ def test_status_drain_reset_list(tmp_path, capsys):
     backend = f"sqlite://{tmp_path}/q.db"
     q = WorkQueue(WORKS, num_epochs=2, backend=backend, name="train", worker_id="w1")
     q.ack(q.take())
+    q.release(q.take())  # given back: its next take is a re-delivery
     q.take()
     assert queue_cmd.main(["status", "--backend", backend, "--name", "train", "--json"]) == 0
     m = json.loads(capsys.readouterr().out)
-    assert (m["pending"], m["in_flight"], m["done"], m["remaining"]) == (3, 1, 1, 8)
+    assert (m["pending"], m["in_flight"], m["done"], m["remaining"], m["redelivered"]) == (3, 1, 1, 8, 1)
     assert queue_cmd.main(["status", "--backend", backend, "--name", "train"]) == 0
     out = capsys.readouterr().out
-    assert "pending 3" in out and "worker w1" in out
+    assert "pending 3" in out and "worker w1" in out and "released 1  redelivered 1" in out
     assert queue_cmd.main(["list", "--backend", backend]) == 0
     assert capsys.readouterr().out.split() == ["train"]
     assert queue_cmd.main(["drain", "--backend", backend, "--name", "train"]) == 0

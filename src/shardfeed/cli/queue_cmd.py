@@ -38,7 +38,8 @@ def _status(args: argparse.Namespace) -> int:
           f"{m['epoch']} of {total}{' (drained)' if m['drained'] else ''}")
     print(f"  pending {m['pending']}  in flight {m['in_flight']}  done {m['done']}  remaining {m['remaining']}  "
           f"fraction full {m['fraction_full']:.2f}")
-    print(f"  lease expiries {m['expired']}  late acks refused {m['late_acks']}  released {m['released']}")
+    print(f"  lease expiries {m['expired']}  late acks refused {m['late_acks']}  released {m['released']}  "
+          f"redelivered {m['redelivered']}")
     for w, st in sorted(m["workers"].items()):
         rate = "-" if st["items_per_s"] is None else f"{st['items_per_s']:.2f}/s"
         print(f"  worker {w}: taken {st['taken']}  acked {st['acked']}  in flight {st['in_flight']}  {rate}")
