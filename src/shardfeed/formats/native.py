@@ -22,6 +22,7 @@ import os
 import struct
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -567,6 +568,7 @@ class ParsePool:
             raise RuntimeError(f"ParsePool needs the C core: {_WHY_NOT or 'this build has no ParsePool'}")
         self._pool = _ext.ParsePool(int(threads))
         self._meta: collections.deque[tuple[CompiledSpec, int, Any, bool]] = collections.deque()
+        self.take_s = 0.0  # time take() spent in the pool: waiting for a parse, or parsing
 
     def submit(self, records: Any, spec: Mapping[str, FeatureSpec] | CompiledSpec, *, bytes_as: str = "object",
                crcs: np.ndarray | None = None) -> None:
@@ -583,7 +585,18 @@ class ParsePool:
         if not self._meta:
             raise IndexError("take: no batch was submitted")
         cs, n, offsets, as_buffer = self._meta.popleft()
-        return _native_columns(self._pool.take(), cs, n, offsets, as_buffer)
+        t = time.perf_counter()
+        try:
+            raw = self._pool.take()
+        finally:
+            self.take_s += time.perf_counter() - t
+        return _native_columns(raw, cs, n, offsets, as_buffer)
+
+    @property
+    def busy(self) -> tuple[float, float]:
+        """Seconds spent parsing, summed over the pool's threads and :meth:`take`'s caller,
+        and of them the caller's (a batch no pool thread had started when it was taken)."""
+        return self._pool.busy
 
     @property
     def pending(self) -> int:

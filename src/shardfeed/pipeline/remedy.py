@@ -94,7 +94,9 @@ class Remedy:
 
 
 def _per_worker(s: "StageStats") -> float:
-    return s.busy_s / max(1, s.parallelism)
+    """The stage's busy time per worker: its work spread over its workers, or the time of
+    the one thread every element passes (``serial_s``), whichever is longer."""
+    return max(s.busy_s / max(1, s.parallelism), s.serial_s if s.threaded else 0.0)
 
 
 def _kind(s: "StageStats") -> str:

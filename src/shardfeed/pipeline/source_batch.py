@@ -242,6 +242,10 @@ class SourceBatchNode(Node):
         self.pending: collections.deque[_Pending] = collections.deque()
         self.exhausted = False
         self.held = False  # a batch holding a handoff is pending: the producer waits for the rewind
+        # for stats(), per next(): this thread's waits on the parsing threads, their work;
+        # the parse pool's (busy, caller's share, take time) already counted
+        self._waited = self._others = 0.0
+        self._pool = (0.0, 0.0, 0.0)
         if self.threads > 1:
             self.stats.threaded = True
             self.stats.parallelism = self.threads
@@ -251,6 +255,11 @@ class SourceBatchNode(Node):
         if self.policy.raises:
             return parse_batch(batch, self.spec, bytes_as=self.bytes_as)
         return parse_skipping(batch, self.spec, self.bytes_as)
+
+    def _parse_timed(self, batch: FrameChunk) -> tuple[Any, float]:
+        t = time.perf_counter()
+        out = self._parse(batch)
+        return out, time.perf_counter() - t
 
     def _fill(self) -> None:
         want = 1 if self.threads <= 1 else 2 * self.threads
@@ -296,13 +305,29 @@ class SourceBatchNode(Node):
                 if self.ctx.closed:
                     raise RuntimeError("the iterator was closed")
                 self.pool = WorkerPool(self.threads, "parse")
-            self.pending.append(_Pending(self.pool.submit(self._parse, batch), batch, where, state, token))
+            self.pending.append(_Pending(self.pool.submit(self._parse_timed, batch), batch, where, state, token))
 
     def _next(self) -> Any:
-        while True:
-            out = self._take()
-            if out is not _AGAIN:
-                return out
+        # The stage's work, for stats(): this thread's time here (reading, the objects, the
+        # parses it does itself), less its waits on the parsing threads, plus their parse
+        # time (a threaded stage's busy time is its workers' work).
+        t = time.perf_counter()
+        self._waited = self._others = 0.0
+        try:
+            while True:
+                out = self._take()
+                if out is not _AGAIN:
+                    return out
+        finally:
+            pool = self.parse_pool
+            if pool is not None:  # its take() waited, or parsed a batch no pool thread had started
+                (busy, caller), took = pool.busy, pool.take_s
+                self._others += (busy - caller) - (self._pool[0] - self._pool[1])
+                self._waited += (took - self._pool[2]) - (caller - self._pool[1])
+                self._pool = (busy, caller, took)
+            own = time.perf_counter() - t - self._waited
+            self.stats.serial_s += own
+            self.stats.work_s += own + self._others
 
     def _take(self) -> Any:
         """The next batch's columns, or ``_AGAIN`` when the batch taken was not delivered
@@ -325,9 +350,12 @@ class SourceBatchNode(Node):
                 out = self._parse(batch)
             elif fut is _IN_POOL:
                 assert self.parse_pool is not None
-                out = self.parse_pool.take()
+                out = self.parse_pool.take()  # its wait and parse: counted in _next
             else:
-                out = fut.result()
+                t = time.perf_counter()
+                out, parsed_s = fut.result()
+                self._waited += time.perf_counter() - t
+                self._others += parsed_s
         except CorruptRecordError as exc:  # a data CRC the framing left to the parser
             k = exc.record_index
             if batch.crcs is None or k is None or not 0 <= k < batch.count:

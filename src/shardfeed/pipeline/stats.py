@@ -56,6 +56,10 @@ class StageStats:
     bytes: int = 0
     inclusive_s: float = 0.0
     work_s: float = 0.0
+    # a threaded stage whose elements also pass one thread in order (the fused batch's
+    # reader: the frames, the objects): that thread's busy time, a floor under the stage's
+    # time per worker however many parse beside it
+    serial_s: float = 0.0
     parallelism: int = 1
     threaded: bool = False
     includes_upstream: bool = False  # its workers' time includes pulling from its upstream (prefetch)
@@ -112,6 +116,8 @@ class StageStats:
             "busy_s": round(self.busy_s, 6), "parallelism": self.parallelism,
             "threaded": self.threaded,
         }
+        if self.serial_s:
+            out["serial_s"] = round(self.serial_s, 6)
         if self.queue_samples:
             out["fraction_of_queue_full"] = round(self.fraction_of_queue_full, 4)
         if self.mix_batches:
