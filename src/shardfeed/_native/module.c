@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #ifndef _WIN32
+#include <time.h>
 #include <unistd.h>
 #endif
 
@@ -1354,6 +1355,8 @@ typedef struct {
     int joined; /* close() has joined the threads: nothing is parsed any more */
     pthread_t *threads;
     pid_t pid; /* the process whose threads these are */
+    unsigned long long busy_ns; /* time spent parsing, all threads (the caller's too), under mu */
+    unsigned long long caller_ns; /* of it, by take()'s caller */
 } ParsePoolObject;
 
 /* The oldest batch from `from` on that no thread has started, or NULL (the lock held). */
@@ -1364,12 +1367,18 @@ static pslot *pp_next_queued(ParsePoolObject *p, pslot *from) {
 }
 
 /* Parse batch `s` in this thread: called and returns with the lock held, released meanwhile. */
-static void pp_parse(ParsePoolObject *p, pslot *s) {
+static void pp_parse(ParsePoolObject *p, pslot *s, int caller) {
+    struct timespec t0, t1;
     s->state = 1;
     p->queued--;
     pthread_mutex_unlock(&p->mu);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     pjob_run(s->job);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
     pthread_mutex_lock(&p->mu);
+    unsigned long long ns = (unsigned long long)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
+    p->busy_ns += ns;
+    if (caller) p->caller_ns += ns;
     s->state = 2;
     pthread_cond_broadcast(&p->done);
 }
@@ -1380,7 +1389,7 @@ static void *pool_thread(void *arg) {
     for (;;) {
         while (!p->stop && !p->queued) pthread_cond_wait(&p->work, &p->mu);
         if (p->stop) break;
-        pp_parse(p, pp_next_queued(p, p->head));
+        pp_parse(p, pp_next_queued(p, p->head), 0);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -1507,7 +1516,7 @@ static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
         pthread_mutex_lock(&p->mu);
         while (s->state != 2) {
             pslot *q = pp_next_queued(p, s); /* the oldest no thread has started: this one, or one behind */
-            if (q) pp_parse(p, q);
+            if (q) pp_parse(p, q, 1);
             else pthread_cond_wait(&p->done, &p->mu);
         }
         pthread_mutex_unlock(&p->mu);
@@ -1600,7 +1609,24 @@ static PyMethodDef pp_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* (seconds parsing on all threads, of them on take()'s caller) */
+static PyObject *pp_busy(ParsePoolObject *p, void *closure) {
+    unsigned long long ns = 0, caller = 0;
+    (void)closure;
+    if (p->inited) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&p->mu);
+        ns = p->busy_ns;
+        caller = p->caller_ns;
+        pthread_mutex_unlock(&p->mu);
+        Py_END_ALLOW_THREADS
+    }
+    return Py_BuildValue("(dd)", (double)ns / 1e9, (double)caller / 1e9);
+}
+
 static PyGetSetDef pp_getset[] = {
+    {"busy", (getter)pp_busy, NULL, "(seconds spent parsing summed over the threads, of them by take()'s caller)",
+     NULL},
     {"pending", (getter)pp_pending, NULL, "batches submitted and not taken yet", NULL},
     {"threads", (getter)pp_threads, NULL, "the pool's threads", NULL},
     {NULL, NULL, NULL, NULL, NULL},
