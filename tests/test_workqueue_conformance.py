@@ -259,3 +259,16 @@ def test_redis_password_never_in_errors_or_logs(redis_url, caplog):  # noqa: F81
     text = str(info.value) + repr(info.value) + caplog.text
     assert "wrong-password-xyz" not in text and REDIS_PASSWORD not in text
     assert "***" in str(info.value)
+
+
+def test_a_worker_whose_queue_was_reset_gets_work_queue_lost_on_every_backend(backend_url, qname):
+    """Reset by another handle (`shardfeed queue reset`): memory and SQLite raised a bare
+    KeyError, Redis a WorkQueueLostError; now every backend says the same."""
+    from shardfeed.errors import WorkQueueLostError
+
+    a = _q(backend_url, qname, worker_id="w-a")
+    item = a.take()
+    assert _q(backend_url, qname, worker_id="w-b").reset()
+    for call in (a.take, lambda: a.ack(item), lambda: a.renew(item)):
+        with pytest.raises(WorkQueueLostError, match=f"work queue '{qname}' on .* is gone since this worker joined"):
+            call()

@@ -157,3 +157,11 @@ def validate_state(state: Any) -> dict:
     if not isinstance(state, dict) or not isinstance(state.get("pending"), list):
         raise ValueError(f"not a work-queue state: {state!r:.200}")
     return state
+
+
+def gone(name: str, url: str) -> str:
+    """What a worker is told when the queue it joined is no longer on its backend."""
+    return (f"work queue {name!r} on {url} is gone since this worker joined it (reset, drained and removed, its "
+            "file replaced, or a Redis restart without persistence); nothing more is handed out, to keep the "
+            "epoch from running again: restore it with WorkQueue.set_state(checkpoint), or start afresh with "
+            "`shardfeed queue reset`")

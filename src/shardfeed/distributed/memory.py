@@ -12,7 +12,8 @@ import time
 from collections import deque
 from typing import Any
 
-from .backend import QueueBackend, empty_counters
+from ..errors import WorkQueueLostError
+from .backend import QueueBackend, empty_counters, gone
 
 _spaces: dict[str, dict[str, "_Queue"]] = {}
 _spaces_lock = threading.Lock()
@@ -50,7 +51,7 @@ class MemoryBackend(QueueBackend):
     def _q(self, name: str) -> _Queue:
         q = self._queues.get(name)
         if q is None:
-            raise KeyError(f"no work queue named {name!r} on {self.url}")
+            raise WorkQueueLostError(gone(name, self.url))
         return q
 
     def open(self, name: str, meta: dict) -> tuple[dict, bool]:

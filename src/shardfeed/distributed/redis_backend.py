@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ..errors import ShardfeedError, WorkQueueLostError
 from ..registry import require
 from ..storage.urls import mask, register_secret
-from .backend import COUNTERS, QueueBackend
+from .backend import COUNTERS, QueueBackend, gone
 
 logger = logging.getLogger(__name__)
 
@@ -344,10 +344,7 @@ class RedisBackend(QueueBackend):
         """The error for a queue not found: for a worker that joined it, the queue was lost
         (every call path says so alike, :class:`WorkQueueLostError`); else a plain KeyError."""
         if name in self._gens:
-            return WorkQueueLostError(
-                f"work queue {name!r} on {self.url} is gone since this worker joined it (a Redis restart without "
-                "persistence, or a reset?); nothing more is handed out, to keep the epoch from running again: "
-                "restore it with WorkQueue.set_state(checkpoint), or start afresh with `shardfeed queue reset`")
+            return WorkQueueLostError(gone(name, self.url))
         return KeyError(f"no work queue named {name!r} on {self.url}")
 
     def _check_joined(self, name: str) -> None:

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl
 
-from .backend import COUNTERS, QueueBackend
+from ..errors import WorkQueueLostError
+from .backend import COUNTERS, QueueBackend, gone
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS wq_queues (
@@ -124,7 +125,7 @@ class SQLiteBackend(QueueBackend):
     def _queue(self, c: sqlite3.Connection, name: str) -> tuple:
         row = c.execute("SELECT num_epochs, next_epoch, token FROM wq_queues WHERE name=?", (name,)).fetchone()
         if row is None:
-            raise KeyError(f"no work queue named {name!r} on {self.url}")
+            raise WorkQueueLostError(gone(name, self.url))
         return row
 
     def take(self, name: str, worker: str, lease_s: float) -> dict:
@@ -191,6 +192,8 @@ class SQLiteBackend(QueueBackend):
         with self._tx() as c:
             cur = c.execute("UPDATE wq_items SET deadline=? WHERE name=? AND id=? AND token=? AND worker IS NOT NULL",
                             (time.time() + lease_s, name, item_id, token))
+            if cur.rowcount != 1:
+                self._queue(c, name)  # the lease is lost, or the whole queue (raises)
             return cur.rowcount == 1
 
     def release(self, name: str, item_id: str, token: int) -> bool:
