@@ -4,6 +4,7 @@ unpickle it. Imported only by :func:`shardfeed.adapters.torch.to_torch` (it impo
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -110,6 +111,42 @@ _ALIGN = 64
 IN_BAND_BYTES = 4 << 20
 """A batch whose numeric arrays hold fewer bytes than this goes through the worker's pipe
 with the rest of its pickle; a larger one as tensors on one shared-memory storage."""
+LARGE_BATCH_BYTES = 1 << 20
+"""A batch whose numeric arrays hold this many bytes or more makes the main process warn
+(once) that ``to_torch(num_workers=N)`` hands batches over at less cost."""
+_warned = False
+
+
+def _warn_large(nbytes: int, num_workers: int) -> None:
+    """Say once per process that DataLoader workers cost more than ``to_torch(num_workers=)``
+    for batches this large (called in the main process, where a batch is unpickled)."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    warnings.warn(f"DataLoader(num_workers={num_workers}) hands each {nbytes / 1e6:.1f} MB batch of to_torch() to "
+                  "the main process through PyTorch's worker queue (a pickle, or a fresh shared-memory segment per "
+                  "batch), which can cost more than reading it; to_torch(num_workers="
+                  f"{num_workers}) in DataLoader(num_workers=0) runs its own reader processes that hand batches over "
+                  "through reusable shared-memory slots (docs/pipeline.md, Adapters)", UserWarning, stacklevel=2)
+
+
+class _Noted:
+    """An element (already what ``default_convert`` makes) that warns in the main process
+    when unpickled there: see :func:`_warn_large`."""
+
+    __slots__ = ("value", "nbytes", "num_workers")
+
+    def __init__(self, value: Any, nbytes: int, num_workers: int) -> None:
+        self.value, self.nbytes, self.num_workers = value, nbytes, num_workers
+
+    def __reduce__(self) -> Any:
+        return _noted_value, (self.value, self.nbytes, self.num_workers)
+
+
+def _noted_value(value: Any, nbytes: int, num_workers: int) -> Any:
+    _warn_large(nbytes, num_workers)
+    return value
 
 
 def _converts_batches_whole(frame: Any, dataset: Any) -> bool:
@@ -183,8 +220,14 @@ def for_default_convert(element: Any) -> Any:
     descriptor)."""
     parts: list[np.ndarray] = []
     _visit(element, parts.append)
+    nbytes = sum(a.nbytes for a in parts)
+    info = torch.utils.data.get_worker_info()
+    global _warned
+    large = nbytes >= LARGE_BATCH_BYTES and info is not None and info.id == 0 and not _warned
+    if large:  # the main process warns once (worker 0's first large batch; none from here after it)
+        _warned = True
     if len(parts) < 2:
-        return element
+        return _Noted(default_convert(element), nbytes, info.num_workers) if large else element
     offsets, total = [], 0
     for a in parts:
         offsets.append(total)
@@ -204,5 +247,6 @@ def for_default_convert(element: Any) -> Any:
 
     converted = _visit(element, place)
     if shared:
-        return converted
-    return _InBand(converted, flat, [(o, a.dtype, a.shape) for o, a in zip(offsets, parts)])
+        return _Noted(converted, nbytes, info.num_workers) if large else converted
+    band = _InBand(converted, flat, [(o, a.dtype, a.shape) for o, a in zip(offsets, parts)])
+    return _Noted(band, nbytes, info.num_workers) if large else band

@@ -148,6 +148,7 @@ def _torch_dataset_class() -> type:
 
 
 def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None = None, *,
+             num_workers: int = 0, buffer_size: int = 4,
              rank: int | None = None, world_size: int | None = None) -> Any:
     """A ``torch.utils.data.IterableDataset`` over ``ds``, split across DataLoader workers
     and distributed ranks without duplicates, each reader fetching only its share.
@@ -156,7 +157,17 @@ def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None =
     else ``RANK``/``WORLD_SIZE`` and the like, else 0/1; they are fixed here, in the calling
     process. ``rank``/``world_size`` are accepted as the older spelling (a
     ``DeprecationWarning``). Raises ``ImportError`` with an install hint when PyTorch is
-    missing."""
+    missing.
+
+    ``num_workers=N`` (N >= 1): N reader processes of its own, each reading the share a
+    DataLoader worker would and handing its batches over through ``buffer_size`` reusable
+    shared-memory slots (:mod:`shardfeed.adapters.torch_workers`); batches come one from each
+    worker in turn, numeric arrays as tensors sharing the slot's memory. Use it with
+    ``DataLoader(..., batch_size=None, num_workers=0)`` or directly; ``close()`` stops the
+    processes. The pipeline must pickle (``TypeError`` names what does not)."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"to_torch num_workers must be an int >= 0 (0: read in this process, or in the "
+                         f"DataLoader's workers), got {num_workers!r}")
     if rank is not None or world_size is not None:
         if slice_id is not None or slice_count is not None:
             raise ValueError("give slice_id/slice_count (or the older rank/world_size), not both")
@@ -166,6 +177,10 @@ def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None =
     require("torch", what="to_torch")
     cls = _torch_dataset_class()
     r, w = _rank_and_world(slice_id, slice_count)
+    if num_workers:
+        from .torch_workers import ShardfeedWorkersDataset  # noqa: PLC0415 - imports torch
+
+        return ShardfeedWorkersDataset(ds, r, w, num_workers, buffer_size)
     return cls(ds, r, w)
 
 
