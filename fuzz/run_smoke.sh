@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 SECS="${FUZZ_SECONDS:-30}"
 OUT="${FUZZ_OUT:-$(mktemp -d -t shardfeed-fuzz.XXXXXX)}"
 SRC=../src/shardfeed/_native
-NAMES=(frames crcfuse example resample imgcheck imgrows permute)
+NAMES=(frames crcfuse example resample imgcheck imgrows permute gatherframes)
 
 if ! command -v clang >/dev/null 2>&1; then
   echo "clang not found; trying to install it with apt-get"
@@ -32,6 +32,8 @@ build() {
   "$cc" "$@" fuzz_imgrows.c $driver "$SRC/imgrows.c" "$SRC/imgcheck.c" "$SRC/crc32c.c" "$SRC/frames.c" \
     "$SRC/example_parse.c" -o "$OUT/fuzz_imgrows"
   "$cc" "$@" -DSF_PERMUTE_NO_PYTHON fuzz_permute.c $driver "$SRC/permute.c" -o "$OUT/fuzz_permute"
+  "$cc" "$@" -DSF_GATHER_NO_PYTHON fuzz_gatherframes.c $driver "$SRC/gatherframes.c" "$SRC/crc32c.c" \
+    -o "$OUT/fuzz_gatherframes"
   for isa in 0 1 2 3 4; do # resample.c once per ISA level (resample_isa.c)
     "$cc" "$@" -c -DSF_FUZZ_ISA=$isa resample_isa.c -o "$OUT/resample_isa$isa.o"
   done

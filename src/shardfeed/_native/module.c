@@ -26,6 +26,7 @@
 #include "example_encode.h"
 #include "example_parse.h"
 #include "frames.h"
+#include "gatherframes.h"
 #include "imgcheck.h"
 #include "imgrows.h"
 #include "packbytes.h"
@@ -2002,6 +2003,9 @@ static PyMethodDef methods[] = {
      "validate_sequence_example(buf) -> None or a DecodeError message"},
     {"gather", py_gather, METH_VARARGS,
      "gather(dst, dst_offsets, src, src_offsets, lengths) -> int: ranges copied (n), or the first that does not fit"},
+    {"gather_frames", sf_py_gather_frames, METH_VARARGS,
+     "gather_frames(size, dst_offsets, sources, which, src_offsets, lengths, order, verify) -> (buffer, bad, code): "
+     "a global shuffle's frames copied into one buffer, each checked (gatherframes.h)"},
     {"permute", sf_py_permute, METH_VARARGS,
      "permute(out, n, half, keys, first, step, positions=None) -> None: a window of pipeline/permute.py's "
      "permutation (permute.h)"},

@@ -1,10 +1,15 @@
 """Reading a window of a global shuffle: records from wherever they are, in the window's
 order, as chunks of one virtual file (:class:`~shardfeed.pipeline.spans.GatherPlan`).
 
-Local shards (and remote ones in the local cache) are mapped and their frames copied into
-one buffer per chunk, which the native scan then checks (CRC) exactly as it checks a
-file, so a global shuffle delivers the same records, checked the same way, as a
-sequential read. A remote shard with no cache is read by ranged GETs, several at once:
+Local shards (and remote ones in the local cache) are mapped, and one native call per
+chunk (``_native.gather_frames``) copies the chunk's frames into one (pooled) buffer in the
+window's order, prefetching the frames ahead (a random read of the page cache), and checks
+each as it copies it: its length against the index, both CRCs (the data's computed in the copy).
+The batch parser then reads them there; nothing in Python is done per record. A chunk
+with a frame that fails a check is gathered again by the reference path (copied, then
+scanned frame by frame), which raises or skips exactly as a sequential read does, naming
+the file and byte offset, so a global shuffle delivers the same records, checked the same
+way, as a sequential read. A remote shard with no cache is read by ranged GETs, several at once:
 one per run of the window's records of a file whose frames lie within
 :data:`COALESCE_GAP` bytes of each other (often one per record): correct, but slow; a
 warning when the records are first indexed says so, with the numbers, and steers to
@@ -28,11 +33,16 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk
 from ..formats.native import gather, scan_frames
-from ..formats.tfrecord import ReadStats
+from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
 from ..storage import io as sio
 from ..storage.fetch import RangeStream
 from ..storage.urls import mask, parse_url
 from .spans import GatherPlan
+
+try:
+    from .._native import gather_frames as _gather_frames  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _gather_frames = None
 
 logger = logging.getLogger(__name__)
 
@@ -105,13 +115,20 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
             j = int(np.searchsorted(ends, plan.virtual[k] + chunk_size, "right"))
             j = max(j, k + 1)
             base = int(plan.virtual[k])
-            buf = bytearray(int(ends[j - 1]) - base)
             files = plan.files[k:j]
             dst = plan.virtual[k:j] - base
-            remote = []
-            for f in np.unique(files).tolist():
+            used, local = np.unique(files, return_inverse=True)
+            for f in used.tolist():
                 if f not in sources:
                     sources[f] = _source(plan.urls[f], o, counters, cache, seen)
+            fused = _fused(plan, k, j, int(ends[j - 1]) - base, dst, used, local, sources, o, stats)
+            if fused is not None:
+                yield fused
+                k = j
+                continue
+            buf = bytearray(int(ends[j - 1]) - base)
+            remote = []
+            for f in used.tolist():
                 src = sources[f]
                 sel = np.flatnonzero(files == f)
                 if src is None:
@@ -142,6 +159,29 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: np.ndarray, local: np.ndarray,
+           sources: dict[int, Any], o: Any, stats: ReadStats) -> FrameChunk | None:
+    """Records ``k .. j`` of ``plan`` gathered and checked by one native call (every
+    file mapped), or ``None``: a file must be read by ranges, the extension is not built,
+    or a frame failed a check (the reference path then raises or skips it)."""
+    if _gather_frames is None or any(sources[f] is None for f in used.tolist()):
+        return None
+    offsets, lengths = plan.offsets[k:j], plan.lengths[k:j]
+    if int(lengths.max()) - 16 > MAX_RECORD_BYTES:  # the scan's "absurd length": the reference path says it
+        return None
+    local = np.ascontiguousarray(local, dtype=np.int64)
+    # in the window's order: the frames ahead are prefetched as each is copied, which hides the
+    # random read (sorting them by file and offset first saved nothing more from the page
+    # cache, and cost a sort per window)
+    buf, bad, _ = _gather_frames(size, dst, tuple(sources[f] for f in used.tolist()), local, offsets, lengths,
+                                 None, bool(o.verify_crc))
+    if bad != j - k:
+        return None
+    stats.records += j - k
+    stats.bytes += int(lengths.sum())  # frames, framing included, as the scan counts them
+    return FrameChunk(buf, dst + 12, lengths - 16, plan.virtual[k:j], plan.files[k:j])
 
 
 def coalesce(records: list[tuple[int, int, int, int]], gap: int | None = None,

@@ -711,18 +711,29 @@ class GatherPlan(NamedTuple):
 
 
 class GlobalIndex:
-    """Where every record of a list of files is: the files' index arrays and the number
-    of records before each file."""
+    """Where every record of a list of files is: each record's frame offset (int64) and
+    length (uint32 while every frame is shorter than 4 GiB), and the number of records
+    before each file (a record's file is found there): 12 bytes a record, the files' own
+    index arrays not kept."""
 
     def __init__(self, urls: list[str], indexes: list[np.ndarray]) -> None:
         self.urls = urls
-        self.indexes = indexes
         counts = np.array([len(i) for i in indexes], dtype=np.int64)
         self.before = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n = int(self.before[-1])
         self.offsets = np.concatenate([i[:, 0] for i in indexes]) if indexes else np.zeros(0, np.int64)
-        self.lengths = np.concatenate([i[:, 1] for i in indexes]) if indexes else np.zeros(0, np.int64)
-        self.file_of = np.repeat(np.arange(len(indexes), dtype=np.int64), counts)
+        lengths = np.concatenate([i[:, 1] for i in indexes]) if indexes else np.zeros(0, np.int64)
+        small = not len(lengths) or int(lengths.max()) < 1 << 32
+        self.lengths = lengths.astype(np.uint32) if small else lengths
+
+    def file_of(self, ids: np.ndarray) -> np.ndarray:
+        """The file (its number in ``urls``) of each record of ``ids``."""
+        return np.searchsorted(self.before, ids, "right") - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this index holds (what a global shuffle keeps per record, times ``n``)."""
+        return self.offsets.nbytes + self.lengths.nbytes + self.before.nbytes
 
     @classmethod
     def of(cls, spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None,
@@ -748,11 +759,11 @@ class GlobalIndex:
         return cls(urls, indexes)
 
     def plan(self, ids: np.ndarray) -> GatherPlan:
-        lengths = self.lengths[ids]
+        lengths = np.take(self.lengths, ids).astype(np.int64)
         virtual = np.zeros(len(ids), dtype=np.int64)
         if len(ids) > 1:
             np.cumsum(lengths[:-1], out=virtual[1:])
-        return GatherPlan(self.urls, self.file_of[ids], self.offsets[ids], lengths, virtual)
+        return GatherPlan(self.urls, self.file_of(ids), np.take(self.offsets, ids), lengths, virtual)
 
     def window_ends(self, ps: Mapping[str, Any], seed: int) -> np.ndarray:
         """The virtual end offsets of the records of the window that state ``ps`` starts."""

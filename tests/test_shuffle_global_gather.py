@@ -1,0 +1,123 @@
+"""The gather of shuffle="global": one native copy per chunk that checks every frame, the
+reference path at a bad one, the same records in the same order, a small index."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.formats.index import load_index
+from shardfeed.pipeline import gather as gather_mod
+from shardfeed.pipeline.permute import Permutation
+from shardfeed.pipeline.spans import GlobalIndex, file_spans
+
+from .test_pipeline_helpers import SPEC, write_sized_shards
+
+native = pytest.importorskip("shardfeed._native")
+SIZES = [50, 70, 30]
+
+
+def _files(tmp_path, sizes=SIZES):
+    return write_sized_shards(tmp_path, sizes, index=True, prefix="g")
+
+
+def _ids(ds):
+    return [int(v) for b in ds for v in np.atleast_1d(b["id"])]
+
+
+def _expected(files, seed):
+    """Every record's id in the order of the global permutation (reader 0 of 1, epoch 0)."""
+    ids = [f * 1000 + i for f, n in enumerate(SIZES) for i in range(n)]
+    return [ids[k] for k in Permutation(len(ids), (seed, 0)).take(0, len(ids)).tolist()]
+
+
+def _frame_of(url, record):
+    idx = load_index(url, None, build=False)
+    return int(idx[record, 0]), int(idx[record, 1])
+
+
+@pytest.mark.parametrize("window", [7, 64, None])
+def test_fused_gather_delivers_the_permutation_order(tmp_path, window):
+    files = _files(tmp_path)
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=4, block_size=window).batch(16)
+    assert _ids(ds) == _expected(files, 4)
+    assert _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=4, block_size=window)) == _expected(files, 4)
+
+
+@pytest.mark.parametrize("where, check", [(14, "data crc"), (9, "length crc")])
+def test_corrupt_record_in_fused_global_batches_names_file_and_offset(tmp_path, where, check):
+    files = _files(tmp_path)
+    start, length = _frame_of(files[1], 33)
+    with open(files[1], "r+b") as f:
+        f.seek(start + where)  # 14: inside the record's data; 9: inside its length's CRC
+        b = f.read(1)
+        f.seek(start + where)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(sf.CorruptRecordError) as info:
+        _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=4, block_size=32).batch(8))
+    assert info.value.check == check and info.value.offset == start and "g-001" in str(info.value)
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=4, block_size=32, on_corrupt="skip")
+    got = _ids(ds.batch(8))
+    assert got == [i for i in _expected(files, 4) if i != 1033]
+    assert ds.read_stats.skipped_records == 1 and ds.read_stats.records == sum(SIZES) - 1
+
+
+def test_a_file_shorter_than_its_index_is_named(tmp_path):
+    files = _files(tmp_path)
+    start, _ = _frame_of(files[2], 20)
+    with open(files[2], "r+b") as f:
+        f.truncate(start + 5)
+    with pytest.raises(sf.CorruptRecordError, match=r"g-002.*truncated"):
+        _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=1).batch(10))
+
+
+def test_gather_frames_checks_every_frame(tmp_path):
+    files = _files(tmp_path, [5])
+    data = open(files[0], "rb").read()
+    idx = np.asarray(load_index(files[0], None, build=False), dtype=np.int64)
+    offs, lens = idx[::-1, 0].copy(), idx[::-1, 1].copy()  # backwards: the order is the caller's
+    dst = np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.int64)
+    which = np.zeros(len(offs), np.int64)
+    size = int(lens.sum())
+    buf, bad, code = native.gather_frames(size, dst, (data,), which, offs, lens, None, True)
+    assert (bad, code) == (5, 0)
+    assert bytes(buf) == b"".join(data[o:o + n] for o, n in zip(offs.tolist(), lens.tolist()))
+    order = np.array([4, 0, 3, 1, 2], np.int64)
+    again, bad, code = native.gather_frames(size, dst, (data,), which, offs, lens, order, True)
+    assert (bad, code) == (5, 0) and bytes(again) == bytes(buf)
+    for what, src, ln, want in [
+        ("data crc", data[:offs[2] + 20] + bytes([data[offs[2] + 20] ^ 1]) + data[offs[2] + 21:], lens, (2, 2)),
+        ("length crc", data[:offs[3] + 9] + bytes([data[offs[3] + 9] ^ 1]) + data[offs[3] + 10:], lens, (3, 1)),
+        ("length mismatch", data, lens + np.array([0, 1, 0, 0, 0]), (1, 3)),
+        ("past the source", data[:offs[0]], lens, (0, 4)),
+    ]:
+        _, bad, code = native.gather_frames(size + 1, dst, (src,), which, offs, ln, None, True)
+        assert (bad, code) == want, what
+    # without CRCs, a bad CRC goes through (the scan checks nothing more either)
+    flipped = data[:offs[2] + 20] + bytes([data[offs[2] + 20] ^ 1]) + data[offs[2] + 21:]
+    assert native.gather_frames(size, dst, (flipped,), which, offs, lens, None, False)[1:] == (5, 0)
+    # ranges outside the destination, or a source that does not exist, are refused
+    assert native.gather_frames(size - 1, dst, (data,), which, offs, lens, None, True)[1:] == (4, 4)
+    assert native.gather_frames(size, dst, (data,), which + 1, offs, lens, None, True)[1:] == (0, 4)
+    assert native.gather_frames(size, dst, (data,), which, offs, lens, order + 1, True)[1:] == (0, 4)
+    with pytest.raises(ValueError):
+        native.gather_frames(size, dst[:2], (data,), which, offs, lens, None, True)
+
+
+def test_global_index_keeps_under_16_bytes_a_record(tmp_path):
+    files = _files(tmp_path, [300, 200])
+    g = GlobalIndex.of(file_spans(files), None, None, None)
+    assert g.n == 500 and g.nbytes / g.n < 16
+    ids = np.array([0, 299, 300, 499, 17], np.int64)
+    plan = g.plan(ids)
+    assert plan.files.tolist() == [0, 0, 1, 1, 0]
+    idx0 = load_index(files[0], None, build=False)
+    assert int(plan.offsets[1]) == int(idx0[299, 0]) and int(plan.lengths[1]) == int(idx0[299, 1])
+
+
+def test_reference_path_without_the_native_gather(tmp_path, monkeypatch):
+    files = _files(tmp_path)
+    fused = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=40).batch(8))
+    monkeypatch.setattr(gather_mod, "_gather_frames", None)
+    assert _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=40).batch(8)) == fused
