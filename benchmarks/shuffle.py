@@ -12,6 +12,12 @@ interleaved rounds (every row once per round), medians. From the page cache:
   ``permute.c``, and where the extension is not built: the before/after of issue 40);
 - a 10,000-record buffer shuffle after the source (``.shuffle(10_000, seed=0)``);
 - tf.data ``TFRecordDataset(files).shuffle(10_000).batch(1024).map(parse_example)``;
+- two record sets of issue 40's targets (``--set-records`` each, default ``--records``, in 8
+  files; ``0`` skips): about 190 bytes (11 features: a label, a list of ids, 5 floats, 4 short
+  bytes) and about 1 KB (26 features: 12 floats, 12 bytes values of 50 bytes); per set:
+  sequential, ``shuffle="global"``, the same with the reference gather (the gather before the
+  native ``gather_frames``: a copy per file of each window, then the frame scan), and
+  ``shuffle="blocks"``;
 - large records (``--image-records``, 3,000 of 100 KB, an image-like bytes value and a label,
   in 4 files): ``batch(64)``, ``.shuffle(1000, seed=0).batch(64)``, and the same with each
   batch's records copied into one buffer (the gather before issue 40) (``0`` skips).
@@ -88,6 +94,70 @@ IMG_SEQ, IMG_SHUF = "100 KB records: batch(64)", "100 KB records: shuffle(1000).
 IMG_SHUF_COPY = "100 KB records: shuffle(1000).batch(64), copied"
 IMG_SPEC = {"image": sf.FixedLen("bytes"), "label": sf.FixedLen("int64")}
 PREFIX_ROWS = (S3_GLOBAL_NOCACHE, GRAIN_LOADER)  # slow rows that read only their first records
+# record sets of issue 40's targets: (name, float features, bytes features, bytes value length, ids up to)
+SETS = {"190 B": (5, 4, 2, 2), "1 KB": (12, 12, 50, 19)}
+
+
+def set_spec(kind: str) -> dict:
+    """The spec of record set ``kind`` (see :data:`SETS`): a label, a list of ids, floats, bytes."""
+    floats, strings, _, _ = SETS[kind]
+    spec = {"label": sf.FixedLen("int64"), "ids": sf.VarLen("int64")}
+    spec.update({f"d{j}": sf.FixedLen("float32") for j in range(floats)})
+    spec.update({f"c{j}": sf.FixedLen("bytes") for j in range(strings)})
+    return spec
+
+
+def set_files(directory: str, records: int, kind: str) -> list[str]:
+    """``records`` records of set ``kind`` in 8 files (index files beside them), written once."""
+    floats, strings, width, most = SETS[kind]
+    tag = kind.replace(" ", "")
+    files = [os.path.join(directory, f"set{tag}-{i}-of-8-{records}.tfrecord") for i in range(8)]
+    if all(os.path.exists(f + ".idx") for f in files):
+        return files
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(1)
+    for i, f in enumerate(files):
+        n = len(range(i, records, 8))
+        dense = rng.normal(size=(n, floats)).astype(np.float32)
+        cats = rng.integers(0, 1 << 62, size=(n, strings))
+        lens = rng.integers(1, most + 1, size=n)
+        with sf.TFRecordWriter(f) as w:
+            for k in range(n):
+                feats = {"label": [k % 2], "ids": rng.integers(0, 1 << 40, size=lens[k])}
+                for j in range(floats):
+                    feats[f"d{j}"] = [float(dense[k, j])]
+                for j in range(strings):
+                    feats[f"c{j}"] = [(b"%016x" % cats[k, j] * 4)[:width]]
+                w.write(sf.encode_example(feats))
+        sf.build_index(f)
+    return files
+
+
+def set_runners(files: list[str], kind: str) -> dict[str, Callable[[], Any]]:
+    """Sequential, global and blocks over record set ``kind``, batch 1024."""
+    spec = set_spec(kind)
+
+    def src(**kw):
+        return sf.read_tfrecord(files, spec=spec, **kw)
+
+    return {f"{kind}: sequential": lambda: _rate(src().batch(BATCH)),
+            f"{kind}: shuffle='global'": lambda: _rate(src(shuffle="global", seed=0).batch(BATCH)),
+            f"{kind}: shuffle='global', gather before": lambda: _reference_gather(
+                lambda: _rate(src(shuffle="global", seed=0).batch(BATCH))),
+            f"{kind}: shuffle='blocks'": lambda: _rate(src(shuffle="blocks", seed=0).batch(BATCH))}
+
+
+def _reference_gather(fn: Callable[[], Any]) -> Any:
+    """``fn()`` with the global shuffle's windows gathered by the reference path (one copy
+    per file of each window, then the frame scan: the gather before the native
+    ``gather_frames`` of issue 40 item 2)."""
+    from shardfeed.pipeline import gather  # noqa: PLC0415
+
+    native, gather._gather_frames = gather._gather_frames, None
+    try:
+        return fn()
+    finally:
+        gather._gather_frames = native
 
 
 def _rate(ds, limit: int | None = None) -> tuple[int, float]:
@@ -382,6 +452,8 @@ def main(argv=None) -> int:
                     help="Grain DataLoader row: records read (it goes record by record)")
     ap.add_argument("--image-records", type=int, default=3000, help="100 KB records for the buffer-shuffle rows "
                     "(0: skip them)")
+    ap.add_argument("--set-records", type=int, default=None, help="records of each of the 190 B (11 features) "
+                    "and 1 KB (26 features) sets (default: --records; 0: skip them)")
     ap.add_argument("--json", default=os.path.join("bench-out", "shuffle.json"))
     args = ap.parse_args(argv)
     files = make_dataset(args.dir, args.records)
@@ -395,6 +467,11 @@ def main(argv=None) -> int:
     if args.image_records:
         run.update(image_runners(image_files(args.dir, args.image_records)))
         expected[IMG_SEQ] = expected[IMG_SHUF] = expected[IMG_SHUF_COPY] = args.image_records
+    set_records = args.records if args.set_records is None else args.set_records
+    for kind in SETS if set_records else ():
+        rows = set_runners(set_files(args.dir, set_records, kind), kind)
+        run.update(rows)
+        expected.update({k: set_records for k in rows})
     skipped: dict[str, str] = {}
 
     grain_paths = None
@@ -483,6 +560,13 @@ def main(argv=None) -> int:
     if IMG_SHUF in med:
         print(f"100 KB records: shuffle(1000).batch(64) {med[IMG_SHUF] / med[IMG_SEQ]:.2f}x of batch(64) "
               f"(target >= 0.8x; {med[IMG_SHUF_COPY] / med[IMG_SEQ]:.2f}x with the records copied)")
+    for kind in SETS if set_records else ():
+        seq_k = med[f"{kind}: sequential"]
+        print(f"{kind} records ({len(set_spec(kind))} features): shuffle='global' "
+              f"{med[f'{kind}: shuffle={chr(39)}global{chr(39)}'] / seq_k:.2f}x, shuffle='blocks' "
+              f"{med[f'{kind}: shuffle={chr(39)}blocks{chr(39)}'] / seq_k:.2f}x of sequential (median rates); per "
+              "round: global " + ", ".join(f"{g / q:.2f}" for g, q in zip(rates[f"{kind}: shuffle='global'"],
+                                                                          rates[f"{kind}: sequential"])))
     print(f"page cache: shuffle='global' {med[GLOBAL] / seq:.2f}x (numpy permutation {med[GLOBAL_PY] / seq:.2f}x) "
           f"and shuffle='blocks' {med[BLOCKS] / seq:.2f}x of sequential (targets >= 0.5x, >= 0.9x); load average "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")

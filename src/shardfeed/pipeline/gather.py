@@ -100,11 +100,13 @@ def _source(url: str, o: Any, counters: Any, cache: Any, seen: set) -> Any:
 
 
 def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: ReadStats, counters: Any,
-                  cache: Any, seen: set | None = None) -> Iterator[FrameChunk]:
+                  cache: Any, seen: set | None = None, opened: dict[str, Any] | None = None) -> Iterator[FrameChunk]:
     """The records of ``plan`` from the one whose frame starts at virtual byte ``start``
     on, as chunks of about ``chunk_size`` bytes (``seen``: cached objects already counted
-    in this pass)."""
+    in this pass; ``opened``: the pass's ``{url: mapped view or None}``, so that a file is
+    stated, looked up in the cache and mapped once a pass, not once a window)."""
     seen = seen if seen is not None else set()
+    opened = opened if opened is not None else {}
     n = len(plan.files)
     k = int(np.searchsorted(plan.virtual, start, "left"))
     ends = plan.virtual + plan.lengths
@@ -120,7 +122,10 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
             used, local = np.unique(files, return_inverse=True)
             for f in used.tolist():
                 if f not in sources:
-                    sources[f] = _source(plan.urls[f], o, counters, cache, seen)
+                    url = plan.urls[f]
+                    if url not in opened:
+                        opened[url] = _source(url, o, counters, cache, seen)
+                    sources[f] = opened[url]
             fused = _fused(plan, k, j, int(ends[j - 1]) - base, dst, used, local, sources, o, stats)
             if fused is not None:
                 yield fused
@@ -166,7 +171,8 @@ def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: n
     """Records ``k .. j`` of ``plan`` gathered and checked by one native call (every
     file mapped), or ``None``: a file must be read by ranges, the extension is not built,
     or a frame failed a check (the reference path then raises or skips it)."""
-    if _gather_frames is None or any(sources[f] is None for f in used.tolist()):
+    srcs = tuple(sources[f] for f in used.tolist())
+    if _gather_frames is None or None in srcs:
         return None
     offsets, lengths = plan.offsets[k:j], plan.lengths[k:j]
     if int(lengths.max()) - 16 > MAX_RECORD_BYTES:  # the scan's "absurd length": the reference path says it
@@ -175,8 +181,7 @@ def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: n
     # in the window's order: the frames ahead are prefetched as each is copied, which hides the
     # random read (sorting them by file and offset first saved nothing more from the page
     # cache, and cost a sort per window)
-    buf, bad, _ = _gather_frames(size, dst, tuple(sources[f] for f in used.tolist()), local, offsets, lengths,
-                                 None, bool(o.verify_crc))
+    buf, bad, _ = _gather_frames(size, dst, srcs, local, offsets, lengths, None, bool(o.verify_crc))
     if bad != j - k:
         return None
     stats.records += j - k

@@ -53,7 +53,7 @@ class ChunkTag(NamedTuple):
 
 def _needs_read_ahead(span: Span, o: Any) -> bool:
     if isinstance(span.handle, GatherPlan):  # a global shuffle's window: a copy, unless remote
-        return any(not parse_url(u).is_local for u in span.handle.urls)
+        return span.handle.remote
     # local uncompressed shards are mapped: nothing to wait for, nothing to read ahead
     return normalize_compression(o.compression, span.url) is not None or not parse_url(span.url).is_local
 
@@ -91,6 +91,7 @@ class SpanChunks:
         self.cache = cache.for_pass() if cache is not None else None
         self.counters = counters if counters is not None else IOCounters()
         self.cached_seen: set = set()  # cached objects counted as hits in this pass (gathers)
+        self.gather_opened: dict[str, Any] = {}  # files a global shuffle's windows read, opened once a pass
         self.chunk_size = chunk_size
         rebase = getattr(src.provider, "rebase", None)
         if rebase is not None:  # a state saved by another reader (of another world size)
@@ -222,7 +223,7 @@ class SpanChunks:
         o = self.o
         if isinstance(span.handle, GatherPlan):
             chunks = gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
-                                   self.cached_seen)
+                                   self.cached_seen, self.gather_opened)
         else:
             chunks = iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,

@@ -708,6 +708,8 @@ class GatherPlan(NamedTuple):
     offsets: np.ndarray
     lengths: np.ndarray
     virtual: np.ndarray
+    remote: bool = False
+    """Whether some of ``urls`` is on object storage (known once per index, not per window)."""
 
 
 class GlobalIndex:
@@ -725,6 +727,7 @@ class GlobalIndex:
         lengths = np.concatenate([i[:, 1] for i in indexes]) if indexes else np.zeros(0, np.int64)
         small = not len(lengths) or int(lengths.max()) < 1 << 32
         self.lengths = lengths.astype(np.uint32) if small else lengths
+        self.remote = any(not parse_url(u).is_local for u in urls)
 
     def file_of(self, ids: np.ndarray) -> np.ndarray:
         """The file (its number in ``urls``) of each record of ``ids``."""
@@ -763,7 +766,7 @@ class GlobalIndex:
         virtual = np.zeros(len(ids), dtype=np.int64)
         if len(ids) > 1:
             np.cumsum(lengths[:-1], out=virtual[1:])
-        return GatherPlan(self.urls, self.file_of(ids), np.take(self.offsets, ids), lengths, virtual)
+        return GatherPlan(self.urls, self.file_of(ids), np.take(self.offsets, ids), lengths, virtual, self.remote)
 
     def window_ends(self, ps: Mapping[str, Any], seed: int) -> np.ndarray:
         """The virtual end offsets of the records of the window that state ``ps`` starts."""
@@ -774,16 +777,21 @@ class GlobalIndex:
 
 
 def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: int, t0: int,
-                window: int) -> np.ndarray:
+                window: int, perm: Any = None) -> np.ndarray:
     """Record ids at this reader's positions ``t0 .. t0 + window`` of the epoch's
-    permutation: positions ``base + index + count * t``."""
-    from .permute import Permutation  # noqa: PLC0415
-
+    permutation: positions ``base + index + count * t`` (``perm``: that permutation, when
+    the caller keeps it)."""
     first = base + index + count * t0
     stop = min(n, base + index + count * (t0 + window))
     if first >= n:
         return np.zeros(0, dtype=np.int64)
-    return Permutation(n, (seed, *[int(e) for e in epoch])).take(first, stop, count)
+    return (perm or _epoch_permutation(n, seed, epoch)).take(first, stop, count)
+
+
+def _epoch_permutation(n: int, seed: int, epoch: tuple) -> Any:
+    from .permute import Permutation  # noqa: PLC0415
+
+    return Permutation(n, (seed, *[int(e) for e in epoch]))
 
 
 class _GlobalStream(_OwnStream):
@@ -800,6 +808,8 @@ class _GlobalStream(_OwnStream):
         self.g = provider.records(*reads)
         self.base = int(state["base"]) if state else 0
         self.t = int(state["t"]) if state else 0
+        # made once a pass: its keys come from a SeedSequence, which costs more than a window
+        self.perm = _epoch_permutation(self.g.n, provider.seed, self.epoch)
 
     def get_state(self) -> dict:
         p = self.p
@@ -816,7 +826,7 @@ class _GlobalStream(_OwnStream):
 
     def next_span(self, block: bool = True) -> Span | None:
         p = self.p
-        ids = _window_ids(self.g.n, p.seed, self.epoch, self.base, p.index, p.count, self.t, p.window)
+        ids = _window_ids(self.g.n, p.seed, self.epoch, self.base, p.index, p.count, self.t, p.window, self.perm)
         if not len(ids):
             return None
         plan = self.g.plan(ids)
