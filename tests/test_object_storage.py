@@ -122,9 +122,10 @@ def test_a_range_of_a_part_and_a_short_tail_is_one_get(s3_bucket, small_parts, t
 
 def test_a_span_read_ahead_is_one_chunk_from_its_start(shards):
     # the pass's first span starts with a small chunk (its records go out after one ranged
-    # read); a span read ahead of the consumer (a shuffled block, the next shard) comes in
-    # chunks of chunk_size from its start, so a short span is one chunk and a batch is not
-    # copied together from two of its chunks
+    # read), the next ones doubling up to chunk_size (the rest of a first batch waits for
+    # a range or two, not chunk_size bytes); a span read ahead of the consumer (a shuffled
+    # block, the next shard) comes in chunks of chunk_size from its start, so a short span
+    # is one chunk and a batch is not copied together from two of its chunks
     from shardfeed.formats.chunks import FIRST_CHUNK, iter_frame_chunks
 
     urls, expected, opts, _ = shards
@@ -132,7 +133,9 @@ def test_a_span_read_ahead_is_one_chunk_from_its_start(shards):
     assert storage.size(big, opts) > 2 * FIRST_CHUNK
     waited = list(iter_frame_chunks(big, storage_options=opts, chunk_size=8 << 20))
     ahead = list(iter_frame_chunks(big, storage_options=opts, chunk_size=8 << 20, first_chunk=8 << 20))
-    assert len(waited) == 2 and len(ahead) == 1
+    assert 7 * FIRST_CHUNK < storage.size(big, opts) < 15 * FIRST_CHUNK
+    assert len(waited) == 4 and len(ahead) == 1  # 1, 2 and 4 x FIRST_CHUNK, then the rest
+    assert len(waited[0].buffer) == FIRST_CHUNK and 2 * FIRST_CHUNK <= len(waited[1].buffer) < 3 * FIRST_CHUNK
     for chunks in (waited, ahead):
         assert [bytes(c.buffer[o:o + n]) for c in chunks for o, n in zip(c.offsets, c.lengths)] == expected[big]
     # through the source: every span after the first is read as one chunk

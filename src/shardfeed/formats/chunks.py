@@ -168,8 +168,10 @@ def iter_frame_chunks(
     index = 0
     tail = b""
     # the first chunk small: its records go out after the first ranged read, not after
-    # chunk_size bytes have arrived (a first batch within a round trip or two)
-    need = min(chunk_size, max(64, int(first_chunk)))
+    # chunk_size bytes have arrived (a first batch within a round trip or two); the next
+    # ones double up to chunk_size, as the stream's ranges do, so that the rest of a first
+    # batch waits for the next range or two, not for chunk_size bytes
+    step = need = min(chunk_size, max(64, int(first_chunk)))
     try:
         while True:
             if len(tail) >= 8:  # a frame bigger than a chunk: read the whole of it
@@ -225,7 +227,7 @@ def iter_frame_chunks(
             base += consumed
             if not data:
                 return
-            need = chunk_size
+            step = need = min(chunk_size, step * 2)
     finally:
         stream.close()
 

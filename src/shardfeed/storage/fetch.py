@@ -33,7 +33,13 @@ from .counters import IOCounters
 from .urls import endpoint_option, mask, parse_url
 
 FIRST_PART = 256 << 10
-"""The first range of a stream is small: its records arrive after one round trip."""
+"""The first range of a stream a reader waits on is small (its records arrive after one
+round trip); its next ranges double in size up to the link's part, so that the bytes just
+behind it (the rest of a first batch) also come after a short transfer."""
+FIRST_WINDOW = 4
+"""Requests in flight at most until an endpoint has answered one: the first ranges of the
+object the reader waits on (a small one and the doubling ones behind it) go out alone,
+before the read-ahead of the objects behind it; the plan's concurrency after that answer."""
 MIN_PART = 1 << 20
 MAX_PART = 8 << 20
 TAIL_FRACTION = 8
@@ -69,10 +75,12 @@ class Link:
         self._lock = threading.Lock()
         self._samples: collections.deque = collections.deque(maxlen=256)
         self._plan: dict[int, tuple[float, tuple[int, int]]] = {}
+        self._answered = False  # whether a request was answered (FIRST_WINDOW before)
 
     def record(self, nbytes: int, seconds: float) -> None:
         with self._lock:
             self._samples.append((nbytes, max(seconds, 1e-6)))
+            self._answered = True
 
     def estimate(self) -> tuple[float, float]:
         """``(latency_s, bytes_per_s)`` per request and connection: latency from the
@@ -88,14 +96,19 @@ class Link:
     def plan(self, cap: int = MAX_CONCURRENCY) -> tuple[int, int]:
         """``(part_size, concurrency)`` for this link: parts that take several round trips
         to transfer (so the latency is a small share), and enough of them in flight.
-        Recomputed at most every 50 ms."""
+        Recomputed at most every 50 ms; the concurrency is held to :data:`FIRST_WINDOW`
+        until a request was answered (the first ranges must not share a new link with the
+        whole read-ahead)."""
         now = time.monotonic()
         cached = self._plan.get(cap)
         if cached is not None and now - cached[0] < 0.05:
-            return cached[1]
-        out = self._compute_plan(cap)
-        self._plan[cap] = (now, out)
-        return out
+            out = cached[1]
+        else:
+            out = self._compute_plan(cap)
+            self._plan[cap] = (now, out)
+        if self._answered or out[1] <= FIRST_WINDOW:
+            return out
+        return out[0], max(2, min(cap, FIRST_WINDOW))
 
     def _compute_plan(self, cap: int) -> tuple[int, int]:
         latency, rate = self.estimate()
@@ -216,12 +229,20 @@ class _Pool:
         self._seq = 0
 
     def run(self, fn, key: tuple = ()) -> Future:
-        fut: Future = Future()
+        return self.run_many([(fn, key)])[0]
+
+    def run_many(self, calls: list) -> list[Future]:
+        """``run`` for each ``(fn, key)``, queued together before any is dispatched (a
+        stream's ranges are ordered among themselves, not behind another stream's)."""
+        futs: list[Future] = []
         with self.cond:
-            self._seq += 1
-            heapq.heappush(self._waiting, (key, self._seq, fut, fn))
+            for fn, key in calls:
+                fut: Future = Future()
+                self._seq += 1
+                heapq.heappush(self._waiting, (key, self._seq, fut, fn))
+                futs.append(fut)
         self._dispatch()
-        return fut
+        return futs
 
     def _dispatch(self) -> None:
         start = []
@@ -542,6 +563,7 @@ class RangeStream(io.RawIOBase):
         self.link = link_for(url, storage_options)
         self.pool = _the_pool()
         self._lock = threading.RLock()
+        self.start = start
         self.pos = start  # next byte to hand out
         self.next = start  # next byte to ask for
         self.end = end
@@ -561,9 +583,10 @@ class RangeStream(io.RawIOBase):
         self.pending: collections.deque = collections.deque()  # (start, end, future)
         self.buf = b""
         self.buf_pos = 0
-        # the first range small (records after one round trip), unless the caller wants
-        # the whole range before it uses any of it (a global shuffle's coalesced records)
-        self.first = small_first
+        # the first range small (records after one round trip), the next ones doubling up
+        # to a part, unless the caller wants the whole range before it uses any of it (a
+        # global shuffle's coalesced records); 0 once the ranges are whole parts
+        self.ramp = FIRST_PART if small_first else 0
         # registered last: from here another thread's wake() may call _top_up on this stream
         self.pool.register(self)
 
@@ -644,29 +667,42 @@ class RangeStream(io.RawIOBase):
             part, n = self.link.plan(self.cap)
             self.pool.set_limit(n)
             end = self._known_end()
-            while len(self.pending) < n:
-                if end is not None and self.next >= end:
-                    return True
-                if self.first and (end is None or self.pool.is_oldest(self.sid)):
-                    # small: the reader waits for it now (or the size is not known yet); a
-                    # stream opened ahead of its reader asks for whole parts from the start,
-                    # which halves the requests for spans of a part or less (shuffled blocks)
-                    size = FIRST_PART
-                elif end is None:
-                    return True  # the size is not known yet: only the first range goes out before it
-                else:
-                    size = part
-                b = self.next + size if end is None else min(end, self.next + size)
-                if end is not None and size == part and end - b <= part // TAIL_FRACTION:
-                    b = end  # a short tail rides with this part: one round trip, not two
-                if not self.pool.reserve(b - self.next, force=not self.pending, sid=self.sid):
-                    return False
-                spec = end is None
-                self.pending.append((self.next, b, self.pool.run(lambda a=self.next, b=b, s=spec: self._get(a, b, s),
-                                                                 (self.sid, self.next))))
-                self.next = b
-                self.first = False
-            return True
+            calls: list = []  # queued together at the end: one stream's ranges in order
+            try:
+                return self._plan_ranges(part, n, end, calls)
+            finally:
+                if calls:
+                    futs = self.pool.run_many([(fn, key) for _, _, fn, key in calls])
+                    self.pending.extend((a, b, fut) for (a, b, _, _), fut in zip(calls, futs))
+
+    def _plan_ranges(self, part: int, n: int, end: int | None, calls: list) -> bool:
+        """The ranges to ask for now, appended to ``calls`` as ``(a, b, fn, key)``; see
+        :meth:`_top_up`."""
+        while len(self.pending) + len(calls) < n:
+            if end is not None and self.next >= end:
+                return True
+            if end is None and self.next != self.start:
+                return True  # the size is not known yet: only the first range goes out before it
+            if self.ramp and self.ramp < part and (end is None or self.pool.is_oldest(self.sid)):
+                # small, then doubling: the reader waits for these now (or the size is
+                # not known yet); a stream opened ahead of its reader asks for whole
+                # parts from the start, which halves the requests for spans of a part or
+                # less (shuffled blocks)
+                size = self.ramp
+            elif end is None:
+                return True  # whole parts need the size
+            else:
+                size = part
+            b = self.next + size if end is None else min(end, self.next + size)
+            if end is not None and end - b <= size // TAIL_FRACTION:
+                b = end  # a short tail rides with this range: one round trip, not two
+            if not self.pool.reserve(b - self.next, force=not self.pending and not calls, sid=self.sid):
+                return False
+            spec = end is None
+            calls.append((self.next, b, lambda a=self.next, b=b, s=spec: self._get(a, b, s), (self.sid, self.next)))
+            self.next = b
+            self.ramp = self.ramp * 2 if size == self.ramp else 0
+        return True
 
     def top_up_from_pool(self) -> bool:
         """:meth:`_top_up` from another thread, skipped while the reader is at it."""
