@@ -118,3 +118,30 @@ def test_the_first_batch_needs_only_the_first_ranges_of_the_first_object(s3_buck
     assert not rec.timed_out, ("the first batch waited for bytes past 2 MB", rec.events)
     assert first["label"].tolist() == list(range(16))
     assert sum(len(b["label"]) for b in it) == 400 - 16
+
+
+def test_a_converted_folder_first_batch_is_a_listing_the_manifest_and_ranged_gets(s3_bucket, tmp_path,
+                                                                                   fault_proxy):
+    # issue 38 item 3: no HEAD per shard (the ranged GETs' answers tell the sizes), no index
+    # file read for a plain pass, the manifest found by one listing and read once
+    import pandas as pd
+
+    bucket, so = s3_bucket
+    out = tmp_path / "converted"
+    df = pd.DataFrame({"id": np.arange(400), "text": ["x" * 2000] * 400})
+    sf.convert(df, str(out), schema={"id": "int", "text": "string"}, num_samples_per_tfrecord=100, progress=False)
+    client = boto3.client("s3", endpoint_url=so["endpoint_url"])
+    for path in out.rglob("*"):
+        if path.is_file():
+            client.put_object(Bucket=bucket, Key=f"conv/{path.relative_to(out)}", Body=path.read_bytes())
+    it = iter(sf.read_converted(f"s3://{bucket}/conv", storage_options={"endpoint_url": fault_proxy.url}).batch(32))
+    first = next(it)
+    assert first["id"].tolist() == list(range(32))
+    log = list(fault_proxy.log)
+    it.close()
+    assert [m for m, _, _, _ in log if m != "GET"] == []  # no HEAD
+    objects = [p.split("?", 1)[0].rsplit("/", 1)[1] for m, p, _, _ in log if "list-type=2" not in p]
+    assert objects.count("data-manifest.json") == 1
+    assert not [o for o in objects if o.endswith(".idx")]
+    assert sum(1 for _, p, _, _ in log if "list-type=2" in p) <= 1
+    assert all(rng for _, p, rng, _ in log if p.split("?", 1)[0].endswith(".tfrecord"))  # ranged GETs
