@@ -106,9 +106,7 @@ class Link:
         else:
             out = self._compute_plan(cap)
             self._plan[cap] = (now, out)
-        if self._answered or out[1] <= FIRST_WINDOW:
-            return out
-        return out[0], max(2, min(cap, FIRST_WINDOW))
+        return out if self._answered else (out[0], min(out[1], FIRST_WINDOW))
 
     def _compute_plan(self, cap: int) -> tuple[int, int]:
         latency, rate = self.estimate()
