@@ -120,6 +120,33 @@ def test_read_tasks_are_reader_shares_of_the_files(ray_cluster, shards):
         sfray.make_datasource(shards, None)
 
 
+@pytest.mark.parametrize("batch_size", [None, 50])
+def test_each_block_is_one_arrow_chunk_a_column(shards, batch_size):
+    """Ray serializes every chunk of every column on its own, and the consumer copies a batch
+    that straddles two chunks: a read task's blocks hold one chunk a column, whether it parses
+    a block's records at once (local files) or gathers parse batches (``batch_size`` given).
+    The read tasks run in this process: no cluster needed to see their blocks."""
+    source = sfray.make_datasource(shards, SPEC, batch_size=batch_size)
+    blocks = [block for task in source.get_read_tasks(FILES) for block in task()]
+    assert sum(b.num_rows for b in blocks) == FILES * PER_FILE
+    for block in blocks:
+        assert [c.num_chunks for c in block.columns] == [1] * len(SPEC), block.schema
+    # every record once, in file order within each task
+    labels = np.concatenate([b.column("label").to_numpy() for b in blocks])
+    assert sorted(labels.tolist()) == list(range(FILES * PER_FILE))
+
+
+def test_blocks_stay_under_the_data_contexts_target_max_block_size(shards):
+    """A block above ``DataContext.target_max_block_size`` is cut by Ray into slivers after
+    the read: the read task makes its blocks no larger than that target."""
+    source = sfray.make_datasource(shards, SPEC, batch_size=50)
+    ctx = ray.data.DataContext.get_current().copy()
+    ctx.target_max_block_size = 8 << 10
+    blocks = [b for task in source.get_read_tasks(1, data_context=ctx) for b in task()]
+    assert len(blocks) > FILES  # several blocks a file, not one
+    assert max(b.nbytes for b in blocks) < 2 * (8 << 10)  # a block ends at the parse batch that passes it
+
+
 def test_corrupt_record_raises_naming_file_and_offset_or_is_skipped(ray_cluster, tmp_path):
     good = [sf.encode_example({"label": i}) for i in range(20)]
     path = tmp_path / "bad.tfrecord"
@@ -186,12 +213,16 @@ def _jpeg(i: int) -> bytes:
     return buf.getvalue()
 
 
-def test_decode_images_as_a_map_batches_step_matches_the_image_stage(ray_cluster, tmp_path):
+def _image_records(tmp_path) -> tuple[str, list[bytes], dict]:
     pytest.importorskip("PIL")
     path = str(tmp_path / "img.tfrecord")
     images = [_jpeg(i) for i in range(40)] + [b"not a jpeg"]
     sf.write_records(path, [sf.encode_example({"label": i, "image": im}) for i, im in enumerate(images)])
-    spec = {"label": sf.FixedLen("int64"), "image": sf.FixedLen("bytes")}
+    return path, images, {"label": sf.FixedLen("int64"), "image": sf.FixedLen("bytes")}
+
+
+def test_decode_images_as_a_map_batches_step_matches_the_image_stage(ray_cluster, tmp_path):
+    path, images, spec = _image_records(tmp_path)
     ds = sfray.read_tfrecord(path, spec).map_batches(sfray.DecodeImages, fn_constructor_args=("image", 32),
                                                      fn_constructor_kwargs={"on_error": "skip"}, concurrency=2,
                                                      num_cpus=0.5,  # two actors and a read task on 2 CPUs
@@ -205,3 +236,19 @@ def test_decode_images_as_a_map_batches_step_matches_the_image_stage(ray_cluster
     with pytest.raises(Exception, match="image"):
         sfray.read_tfrecord(path, spec).map_batches(sfray.DecodeImages, fn_constructor_args=("image", 32),
                                                     concurrency=1, num_cpus=0.5, batch_format="numpy").take_all()
+
+
+def test_decode_images_instance_runs_fused_into_the_read_tasks(ray_cluster, tmp_path):
+    """An instance of ``sf.ray.DecodeImages`` (not the class) with ``batch_size=None`` is a
+    function of whole blocks to Ray: it runs in the read tasks (one fused operator: no actor
+    pool started for each pass, the encoded images never pass through the object store), with
+    the image stage's pixels. (A ``batch_size`` keeps Ray from fusing it with a read.)"""
+    path, images, spec = _image_records(tmp_path)
+    ds = sfray.read_tfrecord(path, spec).map_batches(sfray.DecodeImages("image", 32, on_error="skip"),
+                                                     batch_size=None, batch_format="numpy")
+    rows = {r["label"]: r["image"] for r in ds.take_all()}
+    assert sorted(rows) == list(range(40))
+    want = sf.decode_images({"image": np.array(images[:40], dtype=object)}, "image", 32)["image"]
+    for i in range(40):
+        np.testing.assert_array_equal(rows[i], want[i])
+    assert "Readshardfeed.TFRecord->MapBatches(DecodeImages)" in ds.stats()

@@ -37,16 +37,15 @@ from ..storage.urls import parse_url
 logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 16 << 20
-"""Parsed bytes a read task gathers into one Ray block (several parse batches, not copied)."""
+"""Parsed bytes of one Ray block (a read task's output comes in blocks of about this size:
+a few a CPU for a dataset of a few hundred MB; measured against 64 MiB in docs/ray.md)."""
 
 PROBE_ROWS = 256
-"""Records of a read task's first parse batch, which measures the parsed size of a record."""
+"""Records of a read task's first parse batch, which measures the parsed size of a record
+(and is the task's first block: the consumer's first batch comes sooner)."""
 
-PARSE_BATCH_BYTES = 4 << 20
-"""Parsed bytes a read task's later parse batches aim at (``batch_size=None``)."""
-
-MAX_PARSE_ROWS = 16384
-"""Records a parse batch holds at most (``batch_size=None``)."""
+MAX_BLOCK_ROWS = 1 << 20
+"""Records a parse batch holds at most (``batch_size=None``: a block's rows are parsed at once)."""
 
 REMOTE_BATCH_ROWS = 1024
 """Records a parse batch of remote objects holds (``batch_size=None``)."""
@@ -127,9 +126,18 @@ def _all_local(share: TFRecordSource) -> bool:
     return bool(urls) and all(parse_url(u).is_local for u in urls)
 
 
+def _one_chunk(tables: list[Any]) -> Any:
+    """``tables`` as one table of one chunk a column. Ray serializes every chunk of every
+    column on its own, and a consumer's batch that straddles two chunks is copied again by
+    ``combine_chunks`` on the driver; one copy here, in the read task, at memory speed."""
+    if len(tables) == 1 and all(c.num_chunks <= 1 for c in tables[0].columns):
+        return tables[0]
+    return _pa().concat_tables(tables).combine_chunks()
+
+
 class _ReadShare:
-    """What one read task runs: reader ``index`` of ``count``'s share of the source, parsed
-    batches gathered into blocks of about ``block_bytes``."""
+    """What one read task runs: reader ``index`` of ``count``'s share of the source, as Ray
+    blocks of about ``block_bytes`` parsed bytes, each one Arrow chunk a column."""
 
     def __init__(self, source: TFRecordSource, index: int, count: int, batch_size: int | None,
                  block_bytes: int) -> None:
@@ -137,32 +145,31 @@ class _ReadShare:
         self.batch_size, self.block_bytes = batch_size, block_bytes
 
     def __call__(self) -> Iterator[Any]:
-        pa = _pa()
         share = self.source._split(self.index, self.count)
         if share is None:  # a provider that cannot split (only a static list was given here)
             raise ValueError(f"{self.source.provider!r} cannot be split among read tasks")
+        if self.batch_size is None and _all_local(share):
+            yield from self._local_blocks(share)
+            return
+        # remote objects (no probe: going on from its state would fetch its read-ahead twice) or
+        # a given batch_size: parse batches gathered into blocks
         tables: list[Any] = []
         held = 0
-        for table in self._tables(share):
-            tables.append(table)
-            held += table.nbytes
-            if held >= self.block_bytes:
-                yield pa.concat_tables(tables)
-                tables, held = [], 0
+        with iter(share.batch(self.batch_size or REMOTE_BATCH_ROWS, bytes_as="buffer")) as it:
+            for batch in it:
+                table = batch_to_arrow(batch)
+                tables.append(table)
+                held += table.nbytes
+                if held >= self.block_bytes:
+                    yield _one_chunk(tables)
+                    tables, held = [], 0
         if tables:
-            yield pa.concat_tables(tables)
+            yield _one_chunk(tables)
 
-    def _tables(self, share: TFRecordSource) -> Iterator[Any]:
-        """The share's parsed batches as Arrow tables. ``batch_size=None`` on local files: a
-        first batch of :data:`PROBE_ROWS` tells the parsed bytes a record, and the pass goes
-        on from its state in batches of about :data:`PARSE_BATCH_BYTES` (a batch's fixed costs,
-        tens of microseconds a column, spread over as many records as that memory allows)."""
-        if self.batch_size is not None or not _all_local(share):
-            # remote objects: no probe (going on from its state would fetch its read-ahead twice)
-            with iter(share.batch(self.batch_size or REMOTE_BATCH_ROWS, bytes_as="buffer")) as it:
-                for batch in it:
-                    yield batch_to_arrow(batch)
-            return
+    def _local_blocks(self, share: TFRecordSource) -> Iterator[Any]:
+        """Local files: a first batch of :data:`PROBE_ROWS` (the first block) tells the parsed
+        bytes a record, and the pass goes on from its state in parse batches of a block's
+        records: each parse batch is one block, built without a copy."""
         with iter(share.batch(PROBE_ROWS, bytes_as="buffer")) as it:
             first = next(it, None)
             if first is None:
@@ -170,8 +177,8 @@ class _ReadShare:
             table = batch_to_arrow(first)
             yield table
             per_row = max(1, table.nbytes // max(1, table.num_rows))
-            size = int(min(MAX_PARSE_ROWS, max(PROBE_ROWS, PARSE_BATCH_BYTES // per_row)))
-            if size == PROBE_ROWS:  # large records: batches of the probe's size
+            size = int(min(MAX_BLOCK_ROWS, max(PROBE_ROWS, self.block_bytes // per_row)))
+            if size == PROBE_ROWS:  # large records: blocks of the probe's size
                 for batch in it:
                     yield batch_to_arrow(batch)
                 return
@@ -189,11 +196,11 @@ def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size:
     :func:`shardfeed.read_tfrecord`) with ``spec``; ``read_args`` are
     :func:`shardfeed.read_tfrecord`'s (``shuffle``, ``seed``, ``block_size``, ``cache_dir``,
     ``storage_options``, ``on_error``, ...; not ``slice_id``/``slice_count``, which the read
-    tasks are). ``batch_size``: records parsed at once (``None``: about 4 MiB of parsed
-    records, measured on a first batch of 256, for local files; 1,024 for remote objects);
-    ``block_bytes``: parsed bytes a
-    block gathers; ``num_parallel_reads``: parse threads in each read task (``None``: the
-    task's own thread, as Ray gives a task one CPU)."""
+    tasks are). ``batch_size``: records parsed at once (``None``: on local files a block's
+    records, measured on a first batch of 256; 1,024 for remote objects); ``block_bytes``:
+    parsed bytes of one Ray block (one Arrow chunk a column; at most the ``DataContext``'s
+    ``target_max_block_size``); ``num_parallel_reads``: parse threads in each read task
+    (``None``: the task's own thread, as Ray gives a task one CPU)."""
     if spec is None:
         raise ValueError("Ray Data reads parsed columns: give a spec ({name: sf.FixedLen(...), ...})")
     for bad in ("slice_id", "slice_count"):
@@ -261,11 +268,14 @@ def _datasource_class() -> Any:
                            data_context: Any = None) -> list[Any]:
             count = max(1, min(int(parallelism), self._units()))
             files = tuple(getattr(self.src.provider, "urls", ()) or ())
+            # Ray cuts a block above its target_max_block_size into slivers: stay under it
+            cap = getattr(data_context, "target_max_block_size", None)
+            block_bytes = min(self.block_bytes, int(cap)) if cap else self.block_bytes
             tasks = []
             for i in range(count):
                 meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
                                      input_files=files[i::count] if files else None)
-                fn = _ReadShare(self.src, i, count, self.batch_size, self.block_bytes)
+                fn = _ReadShare(self.src, i, count, self.batch_size, block_bytes)
                 tasks.append(ray.data.ReadTask(fn, meta, per_task_row_limit=per_task_row_limit))
             return tasks
 
