@@ -499,9 +499,14 @@ def main(argv=None) -> int:
             expected.update({k: args.records for k in (S3_SEQ, S3_BLOCKS, S3_BLOCKS_2048, S3_GLOBAL_E1, S3_GLOBAL_E2)})
             expected[S3_GLOBAL_NOCACHE] = nocache
         rates: dict[str, list[float]] = {k: [] for k in run}
+        # records per CPU-second of this process (every thread): what a row costs, which the
+        # other processes of a shared machine disturb far less than its wall-clock rate
+        cpu_rates: dict[str, list[float]] = {k: [] for k in run}
         for r in range(args.rounds):
             for name, fn in run.items():
+                cpu = time.process_time()
                 n, dt = fn()
+                cpu_rates[name].append(n / max(time.process_time() - cpu, 1e-9))
                 want = expected[name]
                 # a prefix stops at the end of the batch that reaches it
                 if n != want and not (name in PREFIX_ROWS and want <= n < want + BATCH):
@@ -560,6 +565,14 @@ def main(argv=None) -> int:
     if IMG_SHUF in med:
         print(f"100 KB records: shuffle(1000).batch(64) {med[IMG_SHUF] / med[IMG_SEQ]:.2f}x of batch(64) "
               f"(target >= 0.8x; {med[IMG_SHUF_COPY] / med[IMG_SEQ]:.2f}x with the records copied)")
+    cpu_med = {k: statistics.median(v) for k, v in cpu_rates.items()}
+    print("records per CPU-second (median; per-round ratio to the sequential row of the same records):")
+    for k, v in cpu_med.items():
+        base = (f"{k.split(':')[0]}: sequential" if any(k.startswith(f"{kind}:") for kind in SETS) else
+                IMG_SEQ if k.startswith("100 KB") else SEQ)
+        ratios = [a / b for a, b in zip(cpu_rates[k], cpu_rates[base])] if base in cpu_rates else []
+        print(f"  {k:<44} {v:>12,.0f} {statistics.median(ratios) if ratios else float('nan'):>8.2f}x  "
+              f"({', '.join(f'{x:.2f}' for x in ratios)})")
     for kind in SETS if set_records else ():
         seq_k = med[f"{kind}: sequential"]
         print(f"{kind} records ({len(set_spec(kind))} features): shuffle='global' "
@@ -586,7 +599,7 @@ def main(argv=None) -> int:
               f"{proxy_totals['bytes_to_client'] / 1e6:,.1f} MB served", file=sys.stderr)
 
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    result = {"records": args.records, "rounds": args.rounds, "rates": rates, "median": med,
+    result = {"records": args.records, "rounds": args.rounds, "rates": rates, "median": med, "cpu_rates": cpu_rates,
               "largest_file_share": mixed, "anchor": TF if anchor else None,
               "s3": None if s3 is None else {"latency_ms": args.latency_ms, "conn_mbps": args.conn_mbps,
                                              "bytes": s3.bytes, "anchor": S3_SEQ,
