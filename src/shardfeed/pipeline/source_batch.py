@@ -262,7 +262,10 @@ class SourceBatchNode(Node):
         return out, time.perf_counter() - t
 
     def _fill(self) -> None:
-        want = 1 if self.threads <= 1 else 2 * self.threads
+        # the first batch goes out after its own frames, not after 2 x threads batches'
+        # (a first batch from object storage waited for four batches' bytes): the read-ahead
+        # ramps up by one batch per batch handed out
+        want = 1 if self.threads <= 1 else min(2 * self.threads, 1 + self.stats.elements)
         # with AUTOTUNE, other threads of this process reading batches now share the cores
         share = self.threads
         if self.native and self.autotuned:
