@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,9 @@ class FaultProxy:
     SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                 b"<Message>Please reduce your request rate.</Message><RequestId>sf</RequestId></Error>")
 
+    DENIED = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+              b"<Message>Access Denied</Message><RequestId>sf</RequestId></Error>")
+
     def __init__(self, target: str):
         self.target_host, self.target_port = target.split("://", 1)[1].split(":")
         self.fail_every = 0
@@ -129,6 +133,7 @@ class FaultProxy:
         self.stall_s = 30.0
         self.status = 503
         self.max_faults: int | None = None
+        self.deny: Any = None
         self.count = 0
         self.failed = 0
         self.forwarded = 0
@@ -160,6 +165,15 @@ class FaultProxy:
                         proxy.failed += 1
                     else:
                         proxy.forwarded += 1
+                if proxy.deny is not None and proxy.deny(self.command, self.path):
+                    denied = FaultProxy.DENIED
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(denied)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(denied)
+                    return
                 if stall:
                     time.sleep(proxy.stall_s)
                     self.close_connection = True

@@ -153,7 +153,8 @@ def test_each_pass_of_a_repeat_checks_each_cached_object_once(objects, tmp_path)
     it = iter(sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir).repeat(3))
     assert sum(1 for _ in it) == 3 * sum(len(v) for v in expected.values())
     st = it.stats().storage
-    assert st.requests == 0 and st.stat_requests == 3 * len(urls)
+    # one listing page of the shards' folder a pass checks all of them (a HEAD each, before)
+    assert st.requests == 0 and st.stat_requests == 3 and st.cache_hits == 3 * len(urls)
 
 
 # -- bit rot ----------------------------------------------------------------------------------
@@ -279,3 +280,114 @@ def test_an_unwritable_cache_dir_is_read_around_with_one_warning(objects, tmp_pa
                     [r for u in urls for r in expected[u]]
         warnings = [r for r in caplog.records if r.name == "shardfeed.storage.cache" and r.levelno >= logging.WARNING]
         assert len(warnings) == 1 and mnt in warnings[0].getMessage()
+
+
+# -- the per-pass check: one listing, block CRCs checked as the pass reads -------------------
+def _lists(proxy, since: int) -> list[tuple]:
+    return [e for e in proxy.log[since:] if e[0] == "GET" and "list-type=2" in e[1]]
+
+
+def _heads(proxy, since: int) -> list[tuple]:
+    return [e for e in proxy.log[since:] if e[0] == "HEAD"]
+
+
+def test_a_replaced_object_is_detected_through_one_listing_per_pass(objects, fault_proxy, tmp_path, s3_bucket):
+    """Same size, other bytes: only the ETag tells. The pass asks storage once (one
+    listing page for the folder), not once per cached object."""
+    urls, expected, opts = objects
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir)
+    assert list(ds) == [r for u in urls for r in expected[u]]
+    new = [bytes([0x41 + (j % 20)]) * len(r) for j, r in enumerate(expected[urls[1]])]
+    _put(urls[1], new, s3_bucket[1])
+    since = len(fault_proxy.log)
+    it = iter(ds)
+    assert list(it) == expected[urls[0]] + new + expected[urls[2]]
+    assert len(_lists(fault_proxy, since)) == 1 and not _heads(fault_proxy, since)
+    st = it.stats().storage
+    assert st.cache_misses == 1 and st.cache_hits == 2
+    since = len(fault_proxy.log)
+    it = iter(ds)
+    assert list(it) == expected[urls[0]] + new + expected[urls[2]]
+    assert len(_lists(fault_proxy, since)) == 1 and not _heads(fault_proxy, since)
+    assert it.stats().storage.cache_hits == 3 and it.stats().storage.requests == 0
+
+
+def test_a_denied_listing_falls_back_to_one_head_per_object(objects, fault_proxy, tmp_path, s3_bucket):
+    urls, expected, opts = objects
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir)
+    list(ds)
+    fault_proxy.deny = lambda method, path: method == "GET" and "list-type=2" in path
+    new = _records(9, 400)
+    _put(urls[2], new, s3_bucket[1])
+    since = len(fault_proxy.log)
+    it = iter(ds)
+    assert list(it) == expected[urls[0]] + expected[urls[1]] + new
+    assert len(_lists(fault_proxy, since)) == 1  # tried once in the pass, then HEADs
+    assert sorted(e[1] for e in _heads(fault_proxy, since)) == sorted(
+        "/" + u.split("://", 1)[1] for u in urls)
+    assert it.stats().storage.cache_misses == 1
+
+
+def test_a_remote_object_deleted_between_passes_is_a_clear_error(objects, tmp_path, s3_bucket):
+    from shardfeed import storage
+
+    urls, expected, opts = objects
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir)
+    list(ds)
+    storage.remove(urls[1], s3_bucket[1])
+    with pytest.raises(FileNotFoundError) as e:
+        list(ds)
+    assert urls[1] in str(e.value)
+
+
+def _plain(url: str, opts: dict) -> list[bytes]:
+    from shardfeed.formats.tfrecord import TFRecordReader
+
+    with TFRecordReader(url, storage_options=opts) as r:
+        return list(r)
+
+
+def test_a_cached_copy_corrupted_between_passes_is_never_served(objects, tmp_path, caplog):
+    """No TFRecord CRC to catch it (``verify_crc=False``): only the cache's own check
+    stands between the damaged copy and the consumer. Damage in the object's last bytes:
+    the check must come before the first record goes out, not when the reader gets there."""
+    urls, expected, opts = objects
+    cache_dir = str(tmp_path / "cache")
+    good = _plain(urls[2], opts)
+    ds = sf.read_tfrecord(urls[2:], storage_options=opts, cache_dir=cache_dir, verify_crc=False)
+    assert list(ds) == good == expected[urls[2]]
+    entry = _entry(cache_dir, urls[2], opts)
+    _rot(entry, os.path.getsize(entry) - 1000)
+    with caplog.at_level(logging.WARNING, logger="shardfeed.storage"):
+        it = iter(ds)
+        served = list(it)
+    assert len(served) == len(good) and served == good
+    assert it.stats().storage.cache_misses == 1 and it.stats().storage.cache_hits == 0
+    assert any("damaged" in r.getMessage() and entry in r.getMessage() for r in caplog.records)
+    it = iter(ds)  # fetched again whole: the next pass reads a good copy
+    assert list(it) == good
+    assert it.stats().storage.cache_hits == 1 and it.stats().storage.cache_misses == 0
+
+
+def test_a_folder_listed_in_pages_checks_every_object(objects, fault_proxy, tmp_path, s3_bucket, monkeypatch):
+    """Pages of two keys (1000 in real use): an object past the first page is found in a
+    page of its own; a subfolder's keys are not the folder's."""
+    from shardfeed import storage
+    from shardfeed.storage import cache_trust
+
+    monkeypatch.setattr(cache_trust, "LIST_PAGE", 2)
+    urls, expected, opts = objects
+    storage.write_bytes(urls[0].rsplit("/", 1)[0] + "/a-sub/x.bin", b"x", s3_bucket[1])
+    cache_dir = str(tmp_path / "cache")
+    ds = sf.read_tfrecord(urls, storage_options=opts, cache_dir=cache_dir)
+    list(ds)
+    new = _records(5, 500)
+    _put(urls[2], new, s3_bucket[1])
+    since = len(fault_proxy.log)
+    it = iter(ds)
+    assert list(it) == expected[urls[0]] + expected[urls[1]] + new
+    assert 2 <= len(_lists(fault_proxy, since)) <= 3 and not _heads(fault_proxy, since)
+    assert it.stats().storage.cache_misses == 1 and it.stats().storage.cache_hits == 2

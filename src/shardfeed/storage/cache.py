@@ -7,10 +7,13 @@ process on the host) read it from local disk:
 - **Checked at each pass.** Each entry records the object's size and ETag, the local
   file's size and modification time and a CRC-32C of its bytes. The first use of an entry
   in each pass (:meth:`ObjectCache.for_pass`; every use, outside a pass) checks all of them:
-  one HEAD request (the object's size and ETag must be those recorded; an entry without the
-  ETag storage reports is never trusted) and one read of the file for the CRC. Later uses
-  in the pass check the local size and time. A stale, truncated or altered copy is dropped
-  and fetched again.
+  the object's size and ETag must be those storage reports (an entry without the ETag
+  storage reports is never trusted), and one read of the file for the CRC (from the page
+  cache, a few GB/s). A pass asks storage once per folder, one listing page for up to 1000
+  objects, shared by all of them; where listing is denied or the store is not S3, one HEAD
+  request per object (:meth:`.cache_trust.CachePass.remote_info`). Later uses in the pass
+  check the local size and time. A stale, truncated or altered copy is dropped and fetched
+  again; an object gone from storage is a ``FileNotFoundError`` naming it.
 - **Trusted folder only.** A cache folder another user can write into (not owned by us, or
   writable by everyone without the sticky bit) is refused: anyone could plant entries.
 - **Shared safely.** A download holds a lock file (``flock``) for its entry and writes a
@@ -136,6 +139,7 @@ class ObjectCache:
         self._used: set[str] = set()  # keys this process read: never evicted by it
         self._trouble_until = 0.0  # the disk refused a write: read around until then
         self._warned = False
+        self._list_denied: set[tuple] = set()  # stores whose listing was refused: a HEAD per object
         self._sweep()
 
     def __reduce__(self):
@@ -225,7 +229,7 @@ class ObjectCache:
             logger.warning("cached copy of %s was changed on disk (%s); fetching it again", mask(url), data)
             return None
         if scope is None or not scope.checked(key, stamp):
-            if not self._check_remote(url, storage_options, meta, counters):
+            if not self._check_remote(url, storage_options, meta, counters, scope):
                 return None
             if not self._check_crc(data, meta, url):
                 with contextlib.suppress(OSError):
@@ -247,10 +251,9 @@ class ObjectCache:
             seen.add(url)
             return first
 
-    def _check_remote(self, url: str, storage_options, meta: dict, counters: IOCounters) -> bool:
-        from .io import _remote_info  # noqa: PLC0415 - io imports this module's users
-
-        size, etag = _remote_info(url, storage_options, counters)
+    def _check_remote(self, url: str, storage_options, meta: dict, counters: IOCounters,
+                      scope: "CachePass | None" = None) -> bool:
+        size, etag = self._remote_info(url, storage_options, counters, scope)
         # the ETag storage reports must be the one recorded: an entry without one (planted,
         # or of an object that had none) is trusted only for an object that has none
         if size != meta.get("size") or etag != meta.get("etag"):
@@ -307,7 +310,7 @@ class ObjectCache:
             if path is not None:
                 held.close()
                 return path, None
-            begun = self._begin(key, url, storage_options, counters)
+            begun = self._begin(key, url, storage_options, counters, scope)
             if begun is None:
                 held.close()
                 return None, None
@@ -323,15 +326,24 @@ class ObjectCache:
             raise
         return None, TeeStream(self, key, url, stream, begun, counters, held, storage_options, scope)
 
-    def _begin(self, key: str, url: str, storage_options, counters: IOCounters) -> tuple | None:
+    @staticmethod
+    def _remote_info(url: str, storage_options, counters: IOCounters,
+                     scope: "CachePass | None") -> tuple[int, str | None]:
+        """``(size, etag)`` of ``url`` in storage: from the pass's listing (``scope``), or a HEAD."""
+        from .io import _remote_info  # noqa: PLC0415 - io imports this module's users
+
+        if scope is not None:
+            return scope.remote_info(url, storage_options, counters)
+        return _remote_info(url, storage_options, counters)
+
+    def _begin(self, key: str, url: str, storage_options, counters: IOCounters,
+               scope: "CachePass | None" = None) -> tuple | None:
         """``(size, etag, fd, tmp)`` for a download of ``url`` into a new entry; ``None``
         (counted as bypassed) when the cache cannot hold it."""
-        from .io import _remote_info  # noqa: PLC0415
-
         if time.monotonic() < self._trouble_until:
             counters.add(cache_bypassed=1)  # the disk refused a write a moment ago
             return None
-        size, etag = _remote_info(url, storage_options, counters)
+        size, etag = self._remote_info(url, storage_options, counters, scope)
         # a stale copy stays until the new one replaces it (os.replace): a reader that
         # opened it keeps reading a whole file, never a missing one
         reserved = self._admit(key, size)
@@ -377,7 +389,7 @@ class ObjectCache:
         from ..crc import crc32c  # noqa: PLC0415
         from .io import open_range  # noqa: PLC0415
 
-        begun = self._begin(key, url, storage_options, counters)
+        begun = self._begin(key, url, storage_options, counters, scope)
         if begun is None:
             return None
         size, etag, fd, tmp = begun

@@ -1,8 +1,10 @@
 """What the object cache needs to trust its entries: a folder nobody else can write into,
-and a pass's record of the entries it checked in full."""
+a pass's record of the entries it checked, and what storage says of them (one listing
+page a folder per pass, a HEAD where listing is not allowed)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -10,9 +12,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .counters import IOCounters
+from .urls import mask, parse_url
 
 if TYPE_CHECKING:
     from .cache import ObjectCache
+
+
+logger = logging.getLogger("shardfeed.storage.cache")
+
+LIST_PAGE = 1000
+"""Keys a listing request asks for (S3's largest page)."""
 
 
 class UnsafeCacheFolder(PermissionError):
@@ -47,6 +56,8 @@ class CachePass:
         self.cache = cache
         self._checked: dict[str, tuple] = {}
         self._lock = threading.Lock()
+        self._listings: dict[tuple, _Listing] = {}
+        self._heads: dict[str, tuple[int, str | None]] = {}
 
     def __reduce__(self):
         return CachePass, (self.cache,)  # a copy elsewhere is a pass of its own
@@ -55,12 +66,48 @@ class CachePass:
         return getattr(self.cache, name)
 
     def checked(self, key: str, stamp: tuple) -> bool:
+        """Whether entry ``key`` (as ``stamp`` says: size, time, inode) was checked in this pass."""
         with self._lock:
             return self._checked.get(key) == stamp
 
     def mark(self, key: str, stamp: tuple) -> None:
         with self._lock:
             self._checked[key] = stamp
+
+    def remote_info(self, url: str, storage_options: Mapping[str, Any] | None,
+                    counters: IOCounters | None) -> tuple[int, str | None]:
+        """``(size, etag)`` of ``url`` in storage, from this pass's listing of its folder
+        (one request per folder and 1000 keys, shared by every object of the pass), or from
+        a HEAD where the store cannot be listed (not S3, or the listing is denied). Raises
+        ``FileNotFoundError`` for an object the listing does not hold."""
+        from .io import _remote_info  # noqa: PLC0415 - io imports the cache's users
+
+        parsed = parse_url(url)
+        if parsed.protocol in ("s3", "oss"):
+            from .fs import _freeze, get_filesystem  # noqa: PLC0415
+
+            fs, path = get_filesystem(parsed, storage_options)
+            bucket, key = path.split("/", 1) if "/" in path else (path, "")
+            prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+            where = (parsed.protocol, parsed.query, _freeze(dict(storage_options or {})), bucket)
+            if key and where not in self.cache._list_denied:
+                with self._lock:
+                    listing = self._listings.setdefault(where + (prefix,), _Listing(fs, bucket, prefix))
+                try:
+                    listed = listing.info(url, key, counters)
+                    if listed is not None:
+                        return listed
+                except PermissionError as exc:
+                    self.cache._list_denied.add(where)
+                    logger.info("listing %s is not allowed (%s): each cached object is checked with a HEAD "
+                                "request instead", mask(f"{parsed.protocol}://{bucket}/{prefix}"), exc)
+        with self._lock:
+            got = self._heads.get(url)
+        if got is None:  # one HEAD an object a pass (its check, then its download if stale)
+            got = _remote_info(url, storage_options, counters)
+            with self._lock:
+                self._heads[url] = got
+        return got
 
     def fetch(self, url: str, storage_options: Mapping[str, Any] | None = None, counters: IOCounters | None = None,
               seen: set | None = None) -> str | None:
@@ -74,3 +121,64 @@ class CachePass:
 
     def for_pass(self) -> "CachePass":
         return CachePass(self.cache)
+
+
+class _Listing:
+    """One pass's listing of one folder (S3 ListObjectsV2, no recursion): pages fetched
+    as objects ask for keys no page covers yet, one at a time (the others wait for it and
+    find their keys in it)."""
+
+    def __init__(self, fs: Any, bucket: str, prefix: str) -> None:
+        self.fs, self.bucket, self.prefix = fs, bucket, prefix
+        self.lock = threading.Lock()
+        self.found: dict[str, tuple[int, str | None]] = {}
+        self.covered: list[tuple[str, str | None]] = []  # (after, last): keys in (after, last] (None: to the end)
+        self.denied: PermissionError | None = None
+
+    def _covers(self, key: str) -> bool:
+        return any(after < key and (last is None or key <= last) for after, last in self.covered)
+
+    def info(self, url: str, key: str, counters: IOCounters | None) -> tuple[int, str | None] | None:
+        """``(size, etag)`` of ``key``; ``None`` when the listing cannot say (ask a HEAD)."""
+        with self.lock:
+            if self.denied is not None:  # the threads that waited for the one that was refused
+                raise self.denied
+            if not self._covers(key):
+                # the first page from the folder's start (shards are read in name order);
+                # later ones from just before the key asked for (key[:-1] sorts before it)
+                self._page("" if not self.covered else key[:-1], url, counters)
+                if not self._covers(key):
+                    return None
+            got = self.found.get(key)
+        if got is None:
+            raise FileNotFoundError(f"{mask(url)}: no such object in storage (the listing of its folder does not "
+                                    "hold it): deleted or renamed since the dataset was listed or cached")
+        return got
+
+    def _page(self, after: str, url: str, counters: IOCounters | None) -> None:
+        from .io import _run  # noqa: PLC0415 - io imports the cache's users
+
+        kw = {"Bucket": self.bucket, "Prefix": self.prefix, "Delimiter": "/", "MaxKeys": LIST_PAGE}
+        if after > self.prefix:
+            kw["StartAfter"] = after
+
+        def call() -> dict:
+            return self.fs.call_s3("list_objects_v2", **kw)
+
+        try:
+            resp = _run("list", url, (lambda: counters.timed_stat(call)) if counters is not None else call, counters)
+        except PermissionError as exc:
+            self.denied = exc
+            raise
+        finally:
+            if counters is not None:
+                counters.add(stat_requests=1)
+        keys = resp.get("Contents") or []
+        for item in keys:
+            etag = item.get("ETag")
+            self.found[item["Key"]] = (int(item["Size"]), str(etag).strip('"') if etag else None)
+        # a truncated page covers up to its last entry, a key or a subfolder (they come in order)
+        names = [k["Key"] for k in keys[-1:]] + [c["Prefix"] for c in (resp.get("CommonPrefixes") or [])[-1:]]
+        if resp.get("IsTruncated") and not names:
+            return  # an empty page cut short (never seen): covers nothing, the object gets a HEAD
+        self.covered.append((after or self.prefix, max(names) if resp.get("IsTruncated") else None))

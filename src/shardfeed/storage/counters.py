@@ -22,7 +22,7 @@ class IOCounters:
     """Counters of remote reads, safe to update from several threads.
 
     ``bytes_fetched`` and ``requests`` count what came over the network (ranged GETs, each
-    attempt once); ``stat_requests`` the HEAD requests (an object's size and ETag);
+    attempt once); ``stat_requests`` the HEAD requests (an object's size and ETag) and listing pages;
     ``retries`` the attempts that failed and were tried again; ``cache_hits`` /
     ``cache_misses`` whole objects found in / downloaded to the local cache;
     ``cache_bypassed`` objects read past a full cache; ``bytes_from_cache`` what was read
