@@ -43,9 +43,10 @@ WORKLOADS = {
     "e": "S3 behind a shaping proxy, CTR records",
     "f": "convert an image folder",
     "g": "PyTorch DataLoader, 2 workers, CTR records",
+    "h": "PyTorch, 2 worker processes, JPEG decode + resize 224",
 }
 # which data set a workload reads ("ctr" or "img") and how many epochs it reports
-DATA = {"a": "ctr", "b": "img", "c": "img", "d": "ctr", "e": "ctr", "f": "img", "g": "ctr"}
+DATA = {"a": "ctr", "b": "img", "c": "img", "d": "ctr", "e": "ctr", "f": "img", "g": "ctr", "h": "img"}
 
 
 @dataclass

@@ -43,7 +43,7 @@ def version() -> str:
 def supports() -> dict[str, str | None]:
     return {"a": None, "b": None, "c": None, "d": None,
             "e": "cannot run against a loopback server: obstore refuses plain-http endpoints (BadScheme)",
-            "f": None, "g": None}
+            "f": None, "g": None, "h": None}
 
 
 def _ctr_item(i: int) -> dict[str, Any]:
@@ -98,11 +98,11 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
     from common import worker_init_reads
     from litdata import StreamingDataLoader, StreamingDataset
 
-    data = "img" if workload in "bc" else "ctr"
+    data = "img" if workload in "bch" else "ctr"
     ds = StreamingDataset(ctx.peer_dir(NAME, data), shuffle=workload == "d", seed=0,
                           cache_dir=os.path.join(ctx.scratch, "cache"))
-    collate = {"b": _collate_img, "c": _collate_dec}.get(workload, _collate_ctr)
-    kw: dict[str, Any] = {"num_workers": 2, "worker_init_fn": worker_init_reads} if workload == "g" else {}
+    collate = {"b": _collate_img, "c": _collate_dec, "h": _collate_dec}.get(workload, _collate_ctr)
+    kw: dict[str, Any] = {"num_workers": 2, "worker_init_fn": worker_init_reads} if workload in "gh" else {}
     loader = StreamingDataLoader(ds, batch_size=CTR_BATCH if data == "ctr" else IMG_BATCH, collate_fn=collate, **kw)
 
     return epoch_over(loader, data == "ctr")

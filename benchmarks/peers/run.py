@@ -7,7 +7,10 @@ tf.data, WebDataset, Grain on ArrayRecord, LitData, Mosaic Streaming, DALI. Work
 decode + resize to 224, (d) global shuffle, (e) from a moto S3 server on 127.0.0.1 behind
 ``_shaping_proxy.py`` (epoch 1 into the peer's cache, epoch 2 from it, each in its own
 process), (f) converting an image folder into the peer's format, (g) a PyTorch DataLoader
-with 2 workers.
+with 2 workers, (h) JPEG decode + resize in 2 worker processes. For (g) and (h) shardfeed's
+row is ``to_torch(num_workers=2)`` (its own reader processes, batches through shared-memory
+slots), ``shardfeed-dl`` the form ``DataLoader(ds.to_torch(), num_workers=2)``, and the
+table ends with each one's rate over shardfeed's in-process rate ((a) and (c)).
 
 Every (peer, workload) runs in its own subprocess, so its peak RSS (the process and its
 children, sampled every 20 ms from /proc) and CPU seconds (its own and its reaped
@@ -50,6 +53,7 @@ from common import DATA, WORKLOADS, Ctx, dir_bytes, expected, image_files, measu
 # table name -> module (the order of the table)
 PEERS = {
     "shardfeed": "sf_peer",
+    "shardfeed-dl": "sf_dl_peer",
     "tf.data": "tfdata_peer",
     "webdataset": "wds_peer",
     "grain": "grain_peer",
@@ -59,6 +63,10 @@ PEERS = {
 }
 QUICK = {"ctr_records": 1000, "images": 32, "width": 320, "height": 240, "rounds": 1, "epochs": 1}
 FULL = {"ctr_records": 10_000, "images": 300, "width": 500, "height": 375, "rounds": 2, "epochs": 2}
+
+
+# a workload in worker processes -> the same work in one process (the "over in-process" lines)
+IN_PROCESS = {"g": "a", "h": "c"}
 
 
 def load(peer: str) -> Any:
@@ -268,7 +276,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             continue
         sup = mod.supports()
         for w in workloads:
-            if sup.get(w):
+            if w not in sup:
+                status[p].setdefault("unsupported", {})[w] = "not written for this peer"
+            elif sup.get(w):
                 status[p].setdefault("unsupported", {})[w] = sup[w]
             else:
                 plan.append((p, w))
@@ -339,6 +349,9 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         anchor = by.get(("shardfeed", r["workload"]))
         if anchor and "rate" in anchor and r.get("rate"):
             r["shardfeed_over_peer"] = anchor["rate"] / r["rate"]
+        alone = by.get(("shardfeed", IN_PROCESS.get(r["workload"], "")))
+        if r["peer"].startswith("shardfeed") and alone and alone.get("rate") and r.get("rate"):
+            r["over_in_process"] = r["rate"] / alone["rate"]
     return {"peers": status, "rows": rows, "sizes": {"ctr_records": ctx.ctr_records, "images": ctx.images,
                                                       "image": f"{ctx.width}x{ctx.height}"},
             "rounds": args.rounds, "epochs": args.epochs, "quick": args.quick, "python": platform.python_version(),
@@ -384,6 +397,10 @@ def format_table(res: dict[str, Any]) -> str:
             out.append("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(x, widths))))
     out.insert(1, "  ".join("-" * w for w in widths))
     legend = ", ".join(f"{k}: {v}" for k, v in WORKLOADS.items())
+    for r in rows:
+        if "over_in_process" in r:
+            out.append(f"{r['workload']} {r['peer']}: {r['over_in_process']:.2f}x shardfeed's in-process rate "
+                       f"({IN_PROCESS[r['workload']]})")
     return "\n".join(out + [f"workloads: {legend}",
                             "shardfeed x: shardfeed's records/s over the peer's on the same workload (>1: shardfeed "
                             "faster); data MB: the peer's files for the workload (for f: what it wrote); read MB: "

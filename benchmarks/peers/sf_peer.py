@@ -1,5 +1,8 @@
 """shardfeed itself: TFRecord + index files written by ``sf.TFRecordWriter``, images by
-``sf.convert``; read with ``read_tfrecord(...).batch(n)`` (parsed natively into numpy)."""
+``sf.convert``; read with ``read_tfrecord(...).batch(n)`` (parsed natively into numpy).
+(g) and (h), 2 worker processes: ``to_torch(num_workers=2)`` in ``DataLoader(batch_size=None)``
+(its own reader processes, batches through shared-memory slots); the ``shardfeed-dl`` peer
+(``sf_dl_peer``) is the form users write, ``DataLoader(ds.to_torch(), num_workers=2)``."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def supports() -> dict[str, str | None]:
     import importlib.util
 
     out: dict[str, str | None] = dict.fromkeys("abcdef")
-    out["g"] = None if importlib.util.find_spec("torch") else "PyTorch is not installed"
+    out["g"] = out["h"] = None if importlib.util.find_spec("torch") else "PyTorch is not installed"
     return out
 
 
@@ -97,22 +100,37 @@ def epoch_fn(workload: str, ctx: Ctx) -> Any:
         ds = sf.read_tfrecord(urls, _spec(), storage_options={"endpoint_url": ctx.s3_endpoint},
                               cache_dir=os.path.join(ctx.scratch, "cache")).batch(CTR_BATCH)
     elif workload == "g":
-        return _loader_epoch(sf.read_tfrecord(ctr, _spec()).batch(CTR_BATCH))
+        return loader_epoch(sf.read_tfrecord(ctr, _spec()).batch(CTR_BATCH), True, FORM)
+    elif workload == "h":
+        ds = sf.read_tfrecord(img, _img_spec()).batch(IMG_BATCH).decode_images("image/encoded", IMG_SIZE)
+        return loader_epoch(ds, False, FORM)
     else:
         raise ValueError(workload)
 
     return epoch_over(ds, workload in "ade", IMG_LABEL, "image/encoded")
 
 
-def _loader_epoch(ds: Any) -> Any:
+FORM = "workers"  # (g), (h): to_torch(num_workers=2); sf_dl_peer sets "dataloader"
+
+
+def loader_epoch(ds: Any, ctr: bool, form: str) -> Any:
+    """An epoch through 2 worker processes: ``to_torch(num_workers=2)`` (``form="workers"``,
+    made once: its processes serve every epoch) or ``DataLoader(ds.to_torch(), num_workers=2)``
+    (``"dataloader"``)."""
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, worker_init_fn=worker_init_reads)
+    if form == "workers":
+        loader = DataLoader(ds.to_torch(num_workers=2), batch_size=None)
+    else:
+        loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2, worker_init_fn=worker_init_reads)
 
     def epoch() -> Tally:
         t = Tally()
         for b in loader:
-            t.ctr(b["idx"])
+            if ctr:
+                t.ctr(b["idx"])
+            else:
+                t.images(b[IMG_LABEL], b["image/encoded"])
         return t
 
     return epoch
