@@ -15,24 +15,57 @@ static inline uint64_t mix(uint64_t x) { /* SplitMix64's finalizer */
     return x ^ (x >> 31);
 }
 
-static inline uint64_t once(uint64_t x, unsigned half, uint64_t mask, const uint64_t *keys, size_t rounds) {
-    uint64_t left = x >> half, right = x & mask;
-    for (size_t r = 0; r < rounds; r++) {
-        uint64_t t = left ^ (mix(right ^ keys[r]) & mask);
-        left = right;
-        right = t;
-    }
-    return (left << half) | right;
-}
+/* Positions are walked LANES at a time, each lane an independent chain of rounds, so the
+ * multiplies of one lane overlap the others' (one position's rounds are a serial chain of
+ * about 12 cycles each; eight chains keep the multiplier busy): 3-4x the rate of one
+ * position after another, the same values. A lane whose value lands past n walks again
+ * in the next step; a lane done takes the next position. */
+#define LANES 8
 
 void sf_permute(uint64_t n, unsigned half, const uint64_t *keys, size_t rounds, const int64_t *positions,
                 int64_t first, int64_t step, size_t count, int64_t *out) {
     uint64_t mask = (half >= 64) ? ~0ULL : ((1ULL << half) - 1);
-    for (size_t i = 0; i < count; i++) {
-        uint64_t x = positions ? (uint64_t)positions[i] : (uint64_t)(first + (int64_t)i * step);
-        uint64_t y = once(x, half, mask, keys, rounds);
-        while (y >= n) y = once(y, half, mask, keys, rounds); /* cycle walking: stay inside [0, n) */
-        out[i] = (int64_t)y;
+    uint64_t left[LANES], right[LANES];
+    size_t at[LANES];
+    size_t next = 0, live = 0;
+    for (size_t l = 0; l < LANES; l++) {
+        at[l] = SIZE_MAX;
+        left[l] = right[l] = 0;
+        if (next < count) {
+            uint64_t x = positions ? (uint64_t)positions[next] : (uint64_t)(first + (int64_t)next * step);
+            left[l] = x >> half;
+            right[l] = x & mask;
+            at[l] = next++;
+            live++;
+        }
+    }
+    while (live) {
+        for (size_t r = 0; r < rounds; r++) {
+            uint64_t k = keys[r];
+            for (size_t l = 0; l < LANES; l++) { /* idle lanes compute too: no branch in here */
+                uint64_t t = left[l] ^ (mix(right[l] ^ k) & mask);
+                left[l] = right[l];
+                right[l] = t;
+            }
+        }
+        for (size_t l = 0; l < LANES; l++) {
+            if (at[l] == SIZE_MAX) continue;
+            uint64_t y = (left[l] << half) | right[l];
+            if (y < n) { /* cycle walking: a value past n goes round again, as it is */
+                out[at[l]] = (int64_t)y;
+                if (next < count) {
+                    uint64_t x = positions ? (uint64_t)positions[next] : (uint64_t)(first + (int64_t)next * step);
+                    y = x;
+                    at[l] = next++;
+                } else {
+                    at[l] = SIZE_MAX;
+                    live--;
+                    continue;
+                }
+            }
+            left[l] = y >> half;
+            right[l] = y & mask;
+        }
     }
 }
 
