@@ -222,3 +222,23 @@ def test_dataloader_workers_with_large_batches_warn_once_naming_to_torch_num_wor
     small = from_list([np.zeros(4, np.float32)] * 4)
     assert not _said(lambda: list(DataLoader(small.to_torch(slice_id=0, slice_count=1), batch_size=None,
                                              num_workers=2)))
+
+
+def test_num_workers_under_a_stateful_dataloader_resume_where_it_stopped(tmp_path):
+    """``StatefulDataLoader(ds.to_torch(num_workers=2), batch_size=None)`` (its own
+    num_workers=0): its state_dict() holds both workers' positions and the turn, and a new
+    loader resumes with the batches not yet delivered."""
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    files = write_bytes_shards(tmp_path, n_files=3, per_file=9)
+    ds = sf.read_tfrecord(files, spec=BSPEC).batch(2)
+    with ds.to_torch(slice_id=0, slice_count=1, num_workers=2) as tds:
+        want = list(tds)
+        loader = sdl.StatefulDataLoader(tds, batch_size=None)
+        it = iter(loader)
+        head = [next(it) for _ in range(3)]
+        state = json.loads(json.dumps(loader.state_dict(), default=list))
+        del it
+    with ds.to_torch(slice_id=0, slice_count=1, num_workers=2) as again:
+        loader = sdl.StatefulDataLoader(again, batch_size=None)
+        loader.load_state_dict(state)
+        assert _same(head + list(loader), want)
