@@ -12,8 +12,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 import shardfeed as sf
 
 from .test_workqueue_support import backend_url, qname, redis_url  # noqa: F401 - fixtures
@@ -347,9 +345,6 @@ q.close()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="an item is acknowledged when its last record leaves the source, not when "
-                   "the consumer takes the batch holding it: batches in a prefetch buffer (or any stage holding "
-                   "records above the source) are lost with a killed worker")
 def test_a_reader_killed_with_prefetched_batches_loses_no_records(tmp_path):
     paths, ids = [], []
     for i in range(6):

@@ -6,31 +6,26 @@ shard (:func:`read_shard`, a :class:`~shardfeed.pipeline.spans.StaticSpans` of t
 plan) or what a worker takes off a :class:`WorkQueue` (:class:`QueueSpans`, which
 ``sf.read_tfrecord(queue, ...)`` uses).
 
-The queue provider acknowledges an item as soon as its last record was delivered (the
-source says so when a record of a later item goes out, or at the end of the pass), so a
-worker that dies leaves unacknowledged only the item it was delivering and the items it
-had read ahead (none of their records out). It renews its leases while records are read,
-stops an item at once if its lease was lost (another worker has it now), and gives back
-the items it holds when the pass is closed early.
+The queue's provider and when it acknowledges an item live in
+:mod:`shardfeed.distributed.queue_spans`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..deprecation import renamed_argument
-from ..formats.index import load_index
 from ..formats.spec import FeatureSpec
 from ..formats.tfrecord import ReadStats
 from ..pipeline.records import TFRecordSource
 from ..pipeline.sources import SourceDataset
-from ..pipeline.spans import Span, StaticSpans
+from ..pipeline.spans import StaticSpans
 from ..pipeline.userfn import stop_error
 from ..storage.urls import mask
 from .items import RowCounter, WorkItem
+from .queue_spans import TAKE_SLICE_S, QueueSpans, item_span  # noqa: F401 - TAKE_SLICE_S: its old home
 from .ranks import resolve_slice
 from .sharding import equal_counts, plan_shards, plan_sizes
 
@@ -43,38 +38,6 @@ logger = logging.getLogger(__name__)
 OpenItem = Callable[[WorkItem], Iterator[Any]]
 
 _NONE = object()
-
-TAKE_SLICE_S = 1.0
-"""A blocking take waits this long at a time, then checks whether the pass was closed."""
-
-
-def item_span(item: WorkItem, storage_options: Mapping[str, Any] | None = None,
-              indexes: dict[str, Any] | None = None) -> Span:
-    """The span of a TFRecord work item: the whole file, or its record range (byte offsets
-    from the item, else from the file's index). Raises ``ValueError`` for a table item."""
-    if item.kind == "rows":
-        raise ValueError(f"{mask(item.work)} is a table item: read it with sf.read_table(queue, ...) "
-                         "or pass open_item=<function item -> rows>")
-    if item.start is None and item.stop is None:
-        return Span(item.work, item.offset or 0, item.end, handle=item)
-    start = item.start or 0
-    offset, end = item.offset, item.end
-    if (offset is None and start > 0) or (end is None and item.stop is not None):
-        cache = indexes if indexes is not None else {}
-        if item.work not in cache:
-            cache[item.work] = load_index(item.work, storage_options)
-        index = cache[item.work]
-        if index is None:
-            raise ValueError(f"{mask(item.work)}: a record range needs the file's index (.idx); "
-                             "run `shardfeed index FILES` or sf.build_index(url)")
-        n = len(index)
-        if offset is None:
-            offset = int(index[start, 0]) if start < n else (int(index[-1].sum()) if n else 0)
-        if end is None and item.stop is not None:
-            stop = min(item.stop, n)
-            end = int(index[stop - 1].sum()) if stop > 0 else 0
-    return Span(item.work, offset or 0, end, start, item.stop, handle=item)
-
 
 def iter_item_records(
     item: WorkItem,
@@ -224,104 +187,6 @@ def read_shard(
     return ds
 
 
-# -- what a worker takes off a queue --------------------------------------------------------------
-class _QueueStream:
-    """One pass over a queue: spans of the items this worker takes, until it is drained."""
-
-    def __init__(self, provider: "QueueSpans") -> None:
-        self.q = provider.queue
-        self.storage_options = provider.storage_options
-        self.taken = 0
-        self.held: dict[str, WorkItem] = {}  # taken, not finished
-        self.renewed: dict[str, float] = {}
-        self.done = False
-        self.closed = False
-        self.indexes: dict[str, Any] = {}
-
-    def next_span(self, block: bool = True) -> Span | None:
-        if self.done:
-            return None
-        while True:
-            try:
-                # a blocking take waits in slices, so that closing the pass stops it
-                item = self.q.take(block=True, timeout=TAKE_SLICE_S) if block else self.q.take(block=False)
-                break
-            except TimeoutError:
-                if self.closed:
-                    return None
-        if item is None:
-            self.done = block  # not blocking, None may only mean "nothing free right now"
-            return None
-        self.taken += 1
-        self.held[item.id] = item
-        self.renewed[item.id] = time.monotonic()
-        return item_span(item, self.storage_options, self.indexes)
-
-    def get_state(self) -> dict:
-        # The queue is the checkpoint (WorkQueue.get_state); a resumed pass takes afresh.
-        return {"taken": self.taken}
-
-    def finish(self, span: Span) -> None:
-        item = span.handle
-        if self.held.pop(item.id, None) is None:
-            return
-        self.renewed.pop(item.id, None)
-        # Now, not with the next take: with read-ahead that take may come only after the
-        # next item was delivered, and a worker dying in between would leave two items'
-        # records to be delivered again.
-        self.q.ack(item)
-
-    def keep(self, span: Span) -> bool:
-        """Renews the leases of every held item that is due (items read ahead included);
-        false when ``span``'s item was lost to another worker."""
-        now = time.monotonic()
-        lost = False
-        for item in list(self.held.values()):
-            if now - self.renewed.get(item.id, now) <= self.q.lease_timeout / 4:
-                continue
-            self.renewed[item.id] = now
-            if not self.q.renew(item):
-                logger.warning("work queue %r: lease of item %s (%s) was lost; leaving it to the worker that has "
-                               "it now", self.q.name, item.id, mask(item.work))
-                self.held.pop(item.id, None)
-                self.renewed.pop(item.id, None)
-                lost = lost or item.id == span.handle.id
-        return not lost and span.handle.id in self.held
-
-    def close(self) -> None:
-        self.closed = True
-        held, self.held = self.held, {}
-        for item in held.values():
-            try:
-                self.q.release(item)
-            except Exception:  # noqa: BLE001 - closing goes on; the lease expires anyway
-                logger.warning("work queue %r: could not give back item %s", self.q.name, item.id, exc_info=True)
-
-
-class QueueSpans:
-    """The span provider of a :class:`WorkQueue`: each pass takes items until drained.
-
-    The queue is its own checkpoint (``WorkQueue.get_state``): a reopened pass takes
-    afresh, so the provider is not ``replayable``. Several readers of one queue (ranks,
-    DataLoader workers) already share the work, so splitting it gives the same provider."""
-
-    replayable = False
-
-    def __init__(self, queue: "WorkQueue", storage_options: Mapping[str, Any] | None = None) -> None:
-        self.queue = queue
-        self.storage_options = storage_options
-
-    def open(self, state: Any, epoch: tuple) -> _QueueStream:
-        return _QueueStream(self)
-
-    def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto", cache: Any = None) -> "QueueSpans":
-        return self
-
-    def __repr__(self) -> str:
-        return f"QueueSpans({self.queue!r})"
-
-
 class _QueueItemsReader:
     """The items themselves (or what ``open_item`` makes of them), each acknowledged at its end."""
 
@@ -414,8 +279,8 @@ def read_queue(
     """A dataset of the records of the items this worker takes off ``source``: whole
     TFRecord files or record ranges, read by the TFRecord source (``open_item(item)``
     reads other kinds, such as table row ranges). Parsed with ``spec`` like
-    ``sf.read_tfrecord``. Each item is acknowledged after its last record was delivered;
-    its lease is renewed while its records are read."""
+    ``sf.read_tfrecord``. Each item is acknowledged after its last record reached the
+    consumer of the pass (docs/distributed.md, Leases); its lease is renewed until then."""
     from .workqueue import WorkQueue  # noqa: PLC0415
 
     if not isinstance(source, WorkQueue):

@@ -18,7 +18,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ..errors import ShardfeedError
@@ -98,7 +98,7 @@ class WorkQueue:
     ``"sqlite:///path.db"``, ``"redis://host:port/db"`` or a backend object (``None``: the
     SQLite default, see :func:`~shardfeed.distributed.backend.default_backend_url`).
     ``lease_timeout``: seconds a taken item stays leased without progress (the readers of
-    :mod:`~shardfeed.distributed.reading` renew it while records flow).
+    :mod:`~shardfeed.distributed.queue_spans` renew it while they hold it).
 
     Raises :class:`WorkQueueMismatchError` when ``name`` exists on the backend with other
     arguments, ``ValueError``/``TypeError`` for bad arguments.
@@ -355,6 +355,15 @@ class WorkQueue:
         if snap is None:
             raise KeyError(f"no work queue named {self.name!r} on {self.backend.url}")
         return summarize(self._meta, snap, self.name)
+
+    def drained_but(self, ids: Collection[str]) -> bool:
+        """True when nothing is pending or still to come and every leased item is one of
+        ``ids``: drained but for them (their holder need not wait for the queue to drain)."""
+        snap = self.backend.snapshot(self.name)
+        if snap is None:
+            raise KeyError(f"no work queue named {self.name!r} on {self.backend.url}")
+        m = summarize(self._meta, snap, self.name)
+        return m["remaining"] == 0 and set(snap["inflight"]) <= set(ids)
 
     def metrics_json(self) -> str:
         return json.dumps(self.metrics(), sort_keys=True)

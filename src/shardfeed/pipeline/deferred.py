@@ -50,3 +50,21 @@ def materialize(state: Any, make: bool = True) -> Any:
     if isinstance(state, DeferredState):
         return state.value() if make else state.fallback()
     return state
+
+
+class ReadPosition(DeferredState):
+    """A part of a node's state that says where its parent *read* to, not what reached the
+    consumer (a shuffle buffer's upstream over a work queue): saved as the state it wraps,
+    but not taken for a delivered position by what acts on delivery (a queue's
+    acknowledgements look into the pass's state and skip it)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def value(self) -> Any:
+        return materialize(self.state)
+
+    def fallback(self) -> Any:
+        return materialize(self.state, make=False)

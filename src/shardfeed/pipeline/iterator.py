@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IteratorClosedError
 from .deferred import materialize
-from .node import Build, Context
+from .node import Build, Context, set_building_context
 from .stats import WAIT_MIN_S, PipelineStats
 
 if TYPE_CHECKING:
@@ -60,7 +60,11 @@ class PipelineIterator:
         self._holder[0] = ctx
         self._ctx = ctx
         self._ds.__dict__["_last_stats"] = ctx.stats
-        self._root = self._ds._build(Build(ctx, raw=False, epoch=(self._pass,)), root_state)
+        old = set_building_context(ctx)  # a source that follows delivery registers with it
+        try:
+            self._root = self._ds._build(Build(ctx, raw=False, epoch=(self._pass,)), root_state)
+        finally:
+            set_building_context(old)
         ctx.on_close(self._root.close)
 
     def __iter__(self) -> "PipelineIterator":
@@ -78,13 +82,19 @@ class PipelineIterator:
             stats.started = t
         elif stats.cpu_open:  # a CPU sample of the consumer's own work ends here
             stats.close_cpu_sample(t)
+        ctx = self._ctx
+        ctx.consumer_waiting = True
         try:
             x = next(self._root)
         except StopIteration:
             if self._ctx.closed:  # closed under us: an end here would hide the records not read
                 raise IteratorClosedError() from None
             self._done = True
-            self._ctx.close()
+            try:
+                for fn in self._ctx.delivery_listeners:
+                    fn(None)  # every element was delivered
+            finally:
+                self._ctx.close()
             raise
         except BaseException as exc:
             if self._ctx.closed and not isinstance(exc, KeyboardInterrupt):
@@ -93,6 +103,7 @@ class PipelineIterator:
             self._ctx.close()
             raise
         finally:
+            ctx.consumer_waiting = False
             now = time.perf_counter()
             waited = now - t
             stats.consumer_wait_s += waited
@@ -102,6 +113,10 @@ class PipelineIterator:
             if now >= stats.cpu_next:  # one sample every CPU_SAMPLE_S: thread_time costs ~1 us
                 stats.open_cpu_sample(now)
         stats.consumer_elements += 1
+        # what the consumer got, to a source that acts on it (a queue acknowledges items): the
+        # root's state as of x (each stage keeps its parent's per element), made only if asked
+        for fn in self._ctx.delivery_listeners:
+            fn(self._root.get_state)
         return x
 
     def get_state(self) -> dict:

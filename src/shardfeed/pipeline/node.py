@@ -40,6 +40,17 @@ class Context:
         self._closers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self.closed = False
+        # what the consumer got, for sources that act on it (a queue acknowledges items)
+        self.delivery_listeners: list[Callable[[Callable[[], Any] | None], None]] = []
+        self.consumer_waiting = False  # the consumer is in next(): every element made was taken
+
+    def on_delivered(self, fn: Callable[[Callable[[], Any] | None], None]) -> None:
+        """Call ``fn(get_state)`` each time the consumer of the pass got an element, where
+        ``get_state()`` makes the root's state as of that element (call it only when needed:
+        ``fn`` runs for every element), and ``fn(None)`` once every element was delivered
+        (the pass's natural end). Only a pass iterated by a ``PipelineIterator`` in this
+        process reports: see :func:`building_context`."""
+        self.delivery_listeners.append(fn)
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the pass closes (at once if it already has)."""
@@ -62,6 +73,22 @@ class Context:
                 fn()
             except Exception:  # noqa: BLE001 - closing must go on
                 logger.exception("error while closing a pipeline stage")
+
+
+_building = threading.local()
+
+
+def building_context() -> Context | None:
+    """The context of the pass a :class:`~shardfeed.pipeline.iterator.PipelineIterator` is
+    building in this thread now (None elsewhere): a source opened then may follow delivery."""
+    return getattr(_building, "ctx", None)
+
+
+def set_building_context(ctx: Context | None) -> Context | None:
+    """Make ``ctx`` this thread's :func:`building_context`; returns the one it replaces."""
+    old = getattr(_building, "ctx", None)
+    _building.ctx = ctx
+    return old
 
 
 @dataclass(frozen=True)

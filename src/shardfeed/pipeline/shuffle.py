@@ -34,6 +34,7 @@ import numpy as np
 
 from ..formats.tfrecord import ReadStats
 from .dataset import Dataset, UnaryDataset, positive_int
+from .deferred import ReadPosition
 from .frames import FrameRecorder, Frames, Replay, fetch_frames
 from .node import Build, Node
 
@@ -320,8 +321,10 @@ class _ShuffleNode(Node):
     def get_state(self) -> dict:
         if self.read and not _replayable(self.anchors[-1][1] if self.anchors else None):
             # upstream is its own checkpoint (a work queue): it cannot give the buffered
-            # records again, so a restore starts a fresh buffer where upstream is now
-            return {"seed": self.seed, "parent_start": self.parent.get_state(), "consumed": 0}
+            # records again, so a restore starts a fresh buffer where upstream is now (a read
+            # position: the buffered records were not delivered, see ReadPosition)
+            return {"seed": self.seed, "parent_start": ReadPosition(self.parent.get_state()), "consumed": 0,
+                    "replayable": False}
         state = {"seed": self.seed, "parent_start": self.parent_start, "consumed": self.consumed,
                  "read": self.read, "exhausted": self.exhausted, "anchor": None}
         if self.read == 0:
