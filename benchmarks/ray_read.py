@@ -7,13 +7,17 @@ medians. Rows:
 
 - CTR table (benchmarks/read_tfrecord.py's files: label, 13 floats, 26 short bytes, a list):
   ``ray.data.read_tfrecords`` (its default path: Examples parsed in Python, or through
-  TensorFlow when installed), ``sf.ray.read_tfrecord`` (native parse into Arrow), and
-  ``sf.read_tfrecord(...).batch(1024)`` in this process with N parse threads;
-- JPEG records (500x375, about 45 KB): decoded and resized to 224x224 by
-  ``map_batches(sf.ray.DecodeImages, concurrency=N)`` after ``sf.ray.read_tfrecord``,
+  TensorFlow when installed), ``sf.ray.read_tfrecord`` (native parse into Arrow) into numpy
+  batches and into ``pyarrow`` batches, Ray Data's floor (the same parsed blocks already in the
+  object store, ``materialize()`` d once, into numpy batches: what the engine's consumer side
+  costs with no reading at all), and ``sf.read_tfrecord(...).batch(1024)`` in this process
+  with N parse threads;
+- JPEG records (500x375, about 45 KB): decoded and resized to 224x224 after
+  ``sf.ray.read_tfrecord`` by ``map_batches(sf.ray.DecodeImages, concurrency=N)`` (actors) and
+  by ``map_batches(sf.ray.DecodeImages(...))`` (an instance: tasks, fused with the read),
   against ``decode_images(..., num_parallel_calls=N)`` in this process.
 
-The per-CPU ratio is the ratio of rates (both use the cluster's N CPUs). Bytes fetched from
+Ratios are medians of the per-round ratios (a busy machine slows a whole round, not one row). Bytes fetched from
 object storage are checked by tests/test_ray.py against a proxy's count. ::
 
     python benchmarks/ray_read.py [--records 200000] [--images 2000] [--cpus 2] [--rounds 3] [--json out.json]
@@ -38,10 +42,10 @@ from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 import shardfeed as sf  # noqa: E402
 
 
-def _drain_ray(ds) -> int:
+def _drain_ray(ds, batch_format: str = "numpy") -> int:
     n = 0
-    for b in ds.iter_batches(batch_size=BATCH, batch_format="numpy"):
-        n += len(next(iter(b.values())))
+    for b in ds.iter_batches(batch_size=BATCH, batch_format=batch_format):
+        n += b.num_rows if batch_format == "pyarrow" else len(next(iter(b.values())))
     return n
 
 
@@ -66,8 +70,8 @@ def ray_builtin(files):
     return _drain_ray(ray.data.read_tfrecords(files, tf_schema=tf_schema()))
 
 
-def ours_on_ray(files):
-    return _drain_ray(sf.ray.read_tfrecord(files, SPEC))
+def ours_on_ray(files, batch_format: str = "numpy"):
+    return _drain_ray(sf.ray.read_tfrecord(files, SPEC), batch_format)
 
 
 def ours_in_process(files, cpus):
@@ -78,9 +82,18 @@ IMAGE_SPEC = {"image/encoded": sf.FixedLen("bytes"), "image/class/label": sf.Fix
 
 
 def images_on_ray(files, cpus):
+    """Actors: a pool of ``cpus`` started for each pass (each builds its decoder once)."""
     ds = sf.ray.read_tfrecord(files, IMAGE_SPEC).map_batches(
         sf.ray.DecodeImages, fn_constructor_args=("image/encoded", 224), concurrency=cpus, num_cpus=0.5,
         batch_size=64, batch_format="numpy")
+    return _drain_ray(ds)
+
+
+def images_on_ray_fused(files):
+    """An instance with ``batch_size=None`` (a block a batch): Ray fuses it into the read tasks
+    (no actor pool to start, the encoded images never pass through the object store)."""
+    ds = sf.ray.read_tfrecord(files, IMAGE_SPEC).map_batches(
+        sf.ray.DecodeImages("image/encoded", 224), batch_size=None, batch_format="numpy")
     return _drain_ray(ds)
 
 
@@ -91,13 +104,15 @@ def images_in_process(files, cpus):
 
 def table_rows(res: dict) -> list[_rows.Row]:
     """The rows `shardfeed bench` prints (configuration, shardfeed, anchor, ratio), from this
-    script's JSON result; written into that result as "rows"."""
-    med = res["median_per_s"]
+    script's JSON result; written into that result as "rows". The ratio is the median of
+    the per-round ratios."""
+    med, rates = res["median_per_s"], res["rates"]
     rows = []
-    for name, anchor in res["anchors"].items():
+    for name, anchor in res["anchors"]:  # [name, anchor] pairs
         unit = "img/s" if "JPEG" in name else "rec/s"
+        per_round = [a / b for a, b in zip(rates[name], rates[anchor]) if b]
         rows.append((name, _rows.rate(med[name], unit), f"{anchor}: {_rows.rate(med[anchor], unit)}",
-                     _rows.ratio(med[name] / med[anchor] if med[anchor] else None)))
+                     _rows.ratio(statistics.median(per_round) if per_round else None)))
     return rows
 
 
@@ -123,15 +138,20 @@ def main(argv=None) -> int:
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
 
+    floor = sf.ray.read_tfrecord(files, SPEC).materialize()  # the same blocks, parsed once
+    in_proc = f"sf.read_tfrecord in-process, {args.cpus} threads (CTR)"
+    img_in_proc = f"in-process decode_images, {args.cpus} threads (JPEG -> 224)"
     rows = {
         "ray.data.read_tfrecords (CTR)": (lambda: ray_builtin(small), "records"),
         "sf.ray.read_tfrecord (CTR)": (lambda: ours_on_ray(files), "records"),
-        f"sf.read_tfrecord in-process, {args.cpus} threads (CTR)": (lambda: ours_in_process(files, args.cpus),
-                                                                     "records"),
-        "sf.ray: read + DecodeImages map_batches (JPEG -> 224)": (lambda: images_on_ray(img_files, args.cpus),
-                                                                  "images"),
-        f"in-process decode_images, {args.cpus} threads (JPEG -> 224)": (
-            lambda: images_in_process(img_files, args.cpus), "images"),
+        "sf.ray.read_tfrecord, pyarrow batches (CTR)": (lambda: ours_on_ray(files, "pyarrow"), "records"),
+        "Ray Data floor: materialized blocks to numpy batches (CTR)": (lambda: _drain_ray(floor), "records"),
+        in_proc: (lambda: ours_in_process(files, args.cpus), "records"),
+        "sf.ray: read + DecodeImages map_batches, actors (JPEG -> 224)": (
+            lambda: images_on_ray(img_files, args.cpus), "images"),
+        "sf.ray: read + DecodeImages instance, fused tasks (JPEG -> 224)": (
+            lambda: images_on_ray_fused(img_files), "images"),
+        img_in_proc: (lambda: images_in_process(img_files, args.cpus), "images"),
     }
     rates: dict[str, list[float]] = {k: [] for k in rows}
     for fn, _ in rows.values():  # warm-up: page cache, worker processes, imports
@@ -143,10 +163,13 @@ def main(argv=None) -> int:
             rates[name].append(n / (time.perf_counter() - t0))
     med = {k: statistics.median(v) for k, v in rates.items()}
     names = list(rows)
-    # each shardfeed row against its anchor: ours on Ray against Ray's reader, in-process against
-    # ours on Ray (the engine's cost is the inverse), the image step against the in-process stage
+    # ours on Ray against Ray's reader, against in-process (what the engine costs), against Ray's
+    # floor (the consumer side alone); the floor against in-process; the image steps against
+    # the in-process stage
+    anchors = [[names[1], names[0]], [names[1], in_proc], [names[2], in_proc], [names[1], names[3]],
+               [names[3], in_proc], [names[5], img_in_proc], [names[6], img_in_proc]]
     result = {"cpus": args.cpus, "rounds": args.rounds, "median_per_s": med, "rates": rates,
-              "anchors": {names[1]: names[0], names[2]: names[1], names[3]: names[4]}}
+              "anchors": anchors}
     result["rows"] = table_rows(result)
     print(f"{'path':62s} {'per second':>14s}  ratio")
     for name in names:
