@@ -4,10 +4,15 @@ Python stages hold the GIL; on threads in the trainer's process they slow the tr
 loop they feed. This stage moves everything upstream of it into one child started with
 ``spawn`` (safe with CUDA and threads in the parent). Elements, batches of numpy arrays in
 practice, come back through a ring of ``buffer_size`` shared-memory slots: the child
-writes an element's arrays into a free slot and sends only its small pickled structure
-and the slot's number down a pipe. The consumer hands the arrays on as views of the slot
-(see :mod:`shardfeed.pipeline.shm`), all hanging from one lease per element, and the slot
-goes back to the child when the last of them is gone: one copy in all, the child's. When
+writes an element's arrays into a free slot, then its small pickled structure, and
+describes it in a shared control block (:mod:`~shardfeed.pipeline.shm_ring`): while
+elements are ready the consumer takes one without a system call, and blocks (on a
+semaphore, looking at the child every ``WAIT_TICK_S``) only when the ring is empty. The
+consumer hands the arrays on as views of the slot (see :mod:`shardfeed.pipeline.shm`; an
+element with the structure and layout kinds of the one before is built from that one's
+plan, without unpickling), all hanging from one lease per element, and the slot goes back
+to the child, through the control block too, when the last of them is gone: one copy in
+all, the child's. When
 the consumer already holds all slots but one (it keeps batches: ``list(ds)``), the element
 is copied out instead and its slot handed back at once, so the ring never stalls;
 ``zero_copy=False`` copies every element out. The child waits for a free slot before
@@ -38,13 +43,13 @@ consumer as buffers and become object arrays when first read (:class:`~shardfeed
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import multiprocessing
 import os
 import pickle
 import signal
+import struct
 import threading
 import time
 from collections.abc import Mapping
@@ -57,7 +62,7 @@ from .deferred import DeferredState
 from .node import Build, Node
 from .pickling import check_picklable
 from .process_child import STAGE_FIELDS
-from .process_handle import ChildProcess, Keeper, Release
+from .process_handle import WAIT_TICK_S, ChildProcess, Keeper, Release
 from .stats import PipelineStats, StageStats
 
 logger = logging.getLogger(__name__)
@@ -134,7 +139,6 @@ class SubprocessNode(Node):
         self.slots = ds.buffer_size
         self.zero_copy = ds.zero_copy
         self.child: ChildProcess | None = None  # this pass's; kept by the dataset when the pass ends
-        self.pending: collections.deque = collections.deque()
         self.cur_ref: int | None = None  # the child's number for the current element's full state
         self.done = False
         self.mapped = -1  # slots mapped when shared_memory_bytes was last set
@@ -175,7 +179,7 @@ class SubprocessNode(Node):
         child.ring.extra = self.stats.extra
         self.stats.extra["held_slots"] = len(child.ring.held)
         self.stats.extra["child_pid"] = child.proc.pid
-        child.start_pass(self.cur_state, b.epoch, b.scope, self.ctx.memory_budget)
+        child.start_pass(self._state(), b.epoch, b.scope, self.ctx.memory_budget)
 
     def close(self) -> None:
         if self.closed:
@@ -187,35 +191,26 @@ class SubprocessNode(Node):
                 self.ds._keeper().give_back(child)  # for the next pass (an epoch, a new iterator)
             else:
                 child.close()  # stopped mid-pass, failed, frozen or dead: what it made ahead goes with it
-        self.pending.clear()
 
     # -- the consumer's side ------------------------------------------------------------
-    def _receive(self) -> None:
-        """Take every message waiting; block until there is one (or the child is gone, or
-        sent nothing for ``timeout`` seconds)."""
+    def _wait(self, c: ChildProcess) -> None:
+        """Block until the child posts a ``ready`` token (taken here), or is gone, or sent
+        nothing for ``timeout`` seconds (the semaphore cannot be waited on with the child's
+        sentinel: the child is looked at every ``WAIT_TICK_S``)."""
         deadline = None
         if self.timeout is not None:  # the first element also waits for the child to start
             deadline = time.monotonic() + self.timeout + (0.0 if self.heard else START_S)
-        c = self.child
-        assert c is not None
+        ready = c.ready
         while True:
-            try:
-                while c.conn.poll():
-                    self.pending.append(c.conn.recv())
-                    self.heard = True
-            except EOFError:
-                if self.pending:
-                    return
-                raise self._died() from None
-            if self.pending:
-                return
-            if self.ctx.closed:
+            if self.ctx.closed or c.closed:
                 raise RuntimeError("the iterator was closed")
-            c.ring.flush()  # slots whose arrays another thread dropped meanwhile
-            ready = [key.fileobj for key, _ in c.selector.select(0.1)]
-            if ready and c.conn not in ready and not c.conn.poll():
+            if ready.acquire(timeout=WAIT_TICK_S):
+                return
+            if c.exited():
+                if ready.acquire(False):  # its last words (an error) came before it went
+                    return
                 raise self._died()
-            if deadline is not None and not ready and time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise self._timed_out()
 
     def _timed_out(self) -> TimeoutError:
@@ -266,27 +261,34 @@ class SubprocessNode(Node):
     def _next(self) -> Any:
         if self.done:
             raise StopIteration
-        if self.child is None:
+        c = self.child
+        if c is None:
             self._start()
-        self.child.ring.flush()  # type: ignore[union-attr]
-        if not self.pending:
-            self._receive()
-        self.stats.sample_queue(min(1.0, len(self.pending) / self.slots))
-        msg = self.pending.popleft()
-        kind = msg[0]
-        if kind == "data":
-            _, slot, gen, structure, layout, state, size, work_s, snap, ref = msg
+            c = self.child
+            assert c is not None
+        if not c.ready.acquire(False):  # an element (or a message) ready: no system call
+            self._wait(c)
+        self.heard = True
+        block = c.block
+        self.stats.sample_queue(min(1.0, block.waiting() / self.slots))
+        d = block.take()
+        if d is not None:
             t = time.perf_counter()
-            x = self._decode(slot, gen, structure, layout)
+            slot, gen, size, ref, at, lengths, work_s = d
+            x = self._element(c, slot, gen, at, lengths)
             self.stats.work_s += work_s + time.perf_counter() - t
             self.stats.bytes += size
-            self.cur_state, self.cur_ref = state, ref
-            if snap is not None:
-                self._merge(snap)
+            self.cur_ref = ref
             return x
+        try:  # the token was for a message on the pipe: the end, or an error
+            if not c.conn.poll():
+                raise EOFError
+            msg = c.conn.recv()
+        except EOFError:
+            raise self._died() from None
         self.done = True
         self._merge(msg[-1])
-        if kind == "end":
+        if msg[0] == "end":
             self.ended = True
             raise StopIteration
         _, blob, type_name, text, tb = msg[:5]
@@ -300,27 +302,39 @@ class SubprocessNode(Node):
             exc = SubprocessError(f"the in_subprocess child raised {type_name}: {text}")
         raise exc from _RemoteTraceback(tb)
 
-    def _decode(self, slot: int, gen: int, structure: bytes, layout: list) -> Any:
+    def _element(self, c: ChildProcess, slot: int, gen: int, at: int, lengths: tuple) -> Any:
         """The element in ``slot``: views of it while the user holds fewer than all slots
         but one (the slot goes back when the last view goes), else copied out (it goes back
-        now), so the child always has a slot to fill."""
-        c = self.child
-        assert c is not None
-        mapping, interface = c.slot(slot, gen)
+        now), so the child always has a slot to fill. Its structure and layout are compared
+        as bytes with the previous element's, whose plan serves when they match; its state
+        stays pickled until asked for."""
+        mapping, pinned, view = c.slot(slot, gen)
+        ln, ls, lk, lt, lp = lengths
+        unpack = c.unpackers.get(ln)
+        if unpack is None:
+            unpack = c.unpackers[ln] = struct.Struct(f"{ln // 8}q").unpack_from
+        numbers = unpack(view, at)
+        at += ln
+        # compared in place with the last plan's (bytes made only for a new plan)
+        plan = c.plan = shm.plan(view[at:at + ls], view[at + ls:at + ls + lk], c.plan)
+        at += ls + lk
+        self.cur_state = _Pickled(bytes(view[at:at + lt]))
+        if lp:  # the child's statistics, now and then
+            self._merge(pickle.loads(view[at + lt:at + lt + lp]))
         ring, extra = c.ring, self.stats.extra
         if len(c.maps) != self.mapped:  # a slot mapped (or grown) since: say how much is mapped
             self.mapped = len(c.maps)
             extra["shared_memory_bytes"] = c.mapped_bytes()
-        if not shm.views_slot(layout):  # nothing in the slot to view (scalars, bytes objects)
-            x = shm.decode(mapping, structure, layout)
+        if not plan.views(numbers):  # nothing in the slot to view (scalars, bytes objects)
+            x = shm.decode(mapping, plan.structure, plan.layout(numbers))
             ring.free(slot)
             extra["zero_copy"] += 1
         elif self.zero_copy and len(ring.held) < self.slots - 1:
             ring.hold(slot)
-            x = shm.decode(mapping, structure, layout, shm.SlotLease(mapping, Release(ring, slot), interface))
+            x = plan.build(mapping, numbers, shm.SlotLease(mapping, Release(ring, slot), pinned=pinned))
             extra["zero_copy"] += 1
         else:
-            x = shm.decode(mapping, structure, layout)
+            x = shm.decode(mapping, plan.structure, plan.layout(numbers))
             ring.free(slot)
             extra["copied_out"] += 1
         return x
@@ -353,10 +367,17 @@ class SubprocessNode(Node):
         stats.errors.examples.extend(examples[self.seen_examples:])
         self.seen_examples = len(examples)
 
+    def _state(self) -> Any:
+        """The upstream state the child sent with the current element (unpickled once, when asked)."""
+        s = self.cur_state
+        if type(s) is _Pickled:
+            s = self.cur_state = pickle.loads(s.blob)
+        return s
+
     def get_state(self) -> dict:
         if self.cur_ref is None:
-            return {"parent": self.cur_state}
-        return {"parent": _ChildState(self, self.cur_ref, self.cur_state)}
+            return {"parent": self._state()}
+        return {"parent": _ChildState(self, self.cur_ref, self._state())}
 
     @property
     def reading(self) -> int | None:
@@ -374,6 +395,15 @@ class SubprocessNode(Node):
         if c is None or self.closed:
             return None
         return c.ask(ref, self.timeout)
+
+
+class _Pickled:
+    """A state as the child sent it, pickled: most are never asked for."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
 
 
 class _ChildState(DeferredState):

@@ -10,7 +10,6 @@ away with the dataset (garbage collection), at interpreter exit, or on ``close()
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import multiprocessing
@@ -24,29 +23,27 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import shm
+from . import shm, shm_ring
 from .process_child import child_main
 
 logger = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 10.0
+WAIT_TICK_S = 0.05  # a consumer waiting for an element looks at the child (alive? closed?) this often
 IDLE_S = 60.0  # default of idle_seconds()
 
 
 class Ring:
-    """What the consumer and the leases of its elements share: the pipe that hands slots
-    back to the child and the slots whose arrays the user still holds. A lease ends in
-    whichever thread drops its last array (or in the garbage collector, inside any
-    allocation, this thread's sends included), so ``free`` never blocks on the lock: a slot
-    it cannot send now waits in ``later`` for the next ``flush`` (the consumer flushes before
-    and while it waits for an element)."""
+    """What the consumer and the leases of its elements share: the control block where a
+    slot goes back to the child (a count per slot and a ``free`` token: no lock and no
+    system call while the child is busy, so a lease may end in any thread, or in the garbage
+    collector inside any allocation) and the slots whose arrays the user still holds."""
 
-    def __init__(self, nslots: int) -> None:
+    def __init__(self, nslots: int, block: shm_ring.ControlBlock, free: Any) -> None:
         self.nslots = nslots
-        self.ctrl: Any = None
-        self.lock = threading.Lock()
+        self.block = block
+        self.free_sem: Any = free  # None once the child is closed
         self.held: set[int] = set()
-        self.later: collections.deque = collections.deque()
         self.closed = False
         self.extra: dict[str, Any] = {}  # the current pass's stats.extra: held_slots kept current
 
@@ -57,21 +54,11 @@ class Ring:
     def free(self, slot: int) -> None:
         self.held.discard(slot)
         self.extra["held_slots"] = len(self.held)
-        self.later.append(slot)
-        self.flush()
-
-    def flush(self) -> None:
-        if not self.lock.acquire(blocking=False):
-            return  # another send is under way (maybe this thread's own): it or the next flush sends these
-        try:
-            while self.later:
-                slot = self.later.popleft()
-                if not self.closed:
-                    self.ctrl.send(("free", slot))
-        except (OSError, ValueError, AttributeError):
-            pass  # the child is gone (or the consumer closed the pipe): nobody needs the slot
-        finally:
-            self.lock.release()
+        sem = self.free_sem
+        if self.closed or sem is None:
+            return  # the child is gone: nobody needs the slot
+        if self.block.hand_back(slot):  # the child sleeps: wake it (else it sees the count itself)
+            sem.release()
 
 
 class Release:
@@ -91,9 +78,11 @@ class ChildProcess:
 
     def __init__(self, chain: Any, slots: int, with_stacks: bool) -> None:
         self.slots = slots
-        self.ring = Ring(slots)
         self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
-        self.maps: dict[int, Any] = {}  # slot -> (gen, the segment mapped here as a uint8 array, its interface)
+        # slot -> (gen, the segment mapped here as a uint8 array, its pinned view, a memoryview)
+        self.maps: dict[int, Any] = {}
+        self.plan: shm.Plan | None = None  # the last element's (the next one's, most often)
+        self.unpackers: dict[int, Any] = {}  # bytes of a layout's numbers -> their struct's unpack_from
         self.gens = [-1] * slots  # the newest generation of each slot announced
         self.frozen = False  # sent nothing within the timeout: stopped at once on close
         self.closed = False
@@ -107,20 +96,35 @@ class ChildProcess:
             fd, self.stack_path = tempfile.mkstemp(prefix=f"sf_{self.token}_", suffix=".stack")
             os.close(fd)
         mp = multiprocessing.get_context("spawn")
-        self.conn, child_conn = mp.Pipe(duplex=False)  # elements, errors, the end: child -> consumer
-        child_ctrl, self.ctrl = mp.Pipe(duplex=False)  # passes, free slots and stop: consumer -> child
-        child_asks, self.asks = mp.Pipe(duplex=False)  # questions for a full state: consumer -> child
-        self.answers, child_answers = mp.Pipe(duplex=False)  # ... and their answers
-        self.proc = mp.Process(target=child_main, args=(child_conn, child_ctrl, chain, self.token, slots,
-                                                         child_asks, child_answers, self.stack_path),
-                               name="shardfeed-subprocess", daemon=True)
-        self.proc.start()
-        self.ring.ctrl = self.ctrl
+        self.ctl_name = f"sf_{self.token}_ctl"
+        shm.create(self.ctl_name, shm_ring.block_bytes(slots)).close()  # zeroed; mapped below, and by the child
+        try:
+            self.block = shm_ring.open_block(self.ctl_name, slots)
+            self.ready = mp.Semaphore(0)  # a token per element published and per message on ``conn``
+            self.free = mp.Semaphore(0)  # wakes a child sleeping for a free slot (or for the stop)
+            self.ring = Ring(slots, self.block, self.free)
+            self.ctrl_lock = threading.Lock()
+            self.conn, child_conn = mp.Pipe(duplex=False)  # the end of a pass, errors: child -> consumer
+            child_ctrl, self.ctrl = mp.Pipe(duplex=False)  # passes and stop: consumer -> child
+            child_asks, self.asks = mp.Pipe(duplex=False)  # questions for a full state: consumer -> child
+            self.answers, child_answers = mp.Pipe(duplex=False)  # ... and their answers
+            self.proc = mp.Process(target=child_main,
+                                   args=(child_conn, child_ctrl, chain, self.token, slots,
+                                         (self.ctl_name, self.ready, self.free), child_asks, child_answers,
+                                         self.stack_path),
+                                   name="shardfeed-subprocess", daemon=True)
+            self.proc.start()
+        except BaseException:
+            shm.unlink_quietly(self.ctl_name)
+            raise
         for c in (child_conn, child_ctrl, child_asks, child_answers):
             c.close()
         self.selector = selectors.DefaultSelector()  # made once: one per wait cost more than the rest of next()
-        self.selector.register(self.conn, selectors.EVENT_READ)
         self.selector.register(self.proc.sentinel, selectors.EVENT_READ)
+
+    def exited(self) -> bool:
+        """Whether the child process has exited (its sentinel is ready; no waiting)."""
+        return bool(self.selector.select(0))
 
     def alive(self) -> bool:
         if self.closed or self.proc.exitcode is not None:
@@ -136,20 +140,23 @@ class ChildProcess:
     def start_pass(self, state: Any, epoch: Any, scope: Any, budget: Any) -> None:
         """Ask the child for a pass (it runs one at a time: the previous one has ended)."""
         self.passes += 1
-        with self.ring.lock:  # not in the middle of a lease's send
+        with self.ctrl_lock:
             self.ctrl.send(("start", state, epoch, scope, budget))
 
-    def slot(self, slot: int, gen: int) -> tuple[Any, dict]:
-        """Generation ``gen`` of ``slot``, mapped here (once per generation)."""
+    def slot(self, slot: int, gen: int) -> tuple[Any, Any, memoryview]:
+        """Generation ``gen`` of ``slot``, mapped here (once per generation): as a uint8
+        array, its :func:`~shardfeed.pipeline.shm.pinned_view` (leases are made on it), and
+        a memoryview of it."""
         have = self.maps.get(slot)
         if have is None or have[0] != gen:
             m = shm.map_segment(shm.slot_name(self.token, slot, gen))
-            have = self.maps[slot] = (gen, m, m.__array_interface__)  # the old mapping lives on in its views
+            # the old mapping lives on in its views
+            have = self.maps[slot] = (gen, m, shm.pinned_view(m), memoryview(m))
             self.gens[slot] = max(self.gens[slot], gen)
-        return have[1], have[2]
+        return have[1], have[2], have[3]
 
     def mapped_bytes(self) -> int:
-        return sum(m.nbytes for _, m, _ in self.maps.values())
+        return sum(have[1].nbytes for have in self.maps.values())
 
     def close(self) -> None:
         """Stop the child (at once when frozen), remove its segments' names; idempotent."""
@@ -157,12 +164,14 @@ class ChildProcess:
             return
         self.closed = True
         self.ring.closed = True  # leases that end from now on hand nothing back
+        self.ring.free_sem = None
         proc = self.proc
-        with self.ring.lock:
+        with self.ctrl_lock:
             try:
                 self.ctrl.send(("stop",))
             except (OSError, ValueError):
                 pass  # the child is gone already
+        self.free.release()  # a child waiting for a slot reads the stop now
         proc.join(0.5 if self.frozen else JOIN_TIMEOUT_S)  # a frozen child reads no stop message
         if proc.exitcode is None:
             if not self.frozen:
@@ -174,12 +183,12 @@ class ChildProcess:
                 proc.kill()
                 proc.join()
         proc.close()
-        with self.ring.lock:
-            for c in (self.conn, self.ctrl):
-                c.close()
-        for c in (self.asks, self.answers):  # a get_state waiting in another thread gives up
+        with self.ctrl_lock:
+            self.ctrl.close()
+        for c in (self.conn, self.asks, self.answers):  # a get_state waiting in another thread gives up
             c.close()
         self.selector.close()
+        shm.unlink_quietly(self.ctl_name)  # the mappings live on in the ring (leases may still hand back)
         self.maps.clear()  # a mapping the user's arrays still view lives on until they go
         for slot, gen in enumerate(self.gens):
             # the newest announced generation, and the next one: a child that died

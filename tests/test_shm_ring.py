@@ -1,0 +1,127 @@
+"""The control block of an ``in_subprocess`` ring (pipeline/shm_ring.py), both sides in one
+process on one real shared-memory segment, and the plans that build batches from a slot."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import secrets
+
+import numpy as np
+import pytest
+
+import shardfeed as sf
+from shardfeed.pipeline import shm, shm_ring
+from shardfeed.pipeline.state import elements_equal
+
+
+@pytest.fixture
+def block_pair():
+    """``(child's view, consumer's view)`` of one control block of 3 slots."""
+    name = f"sf_test_{secrets.token_hex(4)}_ctl"
+    shm.create(name, shm_ring.block_bytes(3)).close()
+    try:
+        yield shm_ring.open_block(name, 3), shm_ring.open_block(name, 3)
+    finally:
+        assert shm.unlink_quietly(name)
+
+
+def test_ring_wraps_around_in_order_with_slots_handed_back_out_of_order(block_pair):
+    child, consumer = block_pair
+    held: list[int] = []
+    published = taken = 0
+    order = []
+    for n in range(40):  # 13 times round a ring of 3
+        while (k := child.free_slot()) is None:  # the ring is full: the consumer hands back its oldest but one
+            consumer.hand_back(held.pop(1 if len(held) > 1 else 0))
+        child.publish(k, n // 7, 64 * n, None if n % 3 else n, 128, (8, 2, 3, 4, n % 2), n / 4)
+        published += 1
+        if n % 2:  # the consumer takes every other time round, then all that wait
+            while (d := consumer.take()) is not None:
+                slot, gen, size, ref, at, lengths, work_s = d
+                m = size // 64
+                assert (gen, ref, at, lengths, work_s) == (m // 7, None if m % 3 else m, 128, (8, 2, 3, 4, m % 2), m / 4)
+                order.append(m)
+                held.append(slot)
+                taken += 1
+        assert consumer.waiting() == published - taken <= 3
+    assert order == list(range(40))
+    assert consumer.take() is None
+
+
+def test_slot_reused_only_after_its_hand_back(block_pair):
+    child, consumer = block_pair
+    got = []
+    for _ in range(3):
+        k = child.free_slot()
+        child.publish(k, 0, 0, None, 0, (0, 0, 0, 0, 0), 0.0)
+        got.append(consumer.take()[0])
+    assert sorted(got) == [0, 1, 2] and child.free_slot() is None  # all three held
+    assert consumer.hand_back(1) is False  # the child is not asleep: nothing to wake
+    assert child.free_slot() == 1
+    child.publish(1, 0, 0, None, 0, (0, 0, 0, 0, 0), 0.0)
+    assert child.free_slot() is None  # slot 1 is filled again: not free until handed back again
+    child.sleeping(True)
+    assert consumer.hand_back(2) is True  # the child sleeps: the caller posts ``free``
+    child.sleeping(False)
+    assert child.free_slot() == 2
+
+
+def test_child_sleeping_on_free_is_woken_by_a_hand_back():
+    """The semaphore a sleeping child waits on, posted from the consumer's side."""
+    free = multiprocessing.get_context("spawn").Semaphore(0)
+    assert not free.acquire(timeout=0.01)
+    free.release()
+    assert free.acquire(timeout=5)
+
+
+def _plan_for(x, uses: int = 2):
+    structure, arrays, layout, size = shm.encode(x)
+    kinds, numbers = shm.split_layout(layout)
+    mapping = np.zeros(size + 64, np.uint8)
+    shm.write(memoryview(mapping), arrays, layout)
+    plan = shm.plan(structure, pickle.dumps(kinds), None)
+    return plan, mapping, numbers, layout, structure
+
+
+def _batches():
+    rc = sf.RaggedColumn(np.arange(5, dtype=np.int64), np.array([0, 2, 5], np.int64))
+    rb = sf.RaggedColumn(np.array([b"a", b"bc", b""], object), np.array([0, 1, 3], np.int64))
+    return [
+        {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "k": 3, "s": "x", "ids": rc,
+         "tok": np.array([b"t1", b"t22"], object), "empty": np.zeros((0, 4), np.int16)},
+        {"tags": rb, "n": None, "v": np.arange(3)},  # bytes inside an object: made at once
+        (np.arange(3), {"x": np.ones(2)}),  # not a dict: unpickled every time
+    ]
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_a_plan_builds_what_decode_builds(i):
+    x = _batches()[i]
+    plan, mapping, numbers, layout, structure = _plan_for(x)
+    released = []
+    for use in range(3):  # the second use makes the template
+        got = plan.build(mapping, numbers, shm.SlotLease(mapping, lambda use=use: released.append(use)))
+        want = shm.decode(mapping, structure, layout)
+        assert type(got) in (dict, shm.LazyBatch, tuple) and elements_equal(dict(got) if isinstance(got, dict) else got,
+                                                                            want)
+        assert elements_equal(dict(got) if isinstance(got, dict) else got, x)
+        del got
+    assert released == [0, 1, 2]  # each batch's lease ended with it
+    assert (plan.template is not None) == (i < 2)
+
+
+def test_a_new_layout_gets_a_new_plan_and_the_same_layout_keeps_it():
+    a, b = _batches()[:2]
+    pa, *_ = _plan_for(a)
+    structure, _, layout, _ = shm.encode(a)
+    kinds, _ = shm.split_layout(layout)
+    assert shm.plan(structure, pickle.dumps(kinds), pa) is pa
+    a2 = dict(a, ids=sf.RaggedColumn(np.arange(9, dtype=np.int64), np.array([0, 9], np.int64)))  # other sizes
+    structure2, _, layout2, _ = shm.encode(a2)
+    kinds2, numbers2 = shm.split_layout(layout2)
+    assert structure2 == structure and pickle.dumps(kinds2) == pickle.dumps(kinds)  # only the numbers differ
+    structure_b, _, layout_b, _ = shm.encode(b)
+    kinds_b, _ = shm.split_layout(layout_b)
+    pb = shm.plan(structure_b, pickle.dumps(kinds_b), pa)
+    assert pb is not pa and pb.kinds == kinds_b
