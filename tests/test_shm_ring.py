@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import shardfeed as sf
-from shardfeed.pipeline import shm, shm_ring
+from shardfeed.pipeline import shm, shm_plan, shm_ring
 from shardfeed.pipeline.state import elements_equal
 
 
@@ -77,10 +77,10 @@ def test_child_sleeping_on_free_is_woken_by_a_hand_back():
 
 def _plan_for(x, uses: int = 2):
     structure, arrays, layout, size = shm.encode(x)
-    kinds, numbers = shm.split_layout(layout)
+    kinds, numbers = shm_plan.split_layout(layout)
     mapping = np.zeros(size + 64, np.uint8)
     shm.write(memoryview(mapping), arrays, layout)
-    plan = shm.plan(structure, pickle.dumps(kinds), None)
+    plan = shm_plan.plan(structure, pickle.dumps(kinds), None)
     return plan, mapping, numbers, layout, structure
 
 
@@ -115,13 +115,13 @@ def test_a_new_layout_gets_a_new_plan_and_the_same_layout_keeps_it():
     a, b = _batches()[:2]
     pa, *_ = _plan_for(a)
     structure, _, layout, _ = shm.encode(a)
-    kinds, _ = shm.split_layout(layout)
-    assert shm.plan(structure, pickle.dumps(kinds), pa) is pa
+    kinds, _ = shm_plan.split_layout(layout)
+    assert shm_plan.plan(structure, pickle.dumps(kinds), pa) is pa
     a2 = dict(a, ids=sf.RaggedColumn(np.arange(9, dtype=np.int64), np.array([0, 9], np.int64)))  # other sizes
     structure2, _, layout2, _ = shm.encode(a2)
-    kinds2, numbers2 = shm.split_layout(layout2)
+    kinds2, numbers2 = shm_plan.split_layout(layout2)
     assert structure2 == structure and pickle.dumps(kinds2) == pickle.dumps(kinds)  # only the numbers differ
     structure_b, _, layout_b, _ = shm.encode(b)
-    kinds_b, _ = shm.split_layout(layout_b)
-    pb = shm.plan(structure_b, pickle.dumps(kinds_b), pa)
+    kinds_b, _ = shm_plan.split_layout(layout_b)
+    pb = shm_plan.plan(structure_b, pickle.dumps(kinds_b), pa)
     assert pb is not pa and pb.kinds == kinds_b

@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SubprocessError
-from . import shm
+from . import shm, shm_plan
 from .dataset import Dataset, UnaryDataset, positive_int
 from .deferred import DeferredState
 from .node import Build, Node
@@ -316,7 +316,7 @@ class SubprocessNode(Node):
         numbers = unpack(view, at)
         at += ln
         # compared in place with the last plan's (bytes made only for a new plan)
-        plan = c.plan = shm.plan(view[at:at + ls], view[at + ls:at + ls + lk], c.plan)
+        plan = c.plan = shm_plan.plan(view[at:at + ls], view[at + ls:at + ls + lk], c.plan)
         at += ls + lk
         self.cur_state = _Pickled(bytes(view[at:at + lt]))
         if lp:  # the child's statistics, now and then

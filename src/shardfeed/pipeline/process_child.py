@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import SubprocessError
 from ..formats.native import BytesBuffer
 from ..formats.spec import BYTES, FixedLen, RaggedColumn
-from . import shm, shm_ring
+from . import shm, shm_plan, shm_ring
 from .batch import bytes_as_buffers
 from .deferred import materialize
 from .node import Build, Context
@@ -166,7 +166,7 @@ def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, ri
                     x = objects_on_arrival(x, objects)
                 structure, arrays, layout, size = shm.encode(x)
                 del x
-                kinds, numbers = shm.split_layout(layout)
+                kinds, numbers = shm_plan.split_layout(layout)
                 if kinds != last_kinds:  # the consumer compares bytes: the same kinds, the same bytes
                     last_kinds, kinds_bytes = kinds, pickle.dumps(kinds, protocol=pickle.HIGHEST_PROTOCOL)
                 state_bytes = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)

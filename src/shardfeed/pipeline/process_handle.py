@@ -23,7 +23,7 @@ import weakref
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import shm, shm_ring
+from . import shm, shm_plan, shm_ring
 from .process_child import child_main
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class ChildProcess:
         self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
         # slot -> (gen, the segment mapped here as a uint8 array, its pinned view, a memoryview)
         self.maps: dict[int, Any] = {}
-        self.plan: shm.Plan | None = None  # the last element's (the next one's, most often)
+        self.plan: shm_plan.Plan | None = None  # the last element's (the next one's, most often)
         self.unpackers: dict[int, Any] = {}  # bytes of a layout's numbers -> their struct's unpack_from
         self.gens = [-1] * slots  # the newest generation of each slot announced
         self.frozen = False  # sent nothing within the timeout: stopped at once on close
