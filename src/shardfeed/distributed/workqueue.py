@@ -365,6 +365,20 @@ class WorkQueue:
         m = summarize(self._meta, snap, self.name)
         return m["remaining"] == 0 and set(snap["inflight"]) <= set(ids)
 
+    def may_end(self, ids: Collection[str]) -> bool:
+        """True when nothing is pending or still to come and every leased item other than
+        ``ids`` is held by a worker whose id sorts at or after this one's. Two workers at the
+        end of the work, each holding items whose records wait in its buffers, would wait
+        on each other: the one whose id sorts first ends its pass (its items acknowledged
+        once delivered), the others go on waiting, and take over its items if it dies."""
+        snap = self.backend.snapshot(self.name)
+        if snap is None:
+            raise KeyError(f"no work queue named {self.name!r} on {self.backend.url}")
+        if summarize(self._meta, snap, self.name)["remaining"]:
+            return False
+        mine = set(ids)
+        return all(lease.get("worker", "") >= self.worker_id for i, lease in snap["inflight"].items() if i not in mine)
+
     def metrics_json(self) -> str:
         return json.dumps(self.metrics(), sort_keys=True)
 
