@@ -796,3 +796,40 @@ def test_a_shuffle_over_a_map_restores_over_s3_reading_back_only_its_buffer(s3_b
     with ds.iter_from_state(state) as it:
         assert list(it) == rest
     assert src.read_stats.reread - again == 600  # the buffer, by ranged reads of its frames
+
+
+@pytest.mark.parametrize("shuffle", [None, "files", "blocks"])
+def test_a_dataset_built_after_the_bucket_changed_reads_what_it_holds_now(s3_bucket, shuffle, tmp_path):
+    """Found from outside: a second dataset over the same glob in the same process listed
+    from the filesystem's listing cache: a deleted object raised, a new one was missed, and
+    an object replaced by a larger one was read to its old size, 200 of 300 records without
+    a word. Counted against what the bucket holds, read with boto3."""
+    import boto3
+
+    bucket, opts = s3_bucket
+    s3 = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+
+    def put(key, ids):
+        local = str(tmp_path / key)
+        sf.write_records(local, [sf.encode_example({"id": i}) for i in ids])
+        s3.upload_file(local, bucket, f"d/{key}")
+
+    put("p0.tfrecord", range(0, 100))
+    put("p1.tfrecord", range(100, 200))
+    put("p2.tfrecord", range(200, 300))
+    spec = {"id": sf.FixedLen("int64")}
+    kw = {} if shuffle is None else {"shuffle": shuffle, "seed": 1}
+
+    def ids():
+        ds = sf.read_tfrecord(f"s3://{bucket}/d/*.tfrecord", spec=spec, storage_options=opts, **kw)
+        return sorted(int(r["id"]) for r in ds)
+
+    assert ids() == list(range(300))
+    s3.delete_object(Bucket=bucket, Key="d/p1.tfrecord")
+    put("p2.tfrecord", range(200, 450))  # replaced by a larger object
+    put("p3.tfrecord", range(500, 510))  # a new one
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="d/")["Contents"]]
+    held = sorted(int(sf.parse_single_example(r, spec)["id"]) for k in keys if k.endswith(".tfrecord")
+                  for r in sf.TFRecordReader(f"s3://{bucket}/{k}", storage_options=opts))
+    assert held == [*range(100), *range(200, 450), *range(500, 510)]
+    assert ids() == held

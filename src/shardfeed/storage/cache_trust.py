@@ -145,8 +145,13 @@ class _Listing:
                 raise self.denied
             if not self._covers(key):
                 # the first page from the folder's start (shards are read in name order);
-                # later ones from just before the key asked for (key[:-1] sorts before it)
-                self._page("" if not self.covered else key[:-1], url, counters)
+                # later ones from just before the key asked for (key[:-1] sorts before it),
+                # also right after the first when the key asked first lies past it (the
+                # threads reading ahead do not ask in name order)
+                if not self.covered:
+                    self._page("", url, counters)
+                if not self._covers(key):
+                    self._page(key[:-1], url, counters)
                 if not self._covers(key):
                     return None
             got = self.found.get(key)

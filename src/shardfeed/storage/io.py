@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -481,6 +482,7 @@ def list_dir(url: str, storage_options: Mapping[str, Any] | None = None) -> list
             raise _translate(exc, url, "list") from exc
         return sorted(parsed.with_path(f) for f in files)
     fs, path = get_filesystem(parsed, storage_options)
+    _forget_under(fs, path)  # a listing is fresh: see _forget_listings
     entries = _run("list", url, lambda: fs.ls(path, detail=True))
     return sorted(parsed.with_path(_unstrip(fs, e["name"], parsed)) for e in entries if e.get("type") != "directory")
 
@@ -490,6 +492,7 @@ def glob(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list
     Hidden names (starting with ``.``) match only a pattern whose last part starts with ``.``."""
     parsed = parse_url(pattern)
     fs, path = get_filesystem(parsed, storage_options)
+    _forget_under(fs, re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0])
     found = _run("glob", pattern, lambda: fs.glob(path, detail=True))
     if not parsed.is_local:
         for name, info in found.items():
@@ -499,6 +502,34 @@ def glob(pattern: str, storage_options: Mapping[str, Any] | None = None) -> list
     return sorted(parsed.with_path(_unstrip(fs, name, parsed)) for name, info in found.items()
                   if info.get("type") != "directory"
                   and (hidden_ok or not name.rstrip("/").rsplit("/", 1)[-1].startswith(".")))
+
+
+def _forget_listings(items: Sequence[str], storage_options: Mapping[str, Any] | None) -> None:
+    """Drop what the object stores' filesystems remember of earlier listings: a dataset
+    lists when it is built, and the listing cache of the filesystem object (which outlives
+    datasets) gave the next one deleted objects, missed new ones, and old sizes that cut a
+    grown object's records short without a word (found from outside). Within one build the
+    cache still serves: a listing then gives the sizes its objects' stats need."""
+    seen = set()
+    for item in items:
+        parsed = parse_url(item)
+        if parsed.is_local or parsed.protocol in ("http", "https", "memory"):
+            continue
+        fs, _ = get_filesystem(parsed, storage_options)
+        if id(fs) not in seen:
+            seen.add(id(fs))
+            fs.invalidate_cache()
+
+
+def _forget_under(fs: Any, root: str) -> None:
+    """Drop ``fs``'s cached listings of ``root``, its parents and everything under it."""
+    cache = getattr(fs, "dircache", None)
+    if not cache or not hasattr(fs, "invalidate_cache"):
+        return
+    fs.invalidate_cache(root)
+    root = root.rstrip("/") + "/"
+    for key in [k for k in list(cache) if isinstance(k, str) and k.startswith(root)]:
+        cache.pop(key, None)
 
 
 def _unstrip(fs, name: str, parsed: ParsedURL) -> str:
@@ -530,6 +561,7 @@ def expand(
         items = [os.fspath(u) for u in urls]
     out: list[str | list[str]] = []
     remote: list[tuple[int, str]] = []  # (position in out, url): stat'ed together below
+    _forget_listings(items, storage_options)
     for item in items:
         if has_magic(item):
             matched = [u for u in glob(item, storage_options) if keep(u)]
