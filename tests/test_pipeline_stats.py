@@ -156,3 +156,24 @@ def test_the_fused_batch_stage_reports_its_work(tmp_path):
         batch = st.to_dict()["stages"][0]
         assert n == 120_000 and batch["name"].endswith("batch"), batch
         assert batch["busy_s"] >= 0.5 * cpu, (threads, batch, cpu)
+
+
+def test_more_workers_are_not_asked_for_past_the_cores(monkeypatch):
+    """Found from outside: an empty loop over the fused batch (2 workers on 2 cores) was told
+    num_parallel_reads=4, 'expected 1.98x'; then 8, again about 2x. A stage whose one ordered
+    thread (``serial_s``) is saturated, with as many workers as cores, gets 'more cores'."""
+    from shardfeed.pipeline import remedy
+
+    def fused(cores):
+        monkeypatch.setattr(remedy, "_cores", lambda: cores)
+        st = _stats(1.0, 0.98, [("batch", 0.97, True, 1.2, 2)])
+        st.stages[0].serial_s = 0.95
+        return st.remedy()
+
+    fix = fused(2)
+    assert fix.id == "more_parallelism" and fix.expected_gain == 1.0
+    assert fix.text.startswith("more cores for the input") and fix.measured["cores"] == 2
+    fix = fused(8)  # room for twice the workers: asked for, with a gain
+    assert "num_parallel_reads=4" in fix.text and 1.5 < fix.expected_gain <= 2.0
+    fix = fused(3)  # room for one more: the gain of 3 workers over 2, not of 4
+    assert "num_parallel_reads=4" in fix.text and fix.expected_gain < fused(8).expected_gain

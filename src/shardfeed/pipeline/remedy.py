@@ -29,7 +29,9 @@ and names one of the known remedies, checked in this order (the first that appli
     Input-bound with a saturated stage (a reader busy while the others idle). Fix: twice
     its workers (``num_parallel_reads`` for a reader, ``num_parallel_calls`` for a map).
     Gain: ``wall / (own + wait')``, the wait shrunk in proportion to the bottleneck's busy
-    time per worker once the stage's is halved (the next slowest stage then may bound it).
+    time per worker once the stage's is halved (the next slowest stage then may bound it),
+    or less where the process has fewer cores than twice the workers; with as many
+    workers as cores already, the fix is more cores for the input (gain 1.0 here).
 
 Gains are estimates from this pass's own numbers (a factor on the consumer's elements per
 second; 1.0 means none); ``gain_basis`` says how each was computed and from what.
@@ -38,6 +40,7 @@ second; 1.0 means none); ``gain_basis`` says how each was computed and from what
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +204,14 @@ def _prefetch(st: "PipelineStats", wall: float, wait: float, own: float) -> Reme
                   "wait_max_s": st.wait_max_s, "busiest_per_worker_s": per, "buffer": size})
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _bottleneck(st: "PipelineStats") -> "StageStats | None":
     return max(st.stages, key=_per_worker) if st.stages else None
 
@@ -213,7 +224,20 @@ def _parallelism(st: "PipelineStats", wall: float, wait: float, own: float) -> R
     per = _per_worker(slow)
     n = max(1, slow.parallelism)
     others = max((_per_worker(s) for s in st.stages if s is not slow), default=0.0)
-    after = max(per / 2, others)
+    cores = _cores()
+    room = min(2 * n, max(cores, n)) / n  # more workers than cores run no faster
+    if room <= 1:
+        return Remedy(
+            "more_parallelism",
+            f"more cores for the input: stage {slow.name} was busy {per / wall:.0%} of the pass per worker with "
+            f"{n} worker(s) on the {cores} core(s) this process may use, so more workers cannot help here; give "
+            "the input more cores (another machine: Ray Data, or DataLoader-style readers elsewhere) or less "
+            "work per element",
+            1.0, f"{n} worker(s) already on {cores} core(s): twice the workers would share the same cores",
+            stage=slow.name,
+            measured={"wall_s": wall, "wait_s": wait, "own_s": own, "busy_per_worker_s": per, "workers": n,
+                      "cores": cores, "next_busiest_per_worker_s": others})
+    after = max(per / room, others)
     new_wait = wait * after / per
     kind = _kind(slow)
     if kind in CALL_KINDS:

@@ -328,9 +328,11 @@ class SourceBatchNode(Node):
                 self._others += (busy - caller) - (self._pool[0] - self._pool[1])
                 self._waited += (took - self._pool[2]) - (caller - self._pool[1])
                 self._pool = (busy, caller, took)
-            own = time.perf_counter() - t - self._waited
-            self.stats.serial_s += own
-            self.stats.work_s += own + self._others
+            took = time.perf_counter() - t
+            # the time its consumer waited on it for this batch: the reader thread's own work
+            # and its waits for the parses it needs next (the stage's critical path)
+            self.stats.serial_s += took
+            self.stats.work_s += took - self._waited + self._others
 
     def _take(self) -> Any:
         """The next batch's columns, or ``_AGAIN`` when the batch taken was not delivered

@@ -57,8 +57,9 @@ class StageStats:
     inclusive_s: float = 0.0
     work_s: float = 0.0
     # a threaded stage whose elements also pass one thread in order (the fused batch's
-    # reader: the frames, the objects): that thread's busy time, a floor under the stage's
-    # time per worker however many parse beside it
+    # reader: the frames, the objects, waiting for the parse it needs next): the time its
+    # consumer waited on it, a floor under the stage's time per worker however many parse
+    # beside it
     serial_s: float = 0.0
     parallelism: int = 1
     threaded: bool = False
