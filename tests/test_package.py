@@ -87,3 +87,16 @@ def test_reading_a_converted_output_loads_no_conversion_code():
     unwanted = {"shardfeed.convert.api", "shardfeed.convert.writer", "shardfeed.convert.plan",
                 "shardfeed.convert.sources", "shardfeed.convert.tasks", "PIL"}
     assert not loaded & unwanted, f"sf.read_converted loaded {sorted(loaded & unwanted)}"
+
+
+def test_subpackages_are_attributes_loaded_on_first_use():
+    """Found from outside: the docs name `sf.pipeline.Span`, but `sf.pipeline` raised
+    AttributeError unless `shardfeed.pipeline` had been imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, shardfeed as sf; assert 'shardfeed.pipeline' not in sys.modules; "
+            "print(sf.pipeline.Span.__name__, sf.storage.expand.__name__, sf.formats.__name__, "
+            "sf.distributed.WorkQueue.__name__, callable(sf.convert), 'pipeline' in dir(sf))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["Span", "expand", "shardfeed.formats", "WorkQueue", "True", "True"]

@@ -134,9 +134,12 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "read_table"
     ),
 }
-# `sf.ray`: the Ray Data adapter (shardfeed.adapters.ray), a module of its own
+# `sf.ray`: the Ray Data adapter (shardfeed.adapters.ray), a module of its own; the
+# subpackages as attributes (`sf.pipeline.Span`), loaded on first use as the names are
+# (`sf.convert` is the function; its package is `shardfeed.convert`)
+_SUBPACKAGES = ("adapters", "distributed", "formats", "pipeline", "storage", "tables", "transforms")
 __getattr__, __dir__ = lazy_names(__name__, _MODULES, globals(), extras={"tables": "tables"},
-                                  submodules={"ray": "adapters.ray"})
+                                  submodules={"ray": "adapters.ray", **{p: p for p in _SUBPACKAGES}})
 
 
 def native_available() -> bool:
