@@ -70,3 +70,27 @@ def test_idle_threads_take_waiting_work_and_the_pool_never_exceeds_its_bound():
     cancelled.cancel()
     time.sleep(fetch.IDLE_EXIT_S + 0.5)
     assert pool.alive == 0
+
+
+def test_a_burst_of_requests_starts_its_threads_from_the_threads_not_the_caller(monkeypatch):
+    """The read-ahead opening up at the first answer submitted ~44 requests at once; the
+    caller (the reader holding the first batch) started a thread for each, and each
+    Thread.start() waits for the new thread to run: the first record came 0.44 s after its
+    bytes instead of 0.07 s. Now the pool's starter thread starts them (the caller at most
+    that one)."""
+    starters = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        starters.append(threading.current_thread().name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    pool = fetch._Threads(32, "burst-test")
+    barrier = threading.Barrier(21)  # 20 tasks at once (a thread each) and this one
+    futs = [pool.submit(barrier.wait, 10) for _ in range(20)]
+    barrier.wait(10)  # every task is running: 20 threads are up
+    for f in futs:
+        f.result(10)
+    me = threading.current_thread().name
+    assert starters.count(me) <= 1 and starters.count("burst-test-starter") == 20, starters

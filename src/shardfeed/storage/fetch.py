@@ -163,28 +163,55 @@ class _Threads:
     def __init__(self, max_workers: int, name: str) -> None:
         self.max_workers = max_workers
         self.name = name
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)  # workers wait on it for requests
+        self.spawn = threading.Condition(self.lock)  # the starter waits on it for threads to start
         self.queue: collections.deque = collections.deque()
         self.alive = 0
         self.idle = 0
+        self.starting = 0  # threads asked for and not yet at work
+        self.want = 0  # of them, not yet started by the starter
+        self.starter = False  # whether the starter thread is alive
         self._n = 0
 
     def submit(self, fn, *args) -> Future:
+        """Queue ``fn(*args)``. A thread it needs is started by the pool's starter thread,
+        never by the caller: ``Thread.start()`` waits for the new thread to run (a GIL switch
+        each under load), and a burst of requests (the read-ahead opening up when the first
+        answer came) made the reader holding the first batch start 44 threads, 0.25 s."""
         fut: Future = Future()
-        with self.cond:
+        start_starter = False
+        with self.lock:
             self.queue.append((fut, fn, args))
-            start = len(self.queue) > self.idle and self.alive < self.max_workers
-            if start:
+            if len(self.queue) > self.idle + self.starting and self.alive < self.max_workers:
                 self.alive += 1
-                self._n += 1
-                name = f"{self.name}_{self._n}"
+                self.starting += 1
+                self.want += 1
+                if self.starter:
+                    self.spawn.notify()
+                else:
+                    self.starter = start_starter = True
             else:
                 self.cond.notify()
-        if start:
-            threading.Thread(target=self._work, name=name, daemon=True).start()
+        if start_starter:
+            threading.Thread(target=self._start_threads, name=f"{self.name}-starter", daemon=True).start()
         return fut
 
+    def _start_threads(self) -> None:
+        while True:
+            with self.lock:
+                while not self.want:
+                    if not self.spawn.wait(IDLE_EXIT_S) and not self.want:
+                        self.starter = False
+                        return
+                self.want -= 1
+                self._n += 1
+                name = f"{self.name}_{self._n}"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+
     def _work(self) -> None:
+        with self.lock:
+            self.starting -= 1
         while True:
             with self.cond:
                 while not self.queue:
