@@ -29,6 +29,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _rows
 import object_storage as osb  # noqa: E402
 from _shaping_proxy import ShapingProxy  # noqa: E402
 
@@ -65,7 +66,9 @@ def _epoch(src: str, proxy: ShapingProxy, cache: str, urls: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", required=True, help="the src/ folder of the tree to compare against")
+    ap.add_argument("--before", default=None,
+                    help="the src/ folder of the tree to compare against (default: --after itself: the "
+                         "run then times this tree alone, its ratios 1.0, as `shardfeed bench` runs it)")
     ap.add_argument("--after", default=here)
     ap.add_argument("--also", action="append", default=[], metavar="NAME=SRC",
                     help="another tree to time in the same rounds (a variant to compare)")
@@ -76,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-ms", type=float, default=20.0)
     ap.add_argument("--json", default=os.path.join("bench-out", "cache_check.json"))
     args = ap.parse_args(argv)
+    if args.before is None:
+        args.before = args.after
 
     rec = int(args.record_kb * 1000)
     per = max(1, round(args.total_mb * 1e6 / args.objects / (rec + 16)))
@@ -132,10 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "total_bytes": total, "median": med, "ratios": ratios,
-                   "fresh_ratios": fresh_ratios, "runs": runs}, f,
-                      indent=1)
+            res = {"args": vars(args), "total_bytes": total, "median": med, "ratios": ratios,
+                   "fresh_ratios": fresh_ratios, "runs": runs}
+            res["rows"] = table_rows(res)
+            json.dump(res, f, indent=1)
     return 0
+
+
+def table_rows(res: dict) -> list[_rows.Row]:
+    """The rows `shardfeed bench` prints: each tree's epoch 2 from the full cache (its check
+    included), the before tree as the anchor."""
+    before = res["median"]["before"]
+    rows = []
+    for k, m in res["median"].items():
+        if k == "before" and len(res["median"]) > 1 and res["args"]["before"] == res["args"]["after"]:
+            continue  # the same tree twice: one row
+        rows.append((f"{k}: epoch 2 from cache ({m['heads']:.0f} HEADs, {m['gets']:.0f} listings)",
+                     f"{m['seconds']:.3f} s", f"before: {before['seconds']:.3f} s",
+                     _rows.ratio(before["seconds"] / m["seconds"])))
+    return rows
 
 
 if __name__ == "__main__":

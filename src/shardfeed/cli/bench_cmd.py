@@ -77,6 +77,7 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("annotation_spans", "--json", (), ("--rows", "2000", "--rounds", "1"), "--dir"),
     Benchmark("object_storage", "--json", (), ("--quick",), "--dir"),
     Benchmark("startup", "--json", (), ("--records", "200", "--rounds", "1"), "--dir"),
+    Benchmark("cache_check", "--json", (), ("--objects", "8", "--total-mb", "8", "--rounds", "1")),
     Benchmark("large_records", "--json", (), ("--records", "400", "--rounds", "1"), "--dir"),
     # starts Spark (local-cluster, executor JVMs): about two minutes even with --quick sizes
     Benchmark("convert_spark", "--json", (), ("--images", "40", "--rows-small", "2000", "--rows", "20000"), "--dir"),
