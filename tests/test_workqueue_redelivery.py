@@ -347,19 +347,27 @@ q.close()
 """
 
 
-def test_a_reader_killed_with_prefetched_batches_loses_no_records(tmp_path):
+def _reader_setup(tmp_path: Path, files: int, per_file: int, reader: str) -> tuple:
+    """``files`` shards of ``per_file`` records (ids ``i * 1000 + j``), the list of them in a
+    works file, the reader script ``reader`` written out, and the environment to run it in:
+    ``(paths, ids, works_file, script, env)``."""
     paths, ids = [], []
-    for i in range(6):
+    for i in range(files):
         p = str(tmp_path / f"part-{i}.tfrecord")
-        vals = [i * 1000 + j for j in range(5)]
+        vals = [i * 1000 + j for j in range(per_file)]
         sf.write_records(p, [sf.encode_example({"id": v}) for v in vals])
         paths.append(p)
         ids += vals
     works_file = tmp_path / "works.txt"
     works_file.write_text("\n".join(paths))
     script = tmp_path / "reader.py"
-    script.write_text(PREFETCHING_READER)
+    script.write_text(reader)
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return paths, ids, works_file, script, env
+
+
+def test_a_reader_killed_with_prefetched_batches_loses_no_records(tmp_path):
+    paths, ids, works_file, script, env = _reader_setup(tmp_path, 6, 5, PREFETCHING_READER)
     backend, marker = f"sqlite://{tmp_path}/queue.db", tmp_path / "stalled"
     sf.WorkQueue(paths, backend=backend, name="prefetched", shuffle=False).close()
 
@@ -411,18 +419,7 @@ def test_a_worker_killed_at_the_end_of_the_work_beside_another_loses_no_records(
     4,000). Now the worker whose id sorts first ends its pass with its items acknowledged
     only once delivered; the other waits and takes a dead worker's items over, or, when the
     dead one was the waiter, they stay in the queue for the next take (a third worker)."""
-    paths, ids = [], []
-    for i in range(16):
-        p = str(tmp_path / f"part-{i}.tfrecord")
-        vals = [i * 1000 + j for j in range(150)]
-        sf.write_records(p, [sf.encode_example({"id": v}) for v in vals])
-        paths.append(p)
-        ids += vals
-    works_file = tmp_path / "works.txt"
-    works_file.write_text("\n".join(paths))
-    script = tmp_path / "reader.py"
-    script.write_text(BESIDE_READER)
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    paths, ids, works_file, script, env = _reader_setup(tmp_path, 16, 150, BESIDE_READER)
     backend = f"sqlite://{tmp_path}/queue.db"
     q = sf.WorkQueue(paths, backend=backend, name="beside", shuffle=False, lease_timeout=2.0)
 

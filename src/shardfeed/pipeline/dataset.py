@@ -331,6 +331,20 @@ def batches_of(n: int | float | None, batch_size: int, drop_remainder: bool) -> 
     return n // batch_size if drop_remainder else -(-n // batch_size)
 
 
+def dataset_list(datasets: Any, what: str, usage: str = "") -> list["Dataset"]:
+    """``datasets`` as a list, checked to be a non-empty list or tuple of datasets (the
+    inputs of ``mix``, ``round_robin``...); ``what`` names the operation in the errors,
+    ``usage`` is appended to the first one (how to call it)."""
+    if isinstance(datasets, Dataset) or not isinstance(datasets, (list, tuple)):
+        raise TypeError(f"{what} needs a list of datasets, got {type(datasets).__name__}{usage}")
+    if not datasets:
+        raise ValueError(f"{what} needs at least one dataset")
+    for i, ds in enumerate(datasets):
+        if not isinstance(ds, Dataset):
+            raise TypeError(f"{what} datasets[{i}] must be a shardfeed Dataset, got {type(ds).__name__}")
+    return list(datasets)
+
+
 def positive_int(name: str, value: Any, allow_autotune: bool = False, allow_none: bool = False) -> Any:
     """Validate a count argument at the boundary, with a message saying how to fix it."""
     if value is None and allow_none:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .dataset import Dataset
+from .dataset import Dataset, dataset_list
 from .node import Build, Node
 from .shuffle import derive_seed
 
@@ -91,13 +91,7 @@ class MixDataset(Dataset):
     def __init__(self, datasets: Sequence[Dataset], weights: Sequence[float] | None = None,
                  seed: int | None = None, on_empty: str | None = None, stop_on_empty_dataset: bool | None = None,
                  rerandomize_each_iteration: bool = True) -> None:
-        if isinstance(datasets, Dataset) or not isinstance(datasets, (list, tuple)):
-            raise TypeError(f"mix needs a list of datasets, got {type(datasets).__name__}: mix([ds_a, ds_b], ...)")
-        if not datasets:
-            raise ValueError("mix needs at least one dataset")
-        for i, ds in enumerate(datasets):
-            if not isinstance(ds, Dataset):
-                raise TypeError(f"mix datasets[{i}] must be a shardfeed Dataset, got {type(ds).__name__}")
+        dataset_list(datasets, "mix", ": mix([ds_a, ds_b], ...)")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
         self.datasets = list(datasets)
@@ -115,7 +109,7 @@ class MixDataset(Dataset):
         if self.on_empty == "drop":
             if math.inf in ns:
                 return math.inf
-            return None if None in ns else sum(ns)
+            return None if None in ns else sum(n for n in ns if n is not None)
         if self.on_empty == "cycle":
             if any(n is not None and n > 0 for n in ns):
                 return math.inf

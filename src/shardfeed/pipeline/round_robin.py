@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import SubprocessError
-from .dataset import Dataset
+from .dataset import Dataset, dataset_list
 from .node import Build, Node
 
 
@@ -29,14 +29,7 @@ class RoundRobinDataset(Dataset):
     kind = "round_robin"
 
     def __init__(self, datasets: Sequence[Dataset], names: Sequence[str] | None = None) -> None:
-        if isinstance(datasets, Dataset) or not isinstance(datasets, (list, tuple)):
-            raise TypeError(f"round_robin needs a list of datasets, got {type(datasets).__name__}")
-        if not datasets:
-            raise ValueError("round_robin needs at least one dataset")
-        for i, ds in enumerate(datasets):
-            if not isinstance(ds, Dataset):
-                raise TypeError(f"round_robin datasets[{i}] must be a shardfeed Dataset, got {type(ds).__name__}")
-        self.datasets = list(datasets)
+        self.datasets = dataset_list(datasets, "round_robin")
         self.names = [str(n) for n in names] if names is not None else [f"input {i}" for i in range(len(datasets))]
         if len(self.names) != len(self.datasets):
             raise ValueError(f"round_robin got {len(self.datasets)} datasets but {len(self.names)} names")
