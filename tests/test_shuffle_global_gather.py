@@ -121,3 +121,95 @@ def test_reference_path_without_the_native_gather(tmp_path, monkeypatch):
     fused = _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=40).batch(8))
     monkeypatch.setattr(gather_mod, "_gather_frames", None)
     assert _ids(sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=40).batch(8)) == fused
+
+
+def _damage(files, records=(33, 7)):
+    """Two shards damaged with no index beside them: one record's data byte flipped in the
+    second, one record's length CRC in the third (``records``: which); the ids lost."""
+    lost = []
+    for f, record, where in [(1, records[0], 14), (2, records[1], 9)]:
+        start, _ = _frame_of(files[f], record)
+        with open(files[f], "r+b") as fh:
+            fh.seek(start + where)
+            b = fh.read(1)
+            fh.seek(start + where)
+            fh.write(bytes([b[0] ^ 0xFF]))
+        lost.append(f * 1000 + record)
+    for f in files:
+        import os
+
+        os.remove(f + ".idx")
+    return lost
+
+
+@pytest.mark.parametrize("records", [(33, 7), (32, 29), (0, 16)])  # inside a block; at a block's edge, the end, the start
+@pytest.mark.parametrize("shuffle, block_size", [("global", None), ("global", 16), ("blocks", None), ("blocks", 16)])
+def test_a_shuffle_building_the_index_of_a_corrupt_shard_skips_and_counts_as_the_record_reader_does(
+        tmp_path, shuffle, block_size, records):
+    import os
+
+    files = _files(tmp_path)
+    lost = _damage(files, records)
+    every = {f * 1000 + i for f, n in enumerate(SIZES) for i in range(n)}
+    seq = sf.read_tfrecord(files, spec=SPEC, on_corrupt="skip")
+    want = _ids(seq.batch(8))
+    assert sorted(want) == sorted(every - set(lost))  # the sequential reader's own skips, for reference
+    with pytest.raises(sf.CorruptRecordError, match=r"g-00[12].*(data|length) crc"):
+        _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=shuffle, seed=3, block_size=block_size).batch(8))
+    seen = []
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle=shuffle, seed=3, block_size=block_size, on_corrupt="skip",
+                          on_error=lambda err, ctx: seen.append((ctx["url"], ctx["offset"])) or None)
+    for epoch in range(2):  # every pass reports what it misses, not only the one that built the index
+        seen.clear()
+        got = _ids(ds.batch(8))
+        assert sorted(got) == sorted(want), epoch
+        assert seq.read_stats.skipped_records == 2
+        assert ds.read_stats.skipped_records == 2 * (epoch + 1)  # read_stats adds up the passes
+        assert sorted(os.path.basename(u) for u, _ in seen) == ["g-001.tfrecord", "g-002.tfrecord"]
+    # the damaged shards' indexes were not saved (a saved index tiles its shard); the intact one's was
+    assert [os.path.exists(f + ".idx") for f in files] == [True, False, False]
+
+
+@pytest.mark.parametrize("records", [(33, 7), (32, 29), (0, 16)])
+@pytest.mark.parametrize("shuffle", ["global", "blocks"])
+def test_readers_of_a_shuffle_over_a_corrupt_shard_report_its_damage_once_between_them(tmp_path, shuffle, records):
+    files = _files(tmp_path)
+    lost = _damage(files, records)
+    got, skipped = [], 0
+    for i in range(3):
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle=shuffle, seed=5, block_size=8, on_corrupt="skip",
+                              slice_id=i, slice_count=3)
+        got += _ids(ds.batch(4))
+        skipped += ds.read_stats.skipped_records
+    assert sorted(got) == sorted({f * 1000 + i for f, n in enumerate(SIZES) for i in range(n)} - set(lost))
+    assert skipped == 2
+
+
+def test_a_global_shuffle_over_a_shard_cut_after_its_index_was_made_skips_the_cut_frame(tmp_path):
+    files = _files(tmp_path)
+    start, _ = _frame_of(files[2], 29)  # the last record of g-002
+    with open(files[2], "r+b") as f:
+        f.truncate(start + 20)
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=1, on_corrupt="skip")
+    got = _ids(ds.batch(10))
+    assert sorted(got) == sorted({f * 1000 + i for f, n in enumerate(SIZES) for i in range(n)} - {2029})
+    assert ds.read_stats.skipped_records == 1
+
+
+@pytest.mark.parametrize("shuffle, block_size", [("global", None), ("blocks", None), ("blocks", 16)])
+def test_a_shard_of_garbage_without_a_record_is_counted_once_under_a_shuffle(tmp_path, shuffle, block_size):
+    files = _files(tmp_path)
+    junk = str(tmp_path / "g-003.tfrecord")
+    with open(junk, "wb") as f:
+        f.write(np.random.default_rng(0).integers(0, 256, 300, dtype=np.uint8).tobytes())
+    files.append(junk)
+    seq = sf.read_tfrecord(files, spec=SPEC, on_corrupt="skip")
+    want = sorted(_ids(seq.batch(8)))
+    got, skipped = [], 0
+    for i in range(2):
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle=shuffle, seed=2, block_size=block_size,
+                              on_corrupt="skip", slice_id=i, slice_count=2)
+        got += _ids(ds.batch(8))
+        skipped += ds.read_stats.skipped_records
+    assert sorted(got) == want and len(want) == sum(SIZES)
+    assert skipped == seq.read_stats.skipped_records >= 1

@@ -19,7 +19,7 @@ from .. import storage
 from ..errors import CorruptRecordError, ShardfeedError
 from ..storage.urls import mask, parse_url
 from .crc import masked_crc32c, masked_length_crc
-from .tfrecord import TFRecordReader, format_index, normalize_compression
+from .tfrecord import ReadStats, TFRecordReader, format_index, normalize_compression
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.nd
 
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
                cache: Any = None, size: int | None = None, counters: Any = None,
-               seen: set | None = None) -> np.ndarray | None:
+               seen: set | None = None, damage: Any = None) -> np.ndarray | None:
     """The index of ``url`` (``(records, 2)``: frame offset, frame length), from ``<url>.idx``
     or the index cache; ``None`` when there is none and ``build`` is false.
 
@@ -281,6 +281,13 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     build and once more to read). What either fetches is counted in ``counters`` (the
     pass's :class:`~shardfeed.storage.IOCounters`) when given, a shard downloaded once
     (``seen``: the cached objects the pass counted, as the cache's ``fetch`` takes it).
+
+    ``damage`` (a :class:`~shardfeed.formats.tfrecord.ReadStats`, for a reader whose
+    ``on_corrupt`` policy skips): a shard scanned to build its index skips its corrupt
+    frames as the record reader does, and they are counted there (each error in
+    ``damage.corrupt``) for the caller to report; such an index leaves the damaged bytes
+    out, so it is kept in memory only and never saved (a saved index tiles its shard).
+    Without it the scan raises :class:`CorruptRecordError` at the first corrupt frame.
     Compressed shards have no
     index (records cannot be reached without inflating what precedes them): ``ValueError``.
     """
@@ -325,8 +332,10 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     if cache is not None and not parse_url(url).is_local:
         local = cache.fetch(url, storage_options, counters, seen)
     offsets, lengths = [], []
+    found = ReadStats()
     try:
-        for chunk in iter_frame_chunks(local or url, None, storage_options=None if local else storage_options,
+        for chunk in iter_frame_chunks(local or url, None, on_corrupt="raise" if damage is None else "skip",
+                                       storage_options=None if local else storage_options, stats=found,
                                        counters=counters):
             offsets.append(chunk.positions)
             lengths.append(chunk.lengths + 16)
@@ -336,6 +345,17 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
         raise
     index = np.stack([np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
                       np.concatenate(lengths) if lengths else np.zeros(0, np.int64)], axis=1).astype(np.int64)
+    if found.skipped_records or found.corrupt:
+        if local:  # name the shard, not its copy in the cache
+            for err in found.corrupt:
+                err.add_note(f"(found building the index of {mask(url)} from its local copy {local} in the cache)")
+        damage.merge(ReadStats(skipped_records=found.skipped_records, skipped_bytes=found.skipped_bytes,
+                               corrupt=list(found.corrupt), skips=list(found.skips)))
+        logger.warning("%s has %d corrupt record(s) (the first at byte %d): its index leaves them out and is "
+                       "kept for this run only, not saved (a saved index covers every byte of its shard); "
+                       "rewrite the shard, or read it with shuffle=None to see where", mask(url),
+                       found.skipped_records, found.corrupt[0].offset if found.corrupt else -1)
+        return index
     data = format_index(index.tolist())
     try:
         if idx is None:

@@ -65,6 +65,8 @@ class ReadStats:
     skipped_bytes: int = 0
     reread: int = 0
     corrupt: list[CorruptRecordError] = field(default_factory=list)
+    # (frames, bytes) of each entry of ``corrupt``, in order
+    skips: list[tuple[int, int]] = field(default_factory=list, repr=False)
     # called with each skipped frame's error before it is counted; raising stops the read
     # (how a pipeline's on_error handler sees framing errors). Not merged.
     on_skip: Any = field(default=None, repr=False, compare=False)
@@ -76,6 +78,7 @@ class ReadStats:
         self.skipped_records += frames
         self.skipped_bytes += nbytes
         self.corrupt.append(err)
+        self.skips.append((frames, nbytes))
 
     def merge(self, other: "ReadStats") -> None:
         self.records += other.records
@@ -84,6 +87,7 @@ class ReadStats:
         self.skipped_bytes += other.skipped_bytes
         self.reread += other.reread
         self.corrupt.extend(other.corrupt)
+        self.skips.extend(other.skips)
 
 
 class TFRecordReader:

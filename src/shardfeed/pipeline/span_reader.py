@@ -24,7 +24,7 @@ from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage.counters import IOCounters
 from ..storage.urls import mask, parse_url
 from .gather import gather_chunks
-from .spans import GatherPlan, Span, open_pass
+from .spans import GatherPlan, Span, open_pass, report_damage
 from .workers import ChunkQueue, Closed, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ class SpanChunks:
         # index files the pass loads (a shuffle's) are counted with its other reads
         self.stream = open_pass(src.provider, state["spans"] if state else None, epoch, self.counters, self.cache,
                                 self.cached_seen)
+        self._report_damage()
         self.resume = (state["key"], int(state["offset"])) if state and state.get("key") is not None else None
         self.seq = 0
         self.read_ahead = src.read_ahead
@@ -198,6 +199,7 @@ class SpanChunks:
             self.finish_all()  # nothing at once: never wait on work this reader holds
             pstate = self.stream.get_state()
             span = self.stream.next_span(True)
+        self._report_damage()  # also at the end: a last block placeholder without records may hold some
         if span is None:
             return False
         start = span.offset
@@ -212,6 +214,15 @@ class SpanChunks:
             self.opened[tag.seq] = (tag, start)
         self._start(tag, start)
         return True
+
+    def _report_damage(self) -> None:
+        """Corrupt frames the scan that built a shard's index skipped (a shuffle's), which the
+        stream says this reader reports now: to the error policy, and counted as the record
+        reader counts its skips (every pass: the records are missing from every pass)."""
+        take = getattr(self.stream, "take_damage", None)
+        found = take() if take is not None else None
+        if found:
+            self.src._merge_stats(report_damage(found, self.on_skip))
 
     def _read(self, span: Span, start: int, stats: ReadStats, first: bool = True,
               reference: int | None = None) -> Iterator[FrameChunk]:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from ..formats.index import StaleIndexError, load_index
-from ..formats.tfrecord import normalize_compression
+from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage import size
 from ..storage.urls import mask, parse_url
 from .identity import check_state, identity, spans_digest, state_url
@@ -378,14 +378,19 @@ def _each(fn: Any, urls: Sequence[str]) -> dict[str, Any]:
 
 
 def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None, cache: Any,
-                 wrap: Any = None, counters: Any = None, seen: set | None = None) -> dict[str, np.ndarray]:
+                 wrap: Any = None, counters: Any = None, seen: set | None = None,
+                 damage: dict | None = None) -> dict[str, np.ndarray]:
     """The index of each of ``urls`` (built when missing), ``{url: index}``; remote ones
     several at once. ``wrap(url, exc)``, when given, turns a storage error into the one
     raised; what the loads fetch is counted in ``counters`` (the pass's; ``seen``: the
-    cached objects it counted, see :func:`~shardfeed.formats.index.load_index`)."""
+    cached objects it counted, see :func:`~shardfeed.formats.index.load_index`).
+    ``damage`` (``{url: ReadStats}``): a shard found corrupt while its index is built is
+    skipped past and its damage put there (see :func:`load_damaged`); without it, raised."""
 
     def one(url: str) -> np.ndarray:
         try:
+            if damage is not None:
+                return load_damaged(url, storage_options, damage, cache=cache, counters=counters, seen=seen)
             return np.asarray(load_index(url, storage_options, build=True, cache=cache, counters=counters,
                                          seen=seen))
         except (PermissionError, OSError) as exc:
@@ -396,6 +401,35 @@ def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None,
     return _each(one, urls)
 
 
+def load_damaged(url: str, storage_options: Mapping[str, Any] | None, damage: dict, **kw: Any) -> np.ndarray:
+    """``url``'s index, built when missing by a scan that skips corrupt frames (for a
+    reader whose ``on_corrupt`` policy skips); the frames skipped go to ``damage[url]``
+    as ``(ReadStats, index)``, for the passes to report (:meth:`ShuffledSpans.damage_owner`)."""
+    found = ReadStats()
+    idx = np.asarray(load_index(url, storage_options, build=True, damage=found, **kw))
+    if found.corrupt or found.skipped_records:
+        damage[url] = (found, idx)
+    return idx
+
+
+def report_damage(found: Sequence[tuple], on_skip: Any) -> ReadStats:
+    """Corrupt frames an index scan skipped (``found``: ``(error, frames, bytes)`` each), put
+    to a pass's error policy (``on_skip``: each error, as the record reader puts its skips;
+    ``None``, a policy that raises: the first is raised), as the counts the pass adds to
+    its stats."""
+    out = ReadStats()
+    for err, frames, nbytes in found:
+        if on_skip is None:
+            raise err
+        out.skipped(err, frames, nbytes)
+        on_skip(err)
+    return out
+
+
+def _damage_entries(found: ReadStats) -> list[tuple]:
+    return [(err, *n) for err, n in zip(found.corrupt, found.skips)]
+
+
 STEP = "step"
 """``Span.handle`` of a block not cut yet: the records of ``url`` whose frames start in
 bytes ``[offset, end)`` (see :func:`block_spans`)."""
@@ -403,7 +437,7 @@ bytes ``[offset, end)`` (see :func:`block_spans`)."""
 
 def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: Mapping[str, Any] | None = None,
                 compression: str | None = "auto", cache: Any = None, counters: Any = None,
-                seen: set | None = None) -> list[Span]:
+                seen: set | None = None, damage: dict | None = None) -> list[Span]:
     """``spans`` cut into blocks, in order. With ``block_size`` records: record ranges
     through the files' index files (built when missing), the last of a file maybe
     shorter. With ``None``, by bytes: the records of a file whose frames start in the same
@@ -415,7 +449,7 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
     through the index when read (:func:`cut_step`), so no index file is read before the
     first record. A record range (not a whole file) is cut likewise, counting its steps
     from its first record, through its index at once. What index loads fetch is counted
-    in ``counters`` (the pass's)."""
+    in ``counters`` (the pass's); ``damage``: see :func:`load_indexes`."""
     for s in spans:
         if normalize_compression(compression, s.url) is not None:
             raise ValueError(f"shuffle='blocks' needs record ranges, but {mask(s.url)} is compressed (there is "
@@ -425,8 +459,8 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
         step = DEFAULT_BLOCK_BYTES
         sizes = _each(lambda u: size(u, storage_options), [s.url for s in spans if _whole(s)])
         parts = [s for s in spans if not _whole(s)]
-        indexes = (load_indexes([s.url for s in parts], storage_options, cache, counters=counters, seen=seen)
-                   if parts else {})
+        indexes = (load_indexes([s.url for s in parts], storage_options, cache, counters=counters, seen=seen,
+                                damage=damage) if parts else {})
         for s in spans:
             if _whole(s):
                 n = sizes[s.url]
@@ -441,7 +475,8 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
                 for lo, hi in zip(cuts[:-1], cuts[1:]):
                     out += range_spans(s.url, idx, lo, hi)
         return out
-    indexes = load_indexes([s.url for s in spans], storage_options, cache, counters=counters, seen=seen)
+    indexes = load_indexes([s.url for s in spans], storage_options, cache, counters=counters, seen=seen,
+                           damage=damage)
     for s in spans:
         idx = indexes[s.url]
         a, b = _records_of(s, idx)
@@ -494,6 +529,12 @@ class _BlockStream(_ListStream):
         self.reads = reads  # the pass's (counters, cache, seen): index files loaded for it are counted there
         self.pool: Any = None
         self.loading: dict[str, Any] = {}
+        # damage the index scans found (a corrupt shard under a skipping policy), reported once a
+        # pass by the reader that reads the block it lies in (files with no record left: at the
+        # pass's start by reader 0, or with the file's first step)
+        self.damage: list[tuple] = [e for url, (found, idx) in list(provider._damage.items())
+                                    if not len(idx) and provider.index == 0 and self._all_cut(url)
+                                    for e in _damage_entries(found)]
         wanted = [s.url for s in spans[self.i:] if s.handle == STEP and s.url not in provider._indexes]
         wanted = list(dict.fromkeys(wanted))
         if wanted:
@@ -506,12 +547,41 @@ class _BlockStream(_ListStream):
         while True:
             s = super().next_span(block)
             if s is None or s.handle != STEP:
+                if s is not None:
+                    self._own(s)
                 return s
             fut = self.loading.get(s.url)
             idx = fut.result() if fut is not None else self.p.index_of(s.url, *self.reads)
             cut = cut_step(s, idx)
+            if not len(idx) and s.offset == 0 and s.url in self.p._damage:  # no record left in the file
+                self.damage += _damage_entries(self.p._damage[s.url][0])
             if cut is not None:
+                self._own(cut)
                 return cut
+
+    def _all_cut(self, url: str) -> bool:
+        """Whether ``url``'s blocks were cut when the pass began (by records; blocks cut by
+        bytes are cut as they are read)."""
+        return not any(s.url == url and s.handle == STEP for s in self.spans)
+
+    def _own(self, s: Span) -> None:
+        """The damage block ``s`` reports: corrupt frames between two records of one block
+        are read (and reported) with the block; those just before its first record (between
+        two blocks, or at the file's start), or after the file's last record when it is the
+        file's last block, are read by no block, so it reports them."""
+        hit = self.p._damage.get(s.url)
+        if hit is None or s.start is None or s.stop is None:
+            return
+        found, idx = hit
+        for e in _damage_entries(found):
+            r = _record_at(idx, e[0].offset)
+            if r == s.start or (r == len(idx) and s.stop == len(idx)):
+                self.damage.append(e)
+
+    def take_damage(self) -> list[tuple]:
+        """Damage to report now (see ``damage``), taken once."""
+        out, self.damage = self.damage, []
+        return out
 
     def get_state(self) -> dict:
         return {"i": self.i, "blocks": self.rule, **self.ident}
@@ -540,7 +610,8 @@ class ShuffledSpans:
     def __init__(self, spans: Sequence[Span], seed: int, mode: str = "files", block_size: int | None = None,
                  storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                  index: int = 0, count: int = 1, _units: list | None = None, cache: Any = None,
-                 _indexes: dict | None = None, _sizes: dict | None = None, _files: list | None = None) -> None:
+                 _indexes: dict | None = None, _sizes: dict | None = None, _files: list | None = None,
+                 _damage: dict | None = None) -> None:
         if mode not in ("files", "blocks", "global"):
             raise ValueError(f"shuffle must be one of {SHUFFLES}, got {mode!r}")
         self.spans = list(spans)
@@ -555,6 +626,9 @@ class ShuffledSpans:
         self._indexes = _indexes if _indexes is not None else {}  # url -> index, shared with splits
         self._sizes = _sizes if _sizes is not None else {}  # url -> size known from the block cut, shared
         self._files: list[str] = _files if _files is not None else []  # the spans' digest, made once, shared
+        # url -> (ReadStats, index): corrupt frames the scan that built a shard's index skipped,
+        # reported by every pass (see load_damaged), shared with splits
+        self._damage: dict[str, tuple] = _damage if _damage is not None else {}
 
     def units(self, counters: Any = None, cache: Any = None, seen: set | None = None) -> list[Span]:
         """This provider's units, cut once (``counters``, ``cache``, ``seen``: those of the
@@ -564,7 +638,8 @@ class ShuffledSpans:
         if not self._units_cache:
             units = self.spans if self.mode == "files" else block_spans(self.spans, self.block_size,
                                                                         self.storage_options, self.compression,
-                                                                        cache or self.cache, counters, seen)
+                                                                        cache or self.cache, counters, seen,
+                                                                        self._damage)
             for u in units:  # the last step of a file ends at its size: its index check needs no stat
                 if u.handle == STEP and u.end is not None:
                     self._sizes[u.url] = u.end
@@ -577,8 +652,8 @@ class ShuffledSpans:
         ``seen``: the pass's)."""
         idx = self._indexes.get(url)
         if idx is None:
-            idx = np.asarray(load_index(url, self.storage_options, build=True, cache=cache or self.cache,
-                                        size=self._sizes.get(url), counters=counters, seen=seen))
+            idx = load_damaged(url, self.storage_options, self._damage, cache=cache or self.cache,
+                               size=self._sizes.get(url), counters=counters, seen=seen)
             idx = self._indexes.setdefault(url, idx)  # atomic: a load raced by another thread keeps one
         return idx
 
@@ -637,7 +712,7 @@ class ShuffledSpans:
         shared with the splits of this provider."""
         if not self._units_cache:
             g = GlobalIndex.of(self.spans, self.storage_options, self.compression, cache or self.cache, counters,
-                               seen)
+                               seen, self._damage)
             self._units_cache.append(g)
             remote = [u for u in g.urls if not parse_url(u).is_local]
             if remote and self.cache is None:
@@ -682,7 +757,7 @@ class ShuffledSpans:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
         return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
                              self.compression, self.index + index * self.count, self.count * count,
-                             self._units_cache, self.cache, self._indexes, self._sizes, self._files)
+                             self._units_cache, self.cache, self._indexes, self._sizes, self._files, self._damage)
 
     @property
     def urls(self) -> list[str]:
@@ -740,7 +815,7 @@ class GlobalIndex:
 
     @classmethod
     def of(cls, spans: Sequence[Span], storage_options: Mapping[str, Any] | None, compression: str | None,
-           cache: Any, counters: Any = None, seen: set | None = None) -> "GlobalIndex":
+           cache: Any, counters: Any = None, seen: set | None = None, damage: dict | None = None) -> "GlobalIndex":
         urls, indexes = [], []
         for s in spans:
             if normalize_compression(compression, s.url) is not None:
@@ -752,7 +827,7 @@ class GlobalIndex:
             return type(exc)(f"shuffle='global' needs the index file of {mask(url)} and cannot build it "
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
-        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen)
+        loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen, damage)
         for s in spans:
             idx = loaded[s.url]
             a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
@@ -810,6 +885,15 @@ class _GlobalStream(_OwnStream):
         self.t = int(state["t"]) if state else 0
         # made once a pass: its keys come from a SeedSequence, which costs more than a window
         self.perm = _epoch_permutation(self.g.n, provider.seed, self.epoch)
+        # the damage the index scans skipped lies between records, in no reader's positions:
+        # reader 0 reports it, once a pass, when the pass begins
+        self.damage = [e for url, (found, _) in list(provider._damage.items()) if url in self.g.urls
+                       for e in _damage_entries(found)] if provider.index == 0 else []
+
+    def take_damage(self) -> list[tuple]:
+        """Damage to report now (see ``damage``), taken once."""
+        out, self.damage = self.damage, []
+        return out
 
     def get_state(self) -> dict:
         p = self.p
