@@ -1,4 +1,4 @@
-"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck,imgrows,permute}/),
+"""Write the seed corpus for the fuzzers (fuzz/corpus/{frames,crcfuse,example,resample,imgcheck,imgrows,permute,indextext}/),
 deterministically.
 
 Run from the repository root: ``python fuzz/make_corpus.py``. Example seeds start with
@@ -259,6 +259,20 @@ def main() -> None:
     for name, data in permute_seeds().items():
         with open(os.path.join(pm_dir, name), "wb") as f:
             f.write(data)
+    it_dir = os.path.join(HERE, "corpus", "indextext")
+    os.makedirs(it_dir, exist_ok=True)
+    for name, data in indextext_seeds().items():
+        with open(os.path.join(it_dir, name), "wb") as f:
+            f.write(data)
+
+
+def indextext_seeds() -> dict[str, bytes]:
+    """name -> inputs of fuzz_indextext.c: index texts, well formed (blank lines, no last
+    newline, an offset + length of 2^63 - 1) and not (three numbers, CRLF, a length of 15,
+    an offset past 2^63)."""
+    return {"valid": b"0 100\n100 20\n\n120 16\n", "no-last-newline": b"0 100\n100 20",
+            "edge": b"9223372036854775790 17\n", "three": b"0 100\n100 20 7\n", "crlf": b"0 100\r\n",
+            "short": b"0 15", "huge": b"92233720368547758070 17\n"}
 
 
 def permute_seeds() -> dict[str, bytes]:

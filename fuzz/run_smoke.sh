@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 SECS="${FUZZ_SECONDS:-30}"
 OUT="${FUZZ_OUT:-$(mktemp -d -t shardfeed-fuzz.XXXXXX)}"
 SRC=../src/shardfeed/_native
-NAMES=(frames crcfuse example resample imgcheck imgrows permute gatherframes)
+NAMES=(frames crcfuse example resample imgcheck imgrows permute gatherframes indextext)
 
 if ! command -v clang >/dev/null 2>&1; then
   echo "clang not found; trying to install it with apt-get"
@@ -34,6 +34,7 @@ build() {
   "$cc" "$@" -DSF_PERMUTE_NO_PYTHON fuzz_permute.c $driver "$SRC/permute.c" -o "$OUT/fuzz_permute"
   "$cc" "$@" -DSF_GATHER_NO_PYTHON fuzz_gatherframes.c $driver "$SRC/gatherframes.c" "$SRC/crc32c.c" \
     -o "$OUT/fuzz_gatherframes"
+  "$cc" "$@" -DSF_INDEXTEXT_NO_PYTHON fuzz_indextext.c $driver "$SRC/indextext.c" -o "$OUT/fuzz_indextext"
   for isa in 0 1 2 3 4; do # resample.c once per ISA level (resample_isa.c)
     "$cc" "$@" -c -DSF_FUZZ_ISA=$isa resample_isa.c -o "$OUT/resample_isa$isa.o"
   done

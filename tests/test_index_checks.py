@@ -181,3 +181,57 @@ def test_a_presigned_shards_index_is_kept_in_the_index_cache_never_written_over_
     assert client.get_object(Bucket=bucket, Key="signed/p.tfrecord")["Body"].read() == body
     assert [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]] == ["signed/p.tfrecord"]
     assert len(list((tmp_path / "cache" / "index").glob("*.idx"))) == 1
+
+
+def _slow_index(data: bytes):
+    """The line-by-line reader's answer (the reference): the array, or the error's text."""
+    from shardfeed.formats import index as index_mod
+
+    path = None
+    try:
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(suffix=".idx")
+        os.write(fd, data)
+        os.close(fd)
+        saved = index_mod._native_parse_index, index_mod._parse_index_fast
+        index_mod._parse_index_fast = lambda d: None  # the loop that names the line
+        try:
+            return index_mod.read_index(path)
+        except sf.ShardfeedError as exc:
+            return str(exc).split(": ", 1)[1]
+        finally:
+            index_mod._native_parse_index, index_mod._parse_index_fast = saved
+    finally:
+        if path:
+            os.remove(path)
+
+
+def test_the_native_index_parser_agrees_with_the_line_reader_or_hands_over():
+    from shardfeed.formats import index as index_mod
+
+    if index_mod._native_parse_index is None:
+        pytest.skip("the C core is not built")
+    rng = np.random.default_rng(7)
+    cases = [b"", b"\n", b"0 100\n100 20\n\n120 16\n", b"0 100\n100 20", b"9223372036854775790 17\n",
+             b"9223372036854775791 17\n", b"0 15\n", b"0 100\n100 20 7\n", b"0 100\r\n", b"0\t100\n", b"0 1_000\n",
+             b"  0   100  \n", b"0 100\n5\n", b"92233720368547758070 17\n", b"-1 20\n", b"+0 20\n"]
+    alphabet = b"0123456789 \n\r\t-x"
+    for _ in range(3000):
+        n = int(rng.integers(0, 40))
+        cases.append(bytes(alphabet[int(i)] for i in rng.integers(0, len(alphabet) if rng.random() < 0.2 else 12, n)))
+    for _ in range(500):  # well formed, with spaces and blank lines in odd places
+        lines = [b" " * int(rng.integers(0, 3)) + b"%d" % int(rng.integers(0, 1 << 62)) + b" " * int(rng.integers(1, 3))
+                 + b"%d" % int(rng.integers(16, 1 << 20)) + b" " * int(rng.integers(0, 2))
+                 for _ in range(int(rng.integers(0, 6)))]
+        cases.append(b"\n".join(sum(([x, b""] if rng.random() < 0.2 else [x] for x in lines), [])))
+    native = 0
+    for data in cases:
+        fast = index_mod._parse_index_fast(data)
+        slow = _slow_index(data)
+        if fast is None:
+            continue  # handed to the line reader, which says what is wrong or parses what Python reads
+        native += 1
+        assert isinstance(slow, np.ndarray) and fast.shape == slow.shape and (fast == slow).all(), (data, slow)
+    assert native > 500  # the cases reached the native path, not only the hand-over

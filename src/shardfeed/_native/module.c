@@ -31,6 +31,7 @@
 #include "imgrows.h"
 #include "packbytes.h"
 #include "permute.h"
+#include "indextext.h"
 #include "resample.h"
 
 #define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
@@ -2006,6 +2007,8 @@ static PyMethodDef methods[] = {
     {"gather_frames", sf_py_gather_frames, METH_VARARGS,
      "gather_frames(size, dst_offsets, sources, which, src_offsets, lengths, order, verify) -> (buffer, bad, code): "
      "a global shuffle's frames copied into one buffer, each checked (gatherframes.h)"},
+    {"parse_index", sf_py_parse_index, METH_VARARGS,
+     "parse_index(out, data) -> int: index file text into int64 pairs (-1: not well formed)"},
     {"permute", sf_py_permute, METH_VARARGS,
      "permute(out, n, half, keys, first, step, positions=None) -> None: a window of pipeline/permute.py's "
      "permutation (permute.h)"},
