@@ -15,8 +15,10 @@ interleaved rounds (every row once per round), medians. From the page cache:
 - two record sets of issue 40's targets (``--set-records`` each, default ``--records``, in 8
   files; ``0`` skips): about 190 bytes (11 features: a label, a list of ids, 5 floats, 4 short
   bytes) and about 1 KB (26 features: 12 floats, 12 bytes values of 50 bytes); per set:
-  sequential, ``shuffle="global"``, the same with the reference gather (the gather before the
-  native ``gather_frames``: a copy per file of each window, then the frame scan), and
+  sequential, ``shuffle="global"`` (records parsed where they lie in the mapped shards, every
+  frame checked by the parsing threads), the same with each window's records copied and checked
+  first (``gather.IN_PLACE = False``: the path before), with the reference gather (a copy per file
+  of each window, then the frame scan: the gather before the native ``gather_frames``), and
   ``shuffle="blocks"``;
 - large records (``--image-records``, 3,000 of 100 KB, an image-like bytes value and a label,
   in 4 files): ``batch(64)``, ``.shuffle(1000, seed=0).batch(64)``, and the same with each
@@ -142,9 +144,23 @@ def set_runners(files: list[str], kind: str) -> dict[str, Callable[[], Any]]:
 
     return {f"{kind}: sequential": lambda: _rate(src().batch(BATCH)),
             f"{kind}: shuffle='global'": lambda: _rate(src(shuffle="global", seed=0).batch(BATCH)),
-            f"{kind}: shuffle='global', gather before": lambda: _reference_gather(
+            f"{kind}: shuffle='global', copied gather": lambda: _copied_gather(
+                lambda: _rate(src(shuffle="global", seed=0).batch(BATCH))),
+            f"{kind}: shuffle='global', reference gather": lambda: _reference_gather(
                 lambda: _rate(src(shuffle="global", seed=0).batch(BATCH))),
             f"{kind}: shuffle='blocks'": lambda: _rate(src(shuffle="blocks", seed=0).batch(BATCH))}
+
+
+def _copied_gather(fn: Callable[[], Any]) -> Any:
+    """``fn()`` with each window's records copied and checked by ``gather_frames`` before
+    the parse (the path before records were parsed in place)."""
+    from shardfeed.pipeline import gather  # noqa: PLC0415
+
+    saved, gather.IN_PLACE = gather.IN_PLACE, False
+    try:
+        return fn()
+    finally:
+        gather.IN_PLACE = saved
 
 
 def _reference_gather(fn: Callable[[], Any]) -> Any:

@@ -213,3 +213,73 @@ def test_a_shard_of_garbage_without_a_record_is_counted_once_under_a_shuffle(tmp
         skipped += ds.read_stats.skipped_records
     assert sorted(got) == want and len(want) == sum(SIZES)
     assert skipped == seq.read_stats.skipped_records >= 1
+
+
+def _run(files, in_place, batch, window, policy):
+    from shardfeed.pipeline import gather as gather_mod
+
+    saved = gather_mod.IN_PLACE
+    gather_mod.IN_PLACE = in_place
+    try:
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle="global", seed=9, block_size=window, on_corrupt=policy)
+        try:
+            return _ids(ds.batch(batch)), ds.read_stats.skipped_records, ds.read_stats.records, None
+        except sf.CorruptRecordError as exc:
+            return None, None, None, (exc.check, exc.offset, exc.url)
+    finally:
+        gather_mod.IN_PLACE = saved
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_records_parsed_in_place_agree_with_the_copying_gather_on_damaged_shards(tmp_path, seed):
+    """The parse threads' frame checks (records left in the mapped files) against the gather
+    that copies and checks each frame: the same records in the same order, the same skips,
+    the same error, on random damage (bit flips in headers, data and footers; a length field
+    edited with its CRC made right, so only the index disagrees)."""
+    import struct
+
+    from shardfeed.formats.crc import masked_crc32c
+
+    rng = np.random.default_rng(seed)
+    files = _files(tmp_path)
+    for _ in range(int(rng.integers(1, 4))):
+        f = files[int(rng.integers(0, len(files)))]
+        idx = load_index(f, None, build=False)
+        r = int(rng.integers(0, len(idx)))
+        start, length = int(idx[r, 0]), int(idx[r, 1])
+        data = bytearray(open(f, "rb").read())
+        if rng.random() < 0.3:  # a length that lies, with its CRC recomputed
+            n = struct.unpack_from("<Q", data, start)[0] + int(rng.choice([-3, 5, 100]))
+            struct.pack_into("<QI", data, start, n, masked_crc32c(struct.pack("<Q", n)))
+        else:
+            data[start + int(rng.integers(0, length))] ^= 1 << int(rng.integers(0, 8))
+        open(f, "wb").write(bytes(data))
+    batch, window = int(rng.choice([1, 7, 64])), int(rng.choice([5, 13, 64]))
+    for policy in ("skip", "raise"):
+        assert _run(files, True, batch, window, policy) == _run(files, False, batch, window, policy), policy
+
+
+def test_frames_in_place_are_checked_by_the_parser():
+    from shardfeed.formats.crc import masked_crc32c
+    from shardfeed.formats.native import IN_FRAME, Buffers, parse_example_batch
+
+    from .test_pipeline_helpers import example
+
+    recs = [example(i) for i in range(5)]
+    frames = [len(r).to_bytes(8, "little") + masked_crc32c(len(r).to_bytes(8, "little")).to_bytes(4, "little") + r
+              + masked_crc32c(r).to_bytes(4, "little") for r in recs]
+    a, b = b"".join(frames[:3]), b"".join(frames[3:])
+    starts = [0, len(frames[0]), len(frames[0]) + len(frames[1]), 0, len(frames[3])]
+    offsets = np.array([s + 12 for s in starts], np.int64)
+    lengths = np.array([len(r) for r in recs], np.int64)
+    which = np.array([0, 0, 0, 1, 1], np.int64)
+    cols = parse_example_batch((Buffers((a, b), which), offsets, lengths), SPEC, crcs=IN_FRAME)
+    assert cols["id"].ravel().tolist() == [0, 1, 2, 3, 4]
+    for where, at in [(starts[1] + 3, 1), (starts[1] + 9, 1), (starts[2] + 20, 2), (len(a) - 2, 2)]:
+        bad = bytearray(a)  # the length field, its CRC, the data, the data CRC of one record
+        bad[where] ^= 4
+        with pytest.raises(sf.CorruptRecordError) as info:
+            parse_example_batch((Buffers((bytes(bad), b), which), offsets, lengths), SPEC, crcs=IN_FRAME)
+        assert info.value.record_index == at
+    with pytest.raises(ValueError, match="outside the buffer"):  # a frame that would start before its buffer
+        parse_example_batch((a, offsets[:1] - 12, lengths[:1]), SPEC, crcs=IN_FRAME)

@@ -802,7 +802,40 @@ typedef struct {
     sf_error err;
     int rc;
     size_t crc_bad; /* the first record whose data CRC fails; n: none */
+    /* crcs=True: each record's data lies in its TFRecord frame (length and length CRC in the
+     * 12 bytes before it, the data CRC in the 4 after): the run checks the frame's head and
+     * reads the stored data CRCs into frame_want, which then serves as the crcs */
+    int frames;
+    uint8_t *frame_want;
 } pjob;
+
+/* Frame heads of records in their frames (crcs=True): each record's length field must be its
+ * length and the field's masked CRC the one stored; the stored data CRC of every record goes
+ * into want. The first record whose head fails; n: none. Frames ahead are prefetched whole
+ * (the records of a global shuffle lie all over the page cache): the CRC and the parse that
+ * follow find a batch's records in the cache (a batch of small records fits in L2). */
+#define FRAME_AHEAD 6              /* frames prefetched ahead of the one checked */
+#define FRAME_PREFETCH_MAX 8192    /* of a frame, the bytes asked for (the rest streams in) */
+static size_t frame_heads(const sf_bytes *recs, size_t n, uint8_t *want) {
+    size_t bad = n;
+    for (size_t i = 0; i < n; i++) {
+        if (i + FRAME_AHEAD < n) { /* the whole frame: the CRC and the parse read it next */
+            const uint8_t *f = recs[i + FRAME_AHEAD].p - 12;
+            size_t fl = recs[i + FRAME_AHEAD].n + 16;
+            if (fl > FRAME_PREFETCH_MAX) fl = FRAME_PREFETCH_MAX;
+            for (size_t b = 0; b < fl; b += 64) __builtin_prefetch(f + b, 0, 3);
+            __builtin_prefetch(f + recs[i + FRAME_AHEAD].n + 12, 0, 3);
+        }
+        const uint8_t *h = recs[i].p - 12;
+        uint64_t len;
+        uint32_t lc;
+        memcpy(&len, h, 8);
+        memcpy(&lc, h + 8, 4);
+        memcpy(want + 4 * i, recs[i].p + recs[i].n, 4);
+        if (bad == n && (len != (uint64_t)recs[i].n || sf_masked_crc32c(h, 8) != lc)) bad = i;
+    }
+    return bad;
+}
 
 /* How many columns the CRC pass copies out. */
 static size_t fused_count(const pjob *j) {
@@ -912,6 +945,7 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             PyErr_NoMemory();
             return -1;
         }
+        int frames = crcs_obj == Py_True;
         for (size_t i = 0; i < j->n; i++) {
             if (wh && (wh[i] < 0 || wh[i] >= (int64_t)j->nviews)) {
                 PyErr_Format(PyExc_ValueError, "record %zu: buffer %lld of %zd", i, (long long)wh[i], j->nviews);
@@ -925,12 +959,28 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
                              (long long)o[i], (long long)l[i], (long long)blen);
                 return -1;
             }
+            if (frames && (o[i] < 12 || (uint64_t)l[i] + 4 > blen - (uint64_t)o[i])) {
+                PyErr_Format(PyExc_ValueError, "record %zu: its frame (offset %lld - 12, length %lld + 16) is outside "
+                             "the buffer (%lld bytes)", i, (long long)o[i], (long long)l[i], (long long)blen);
+                return -1;
+            }
             j->recs[i].p = (const uint8_t *)v->buf + o[i];
             j->recs[i].n = (size_t)l[i];
         }
     }
 
-    if (crcs_obj != Py_None) {
+    if (crcs_obj == Py_True) { /* the stored CRCs are in the frames: read by the run */
+        if (offsets_obj == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "crcs=True: only with records given as buffers, offsets and lengths");
+            return -1;
+        }
+        j->frames = 1;
+        j->frame_want = PyMem_Malloc(j->n ? 4 * j->n : 1);
+        if (!j->frame_want) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    } else if (crcs_obj != Py_None) {
         if (offsets_obj == Py_None) {
             PyErr_SetString(PyExc_ValueError, "crcs: only with records in one buffer (offsets and lengths)");
             return -1;
@@ -942,7 +992,7 @@ static int pjob_prepare(pjob *j, PyObject *args, int sequence, int pooled) {
             return -1;
         }
     }
-    j->want = j->have_crcs ? j->crcv.buf : NULL;
+    j->want = j->have_crcs ? j->crcv.buf : j->frame_want;
     j->fuse = j->want && j->as_buffer && !j->sequence;
 
     int make = !j->as_buffer && !j->sequence && off_gil_ok(&j->raw); /* large objects made by the run */
@@ -1084,6 +1134,7 @@ static void pjob_prefuse(pjob *j) {
 /* The parse itself and the records' CRCs: no GIL, no Python object touched. */
 static void pjob_run(pjob *j) {
     j->crc_bad = j->n; /* the first record whose data CRC fails; j->n: none */
+    size_t head_bad = j->frames ? frame_heads(j->recs, j->n, j->frame_want) : j->n;
     j->rc = j->sequence ? sf_parse_sequence_batch(j->spec, j->recs, j->n, j->outs, &j->err) : sf_parse_batch(j->spec, j->recs, j->n, j->outs, &j->err);
     if (j->want && j->rc && j->err.kind != SF_ERR_NOMEM) {
         /* a record that does not parse may be a damaged one: its CRC (and those before it) first */
@@ -1102,6 +1153,9 @@ static void pjob_run(pjob *j) {
         }
     }
     if (j->fblock && !j->rc && !j->type_err_name) pjob_prefuse(j);
+    /* a bad frame head is a failed check of that record: reported as a CRC (the reader's
+     * reference path then names the check), unless an earlier record does not parse */
+    if (head_bad < j->crc_bad && (!j->rc || head_bad <= j->err.record)) j->crc_bad = head_bad;
 }
 
 static void raw_capsule_free(PyObject *cap) { free(PyCapsule_GetPointer(cap, NULL)); }
@@ -1296,6 +1350,7 @@ static void pjob_free(pjob *j) {
         PyMem_Free(j->made);
     }
     if (j->have_crcs) PyBuffer_Release(&j->crcv);
+    PyMem_Free(j->frame_want);
     for (Py_ssize_t v = 0; v < j->views_held; v++) PyBuffer_Release(&j->views[v]);
     PyMem_Free(j->views);
     Py_XDECREF(j->whicha);

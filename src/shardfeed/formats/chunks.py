@@ -28,7 +28,15 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
-from .native import Buffers, masked_crc32c, native_available, scan_frames, scan_frames_deferred
+from .native import (
+    IN_FRAME,
+    Buffers,
+    frame_crcs,
+    masked_crc32c,
+    native_available,
+    scan_frames,
+    scan_frames_deferred,
+)
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
 
 DEFAULT_CHUNK = 8 << 20
@@ -393,9 +401,13 @@ def rebatch_pieces(
 
 
 def _slice(chunk: FrameChunk, i: int, j: int) -> FrameChunk:
-    return FrameChunk(chunk.buffer, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j],
+    buf = chunk.buffer
+    if isinstance(buf, Buffers):  # records in several buffers: which buffer each is in, sliced too
+        buf = Buffers(buf.buffers, buf.which[i:j])
+    crcs = chunk.crcs
+    return FrameChunk(buf, chunk.offsets[i:j], chunk.lengths[i:j], chunk.positions[i:j],
                       None if chunk.sources is None else chunk.sources[i:j],
-                      None if chunk.crcs is None else chunk.crcs[i:j])
+                      crcs if crcs is None or crcs is IN_FRAME else crcs[i:j])
 
 
 def _merge(pieces: list[FrameChunk]) -> FrameChunk:
@@ -413,20 +425,32 @@ def _merge(pieces: list[FrameChunk]) -> FrameChunk:
     sources = [p.sources for p in pieces if p.count]
     merged_sources = np.concatenate(sources) if sources and all(s is not None for s in sources) else None
     live = [p for p in pieces if p.count]
-    # records still to be checked go on with their stored CRCs; checked ones (a piece from
-    # the reference reader) get theirs computed, which they match
-    crcs = (np.concatenate([p.crcs if p.crcs is not None else _crcs_of(p) for p in live])
+    if live and all(p.crcs is IN_FRAME and isinstance(p.buffer, Buffers) for p in live) \
+            and all(p.buffer.buffers is live[0].buffer.buffers for p in live):
+        # records in their frames in the same mapped files (a global shuffle's): joined by
+        # their offsets and which file each is in, checked by the parser
+        return FrameChunk(Buffers(live[0].buffer.buffers, np.concatenate([p.buffer.which for p in live])),
+                          np.concatenate([p.offsets for p in live]), np.concatenate([p.lengths for p in live]),
+                          np.concatenate([p.positions for p in live]), merged_sources, IN_FRAME)
+    # records still to be checked go on with their stored CRCs (those in their frames read
+    # there); checked ones (a piece from the reference reader) get theirs computed, which they match
+    crcs = (np.concatenate([_crcs_of(p) if p.crcs is None else frame_crcs(*p.triple) if p.crcs is IN_FRAME
+                            else p.crcs for p in live])
             if any(p.crcs is not None for p in live) else None)
     if live and all(p.buffer is live[0].buffer for p in live):
         return FrameChunk(live[0].buffer, np.concatenate([p.offsets for p in live]),
                           np.concatenate([p.lengths for p in live]), np.concatenate([p.positions for p in live]),
                           merged_sources, crcs)
-    if live and all(p.crcs is not None and not isinstance(p.buffer, Buffers) for p in live):
-        # records left to the native parser (deferred CRCs): the pieces' buffers as they are,
-        # each record naming its own (no copy of the records to join them)
+    if live and crcs is not None:
+        # records left to the native parser (deferred CRCs; a checked piece's computed): the
+        # pieces' buffers as they are, each record naming its own (no copy to join them)
         bufs: list = []
         which = []
         for p in live:
+            if isinstance(p.buffer, Buffers):
+                which.append(np.asarray(p.buffer.which, dtype=np.int64) + len(bufs))
+                bufs.extend(p.buffer.buffers)
+                continue
             if not bufs or bufs[-1] is not p.buffer:
                 bufs.append(p.buffer)
             which.append(np.full(p.count, len(bufs) - 1, dtype=np.int64))

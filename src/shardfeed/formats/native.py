@@ -266,6 +266,41 @@ class Buffers(NamedTuple):
         return bytes(memoryview(self.buffers[int(self.which[k])]).cast("B")[offset:offset + length])
 
 
+class _InFrame:
+    """The type of :data:`IN_FRAME`."""
+
+    def __repr__(self) -> str:
+        return "IN_FRAME"
+
+    def __reduce__(self) -> str:
+        return "IN_FRAME"
+
+
+IN_FRAME = _InFrame()
+"""``crcs=IN_FRAME``: each record's data lies in its whole TFRecord frame in its buffer (the
+length and its masked CRC in the 12 bytes before it, the masked data CRC in the 4 after),
+and the parser checks the frame: the length field, its CRC and the data CRC. How a global
+shuffle hands the parser records straight from the mapped shards, every check made by
+the parsing threads (a failed one is a CorruptRecordError ``"data crc"`` naming the
+record, as a failed deferred CRC is; the reader's reference path then names the check)."""
+
+
+def frame_crcs(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The stored data CRCs of records in their frames (:data:`IN_FRAME`), as a ``crcs``
+    array; a record whose length field or length CRC is wrong gets a CRC that fails (its
+    stored one flipped), so the parser stops there as at a bad data CRC."""
+    out = np.empty(len(offsets), dtype=np.uint32)
+    for k, (o, n) in enumerate(zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist())):
+        src = buffer.buffers[int(buffer.which[k])] if isinstance(buffer, Buffers) else buffer
+        mv = memoryview(src).cast("B")
+        head = bytes(mv[o - 12:o])
+        (stored,) = struct.unpack("<I", bytes(mv[o + n:o + n + 4]))
+        length, length_crc = struct.unpack("<QI", head)
+        good = length == n and _crc.masked_crc32c(head[:8]) == length_crc
+        out[k] = stored if good else stored ^ 1
+    return out
+
+
 class BytesBuffer(NamedTuple):
     """A bytes column without a Python object per value: value ``k`` is
     ``data[offsets[k]:offsets[k + 1]]`` (``data`` uint8, ``offsets`` int64 of ``count + 1``).
@@ -485,6 +520,8 @@ def parse_example_batch(
     """
     cs, triple, as_buffer, crcs = _checked(records, spec, bytes_as, crcs)
     if _ext is None:
+        if crcs is IN_FRAME:
+            crcs = frame_crcs(*records)
         if crcs is not None:
             _check_crcs_py(records, crcs)
         return _parse_py(records, cs, triple, as_buffer)
@@ -502,6 +539,8 @@ def _checked(records: Any, spec: Any, bytes_as: str,
     if crcs is not None:
         if not triple:
             raise ValueError("crcs: only with records given as (buffer, offsets, lengths)")
+        if crcs is IN_FRAME:
+            return compile_spec(spec), triple, bytes_as == "buffer", crcs
         crcs = np.ascontiguousarray(crcs, dtype=np.uint32)
         if len(crcs) != len(records[1]):
             raise ValueError(f"crcs: {len(crcs)} CRCs for {len(records[1])} records")
@@ -513,10 +552,11 @@ def _native_args(records: Any, cs: CompiledSpec, triple: bool, as_buffer: bool,
     """The native ``parse_batch``'s arguments for ``records``: ``(args, n, offsets)``."""
     if triple:
         buf, offsets, lengths = records
+        flag = True if crcs is IN_FRAME else crcs  # the C core's "the CRCs are in the frames"
         if isinstance(buf, Buffers):
-            return ((cs._native, tuple(buf.buffers), offsets, lengths, as_buffer, crcs,
+            return ((cs._native, tuple(buf.buffers), offsets, lengths, as_buffer, flag,
                      np.ascontiguousarray(buf.which, dtype=np.int64)), len(offsets), offsets)
-        return (cs._native, buf, offsets, lengths, as_buffer, crcs), len(offsets), offsets
+        return (cs._native, buf, offsets, lengths, as_buffer, flag), len(offsets), offsets
     _check_records(records)
     return (cs._native, records, None, None, as_buffer), len(records), None
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk
-from ..formats.native import gather, scan_frames
+from ..formats.native import IN_FRAME, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
 from ..storage import io as sio
 from ..storage.fetch import RangeStream
@@ -54,6 +54,11 @@ costs at most this many bytes, which a link of 20 ms and 25 MB/s per connection 
 MAX_COALESCED = 1 << 20
 """A coalesced GET covers at most this many bytes (the smallest part a link's plan picks,
 so it is one GET; many such GETs of a window go out at once)."""
+
+IN_PLACE = True
+"""Whether a consumer that parses natively gets a window's records where they lie in the
+mapped files (``gather_chunks(direct=True)``); ``False``: copied and checked here first,
+the path before (kept for the benchmark's before/after and where the extension is old)."""
 
 MAPS_KEPT = 256
 """Files kept mapped between windows: a window touches records all over every file, and
@@ -100,11 +105,18 @@ def _source(url: str, o: Any, counters: Any, cache: Any, seen: set) -> Any:
 
 
 def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: ReadStats, counters: Any,
-                  cache: Any, seen: set | None = None, opened: dict[str, Any] | None = None) -> Iterator[FrameChunk]:
+                  cache: Any, seen: set | None = None, opened: dict[str, Any] | None = None,
+                  direct: bool = False) -> Iterator[FrameChunk]:
     """The records of ``plan`` from the one whose frame starts at virtual byte ``start``
     on, as chunks of about ``chunk_size`` bytes (``seen``: cached objects already counted
     in this pass; ``opened``: the pass's ``{url: mapped view or None}``, so that a file is
-    stated, looked up in the cache and mapped once a pass, not once a window)."""
+    stated, looked up in the cache and mapped once a pass, not once a window).
+
+    ``direct`` (a consumer that parses natively and rewinds at a failed check, as for
+    deferred data CRCs): where every file is mapped, a chunk is the records where they lie
+    in the maps, nothing copied or checked here (``crcs`` :data:`~shardfeed.formats.native.IN_FRAME`:
+    the parsing threads check each frame); its records are counted by the consumer as it
+    takes them, not in ``stats``."""
     seen = seen if seen is not None else set()
     opened = opened if opened is not None else {}
     n = len(plan.files)
@@ -112,10 +124,18 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
     ends = plan.virtual + plan.lengths
     sources: dict[int, Any] = {}
     pool: ThreadPoolExecutor | None = None
+    every = (_all_sources(plan, o, counters, cache, seen, opened) if direct and IN_PLACE and _gather_frames is not None
+             else None)
     try:
         while k < n:
             j = int(np.searchsorted(ends, plan.virtual[k] + chunk_size, "right"))
             j = max(j, k + 1)
+            if every is not None:
+                chunk = _in_place(plan, k, j, *every)
+                if chunk is not None:
+                    yield chunk
+                    k = j
+                    continue
             base = int(plan.virtual[k])
             files = plan.files[k:j]
             dst = plan.virtual[k:j] - base
@@ -128,7 +148,7 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
                     sources[f] = opened[url]
             fused = _fused(plan, k, j, int(ends[j - 1]) - base, dst, used, local, sources, o, stats)
             if fused is not None:
-                yield fused
+                yield _uncounted(fused, stats) if direct else fused
                 k = j
                 continue
             buf = bytearray(int(ends[j - 1]) - base)
@@ -159,11 +179,49 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
 
                 for _ in pool.map(get, coalesce(remote)):
                     pass
-            yield _checked(plan, k, j, buf, base, o, stats)
+            checked = _checked(plan, k, j, buf, base, o, stats)
+            yield _uncounted(checked, stats) if direct else checked
             k = j
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _all_sources(plan: GatherPlan, o: Any, counters: Any, cache: Any, seen: set,
+                 opened: dict) -> tuple[tuple, np.ndarray] | None:
+    """Every file of ``plan`` mapped, once a pass: ``(maps, their sizes)``, one tuple for
+    all the pass's chunks (so the batches they make are joined by offsets alone); ``None``
+    when some file must be read by ranges."""
+    key = ("every", id(plan.urls))
+    got = opened.get(key)
+    if got is None or got[0] is not plan.urls:
+        maps = []
+        for url in plan.urls:
+            if url not in opened:
+                opened[url] = _source(url, o, counters, cache, seen)
+            maps.append(opened[url])
+        every = None if any(m is None for m in maps) else (tuple(maps), np.array([len(m) for m in maps], np.int64))
+        got = opened[key] = (plan.urls, every)
+    return got[1]
+
+
+def _in_place(plan: GatherPlan, k: int, j: int, maps: tuple, sizes: np.ndarray) -> FrameChunk | None:
+    """Records ``k .. j`` of ``plan`` where they lie in ``maps``, each frame to be checked
+    by the parser (:data:`~shardfeed.formats.native.IN_FRAME`); ``None`` where one would
+    fail before that (a file shorter than its index says, an absurd length): the copying
+    path then says what is wrong, as a read of the file would."""
+    files, offsets, lengths = plan.files[k:j], plan.offsets[k:j], plan.lengths[k:j]
+    if int(lengths.max()) - 16 > MAX_RECORD_BYTES or bool((offsets + lengths > sizes[files]).any()):
+        return None
+    return FrameChunk(Buffers(maps, files), offsets + 12, lengths - 16, plan.virtual[k:j], files, IN_FRAME)
+
+
+def _uncounted(chunk: FrameChunk, stats: ReadStats) -> FrameChunk:
+    """``chunk`` (copied and checked here, its records counted in ``stats``) for a consumer
+    that counts the records it takes itself: taken back out of ``stats``."""
+    stats.records -= chunk.count
+    stats.bytes -= int(chunk.lengths.sum()) + 16 * chunk.count
+    return chunk
 
 
 def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: np.ndarray, local: np.ndarray,

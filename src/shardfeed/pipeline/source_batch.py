@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.bufpool import pass_closed
 from ..formats.chunks import FrameChunk, rebatch_pieces
-from ..formats.native import Buffers, ParsePool, parse_pool_available
+from ..formats.native import IN_FRAME, Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
@@ -199,7 +199,8 @@ def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
                 buf = Buffers(buf.buffers, np.delete(buf.which, k))
             records = FrameChunk(buf, np.delete(records.offsets, k), np.delete(records.lengths, k),
                                  np.delete(records.positions, k), None,
-                                 None if records.crcs is None else np.delete(records.crcs, k))
+                                 records.crcs if records.crcs is None or records.crcs is IN_FRAME
+                                 else np.delete(records.crcs, k))
         else:
             del records[k]
     return None, skipped

@@ -234,7 +234,7 @@ class SpanChunks:
         o = self.o
         if isinstance(span.handle, GatherPlan):
             chunks = gather_chunks(span.handle, start, o, self.chunk_size, stats, self.counters, self.cache,
-                                   self.cached_seen, self.gather_opened)
+                                   self.cached_seen, self.gather_opened, self._deferred(span, reference))
         else:
             chunks = iter_frame_chunks(span.url, o.compression, o.verify_crc, o.on_corrupt, o.storage_options,
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,
@@ -287,7 +287,9 @@ class SpanChunks:
         """Whether a read leaves its data CRCs to the consumer: its records are then counted
         as read when handed out (:meth:`rewind` takes back what it reads again), not when
         the read ends (nothing is skipped there: it stops with a handoff instead)."""
-        return self.defer_data_crc and reference is None and not isinstance(span.handle, GatherPlan)
+        if isinstance(span.handle, GatherPlan):  # a global shuffle's window: its records left in place
+            return self.defer_data_crc and reference is None and not span.handle.remote
+        return self.defer_data_crc and reference is None
 
     def _handing(self, seq: int, chunks: Any) -> Any:
         """``chunks`` of span ``seq`` (``_local``'s or ``_queued``'s), each counted as read
@@ -320,7 +322,9 @@ class SpanChunks:
                 yield chunk, tag
         finally:
             close_generator(chunks)  # now, not at garbage collection: its file or download stops
-            if not self._deferred(tag.span, reference):  # a deferred read's records count as handed out
+            if not self._deferred(tag.span, reference) or isinstance(tag.span.handle, GatherPlan):
+                # a deferred read's records count as handed out (a window's in place: they are
+                # not counted in stats, but what it skipped is)
                 self.src._merge_stats(stats)
         return True
 
