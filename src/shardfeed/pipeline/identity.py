@@ -15,6 +15,7 @@ URL are left out (checkpoints get copied and shared), and the live URL is the da
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ _SIGNING_PARAMS = {"signature", "expires", "ossaccesskeyid", "awsaccesskeyid", "
 """Query parameters of a signed URL (S3 and OSS v2, Azure SAS), besides ``x-amz-*``, ``x-goog-*``, ``x-oss-*``."""
 
 
+@functools.lru_cache(maxsize=4096)
 def state_url(url: str) -> str:
     """``url`` as a saved state names it: without the parameters of a signature (a
     presigned URL's ``X-Amz-Signature``, ``X-Amz-Credential``, ``X-Amz-Date``, ``Expires``

@@ -295,16 +295,16 @@ class ShuffledBatches:
         lens = np.zeros(n, np.int64)
         file_pos = np.zeros(n, np.int64)
         kept: dict[int, tuple[bytes, int, str]] = {}
-        if self.survivors:
-            keys = np.fromiter(self.survivors, dtype=np.int64, count=len(self.survivors))
-            for k in np.flatnonzero(np.isin(positions, keys)).tolist():
-                got = self.survivors.pop(int(positions[k]))
-                kept[k] = got
-                which[k] = -1
-                lens[k], file_pos[k] = len(got[0]), got[1]
-        for w in np.unique(which).tolist():
-            if w < 0:
-                continue
+        survivors = self.survivors
+        if survivors:  # a dict lookup a position: a batch is small, the survivors may be many
+            for k, p in enumerate(positions.tolist()):
+                got = survivors.pop(p, None)
+                if got is not None:
+                    kept[k] = got
+                    which[k] = -1
+                    lens[k], file_pos[k] = len(got[0]), got[1]
+        used_list = sorted(set(which.tolist()) - {-1})
+        for w in used_list:
             c = chunks[w]
             sel = which == w
             j = positions[sel] - c.base
@@ -316,8 +316,8 @@ class ShuffledBatches:
         sources = np.fromiter((ids.setdefault(u, len(ids)) for u in urls), dtype=np.int64, count=n)
         # by reference: each record where it lies, in the chunk the source read (or its
         # compacted copy); the batch parser reads them there, so no byte is copied here
-        used = np.unique(which[which >= 0])
-        bufs = [chunks[w].chunk.buffer for w in used.tolist()]
+        used = np.asarray(used_list, dtype=np.int64)
+        bufs = [chunks[w].chunk.buffer for w in used_list]
         slot = np.searchsorted(used, which)
         for k in sorted(kept):
             slot[k] = len(bufs)
