@@ -129,6 +129,27 @@ def test_subprocess_arrays_stay_valid_after_later_batches(tmp_path):
     assert 0 < extra["shared_memory_bytes"] <= 2 * (int(11 * 1024 * 1.25) + 4096 + 4096)
 
 
+def test_a_budget_of_slot_bytes_bounds_what_the_child_runs_ahead_and_never_stalls_a_consumer_that_keeps_all():
+    ds = from_list(list(range(30))).map(block).in_subprocess(buffer_size=16)
+    ds.slot_bytes = 3 * 32 * 1024  # three elements' worth: the floor of 4 out at once applies
+    it = iter(ds)
+    first = next(it)
+    deadline = time.monotonic() + 60
+    slots = {n for n in _segments() if not n.endswith("_ctl")}  # counted in /dev/shm, not by the library
+    while len(slots) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child runs ahead as far as it may
+        slots = {n for n in _segments() if not n.endswith("_ctl")}
+    time.sleep(0.5)
+    assert _in_slot(first["v"])
+    # 4 slots were filled, though 16 exist: the child waits with 4 out
+    assert len({n for n in _segments() if not n.endswith("_ctl")}) == 4
+    kept = [first, *it]  # a consumer that keeps every element: views of 3, the rest copied out
+    assert [int(e["k"]) for e in kept] == list(range(30)) and all((e["v"] == e["k"]).all() for e in kept)
+    extra = ds.stats().stages[-1].extra
+    assert extra["zero_copy"] == 3 and extra["copied_out"] == 27
+    ds.close()
+
+
 def _slot_mappings() -> list[tuple[int, int, str]]:
     """``(start, end, line)`` of this process's mappings of in_subprocess segments."""
     out = []

@@ -125,3 +125,17 @@ def test_a_new_layout_gets_a_new_plan_and_the_same_layout_keeps_it():
     kinds_b, _ = shm_plan.split_layout(layout_b)
     pb = shm_plan.plan(structure_b, pickle.dumps(kinds_b), pa)
     assert pb is not pa and pb.kinds == kinds_b
+
+
+def test_a_limit_keeps_the_child_from_having_more_slots_out(block_pair):
+    child, consumer = block_pair
+    assert [shm_ring.in_flight_limit(16, None, 10), shm_ring.in_flight_limit(16, 64 << 20, 1 << 20),
+            shm_ring.in_flight_limit(16, 64 << 20, 10 << 20), shm_ring.in_flight_limit(3, 100, 1), shm_ring.in_flight_limit(16, 64 << 20, 100 << 20)] == [16, 16, 6, 3, 4]
+    for _ in range(2):
+        k = child.free_slot(2)
+        child.publish(k, 0, 0, None, 0, (0, 0, 0, 0, 0), 0.0)
+    assert child.free_slot() == 2 and child.free_slot(2) is None and child.free_slot(3) == 2  # 2 out: the limit
+    consumer.take()
+    assert child.free_slot(2) is None  # taken and held is still out
+    consumer.hand_back(0)
+    assert child.free_slot(2) == 0

@@ -148,7 +148,7 @@ def _torch_dataset_class() -> type:
 
 
 def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None = None, *,
-             num_workers: int = 0, buffer_size: int = 4,
+             num_workers: int = 0, buffer_size: int | None = None,
              rank: int | None = None, world_size: int | None = None) -> Any:
     """A ``torch.utils.data.IterableDataset`` over ``ds``, split across DataLoader workers
     and distributed ranks without duplicates, each reader fetching only its share.
@@ -160,8 +160,10 @@ def to_torch(ds: Dataset, slice_id: int | None = None, slice_count: int | None =
     missing.
 
     ``num_workers=N`` (N >= 1): N reader processes of its own, each reading the share a
-    DataLoader worker would and handing its batches over through ``buffer_size`` reusable
-    shared-memory slots (:mod:`shardfeed.adapters.torch_workers`); batches come one from each
+    DataLoader worker would and handing its batches over through reusable shared-memory
+    slots (:mod:`shardfeed.adapters.torch_workers`): ``buffer_size`` batches ahead per worker,
+    or by default as many as fit in 64 MiB per worker, 4 to 16 of them (a worker that may run
+    ahead rides out the moments the other processes hold the cores); batches come one from each
     worker in turn, numeric arrays as tensors sharing the slot's memory. Use it with
     ``DataLoader(..., batch_size=None, num_workers=0)`` or directly; ``close()`` stops the
     processes. The pipeline must pickle (``TypeError`` names what does not)."""

@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SubprocessError
-from . import shm, shm_plan
+from . import shm, shm_plan, shm_ring
 from .dataset import Dataset, UnaryDataset, positive_int
 from .deferred import DeferredState
 from .node import Build, Node
@@ -98,6 +98,9 @@ class SubprocessDataset(UnaryDataset):
             raise ValueError("in_subprocess timeout must be a positive number of seconds (or None: wait as long as "
                              f"the child takes), got {timeout!r}")
         self.timeout = None if timeout is None else float(timeout)
+        # a budget of bytes for the elements in the consumer's slots (to_torch's workers: many
+        # small batches ahead, a few large ones); None: buffer_size elements, however large
+        self.slot_bytes: int | None = None
         check_picklable(parent)
 
     def cardinality(self) -> int | float | None:
@@ -137,6 +140,9 @@ class SubprocessNode(Node):
         self.build = b
         self.cur_state: Any = state["parent"] if state else None
         self.slots = ds.buffer_size
+        # views of at most this many elements kept, the rest copied out: the child always has a
+        # slot to fill (with a budget of slot bytes, it may have fewer than all out: shm_ring)
+        self.views_kept = self.slots - 1 if ds.slot_bytes is None else shm_ring.MIN_IN_FLIGHT - 1
         self.zero_copy = ds.zero_copy
         self.child: ChildProcess | None = None  # this pass's; kept by the dataset when the pass ends
         self.cur_ref: int | None = None  # the child's number for the current element's full state
@@ -173,7 +179,7 @@ class SubprocessNode(Node):
             except Exception:  # noqa: BLE001 - check_picklable names the stage
                 check_picklable(self.ds.parent)
                 raise
-            child = ChildProcess(chain, self.slots, with_stacks=self.timeout is not None)
+            child = ChildProcess(chain, self.slots, with_stacks=self.timeout is not None, slot_bytes=self.ds.slot_bytes)
         self.child = child
         b = self.build
         child.ring.extra = self.stats.extra
@@ -329,7 +335,7 @@ class SubprocessNode(Node):
             x = shm.decode(mapping, plan.structure, plan.layout(numbers))
             ring.free(slot)
             extra["zero_copy"] += 1
-        elif self.zero_copy and len(ring.held) < self.slots - 1:
+        elif self.zero_copy and len(ring.held) < self.views_kept:
             ring.hold(slot)
             x = plan.build(mapping, numbers, shm.SlotLease(mapping, Release(ring, slot), pinned=pinned))
             extra["zero_copy"] += 1

@@ -82,9 +82,12 @@ def objects_on_arrival(batch: Any, spec: Any) -> Any:
 
 
 def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, ring: tuple[str, Any, Any],
-               asks: Any = None, answers: Any = None, stack_path: str | None = None) -> None:
+               asks: Any = None, answers: Any = None, stack_path: str | None = None,
+               slot_bytes: int | None = None) -> None:
     """Run the upstream chain and fill the ring until the end, an error, or a stop. ``ring``:
-    the control block's name and the ``ready`` and ``free`` semaphores."""
+    the control block's name and the ``ready`` and ``free`` semaphores. ``slot_bytes``: the
+    elements in the consumer's slots at once hold about this many bytes at most (never fewer
+    than :data:`~shardfeed.pipeline.shm_ring.MIN_IN_FLIGHT` elements; ``None``: every slot may be in use)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     stack_file = None
     if stack_path is not None:  # a consumer that gives up waiting asks where we are (C level: even stuck)
@@ -171,7 +174,10 @@ def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, ri
                     last_kinds, kinds_bytes = kinds, pickle.dumps(kinds, protocol=pickle.HIGHEST_PROTOCOL)
                 state_bytes = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
                 work_s = time.perf_counter() - t
-                k = _free_slot(block, free, ctrl)  # backpressure: wait for the consumer to hand a slot back
+                # backpressure: wait for the consumer to hand a slot back (and, with a budget of
+                # bytes, for fewer of them to be in its hands than the budget holds of these)
+                limit = None if slot_bytes is None else shm_ring.in_flight_limit(nslots, slot_bytes, size)
+                k = _free_slot(block, free, ctrl, limit)
                 if k is None:
                     return
                 t = time.perf_counter()
@@ -242,20 +248,20 @@ def _take_messages(ctrl: Any, block: bool) -> Any:
     return False
 
 
-def _free_slot(block: Any, free: Any, ctrl: Any) -> int | None:
+def _free_slot(block: Any, free: Any, ctrl: Any, limit: int | None = None) -> int | None:
     """A slot the consumer has handed back, or None when it asked to stop or is gone
     meanwhile. Blocks on ``free`` (the consumer posts it while this says it sleeps), in
     ticks. It does not poll the counts with short sleeps instead: on a machine with no idle
     core each of those wakes takes the trainer's core from it (its Python step measured
     1.6-2.2x longer beside a busy core, against 1.0-1.1x blocking)."""
     while True:
-        k = block.free_slot()
+        k = block.free_slot(limit)
         if k is not None:
             return k
         if _take_messages(ctrl, block=False):
             return None
         block.sleeping(True)
-        if block.free_slot() is None:  # none handed back since the word was set
+        if block.free_slot(limit) is None:  # none handed back since the word was set
             free.acquire(timeout=WAIT_TICK_S)
         block.sleeping(False)
         while free.acquire(False):  # posts of hand-backs already counted

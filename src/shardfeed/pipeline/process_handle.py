@@ -76,7 +76,7 @@ class Release:
 class ChildProcess:
     """One spawned child running ``chain`` pass after pass, and this side of its ring."""
 
-    def __init__(self, chain: Any, slots: int, with_stacks: bool) -> None:
+    def __init__(self, chain: Any, slots: int, with_stacks: bool, slot_bytes: int | None = None) -> None:
         self.slots = slots
         self.token = f"{os.getpid()}_{secrets.token_hex(4)}"
         # slot -> (gen, the segment mapped here as a uint8 array, its pinned view, a memoryview)
@@ -111,7 +111,7 @@ class ChildProcess:
             self.proc = mp.Process(target=child_main,
                                    args=(child_conn, child_ctrl, chain, self.token, slots,
                                          (self.ctl_name, self.ready, self.free), child_asks, child_answers,
-                                         self.stack_path),
+                                         self.stack_path, slot_bytes),
                                    name="shardfeed-subprocess", daemon=True)
             self.proc.start()
         except BaseException:

@@ -59,13 +59,21 @@ class ControlBlock:
         self.taken = 0  # the consumer's: descriptors taken
 
     # -- the child's side -------------------------------------------------------------------
-    def free_slot(self) -> int | None:
-        """A slot the consumer has handed back, or None when there is none."""
+    def free_slot(self, limit: int | None = None) -> int | None:
+        """A slot the consumer has handed back, or None when there is none, or (``limit``)
+        when that many slots are not back yet (published, or held by the consumer)."""
         q, base = self.q, _RETURNED
+        free = None
+        busy = 0
         for k, n in enumerate(self.sent):
             if q[base + k] == n:
-                return k
-        return None
+                if free is None:
+                    free = k
+                    if limit is None:
+                        return k
+            else:
+                busy += 1
+        return None if limit is not None and busy >= limit else free
 
     def publish(self, slot: int, gen: int, size: int, ref: int | None, at: int,
                 lengths: tuple[int, int, int, int, int], work_s: float) -> None:
@@ -117,6 +125,20 @@ class ControlBlock:
         q = self.q
         q[_RETURNED + slot] += 1
         return q[_BLOCKED] != 0
+
+
+MIN_IN_FLIGHT = 4
+"""Elements a child with a budget of slot bytes may always have out (published or held):
+the consumer then keeps views of at most ``MIN_IN_FLIGHT - 1`` (it copies the others out),
+so a child is never kept waiting by a consumer that waits for it."""
+
+
+def in_flight_limit(nslots: int, slot_bytes: int | None, size: int) -> int:
+    """Elements of ``size`` bytes a child may have out at once: ``nslots``, or within a
+    budget of ``slot_bytes`` (never fewer than :data:`MIN_IN_FLIGHT`)."""
+    if slot_bytes is None:
+        return nslots
+    return min(nslots, max(MIN_IN_FLIGHT, slot_bytes // max(1, size)))
 
 
 def open_block(name: str, nslots: int) -> ControlBlock:
