@@ -946,3 +946,13 @@ def test_subprocess_slots_are_reused_after_their_hand_back_in_any_order():
 
 def logged_free(x):
     return np.arange(x, x + 3)
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_child_died(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text("from shardfeed.pipeline import from_list\n"
+                      "print(list(from_list(list(range(4))).in_subprocess()))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
+    assert out.returncode != 0
+    assert "SubprocessError" in out.stderr and 'if __name__ == "__main__":' in out.stderr

@@ -260,9 +260,17 @@ class SubprocessNode(Node):
                 how = f"killed by signal {-code} (exit code {code})"
         else:
             how = f"exited with code {code}"
+        hint = ""
+        if code == 1 and not self.heard and c.passes <= 1:
+            # nothing heard from a child that never ran a pass: it failed while starting, before
+            # it could send its error (spawn runs the main module again in the child first)
+            hint = ("; it failed while starting, before it could send its error (printed on its stderr above): most "
+                    "often the script that starts it lacks an `if __name__ == \"__main__\":` guard around the code "
+                    "that iterates (spawn imports the main module again in the child, which then starts a child "
+                    "itself), or the pipeline's functions cannot be imported there")
         return SubprocessError(f"the in_subprocess child process (pid {c.proc.pid}) running the stages above "
                                f"it died: {how}, before the end of the pass; the elements it had not sent are lost "
-                               "(resume from the last get_state() to read them)")
+                               f"(resume from the last get_state() to read them){hint}")
 
     def _next(self) -> Any:
         if self.done:
