@@ -814,7 +814,7 @@ typedef struct {
  * into want. The first record whose head fails; n: none. Frames ahead are prefetched whole
  * (the records of a global shuffle lie all over the page cache): the CRC and the parse that
  * follow find a batch's records in the cache (a batch of small records fits in L2). */
-#define FRAME_AHEAD 6              /* frames prefetched ahead of the one checked */
+#define FRAME_AHEAD 16             /* frames prefetched ahead of the one checked */
 #define FRAME_PREFETCH_MAX 8192    /* of a frame, the bytes asked for (the rest streams in) */
 static size_t frame_heads(const sf_bytes *recs, size_t n, uint8_t *want) {
     size_t bad = n;
@@ -823,8 +823,10 @@ static size_t frame_heads(const sf_bytes *recs, size_t n, uint8_t *want) {
             const uint8_t *f = recs[i + FRAME_AHEAD].p - 12;
             size_t fl = recs[i + FRAME_AHEAD].n + 16;
             if (fl > FRAME_PREFETCH_MAX) fl = FRAME_PREFETCH_MAX;
-            for (size_t b = 0; b < fl; b += 64) __builtin_prefetch(f + b, 0, 3);
-            __builtin_prefetch(f + recs[i + FRAME_AHEAD].n + 12, 0, 3);
+            /* into L2 (prefetcht2): a frame of a batch of 1 KB records measured 5-10% faster
+             * than into L1, which holds only a few of the frames in flight */
+            for (size_t b = 0; b < fl; b += 64) __builtin_prefetch(f + b, 0, 1);
+            __builtin_prefetch(f + recs[i + FRAME_AHEAD].n + 12, 0, 1);
         }
         const uint8_t *h = recs[i].p - 12;
         uint64_t len;
