@@ -23,10 +23,10 @@ from setuptools.command.build_ext import build_ext
 NATIVE_DIR = os.path.join("src", "shardfeed", "_native")
 SOURCES = ["module.c", "bufpool.c", "packbytes.c", "crc32c.c", "frames.c", "crcfuse.c", "example_encode.c",
            "example_parse.c", "resample.c", "imgcheck.c", "imgrows.c", "permute.c",
-           "gatherframes.c", "indextext.c"]
+           "gatherframes.c", "indextext.c", "mapfile.c"]
 HEADERS = ["bufpool.h", "packbytes.h", "crc32c.h", "frames.h", "crcfuse.h", "example_encode.h", "example_parse.h",
            "resample.h", "imgcheck.h", "imgrows.h", "permute.h",
-           "gatherframes.h", "indextext.h"]
+           "gatherframes.h", "indextext.h", "mapfile.h"]
 
 
 def _numpy_include() -> list[str]:

@@ -283,3 +283,43 @@ def test_frames_in_place_are_checked_by_the_parser():
         assert info.value.record_index == at
     with pytest.raises(ValueError, match="outside the buffer"):  # a frame that would start before its buffer
         parse_example_batch((a, offsets[:1] - 12, lengths[:1]), SPEC, crcs=IN_FRAME)
+
+
+def test_a_global_shuffle_over_more_files_than_open_files_allowed(tmp_path):
+    """Every file of a pass stays mapped while the pass gathers from it: the maps must not
+    hold a descriptor each (under a limit of 128 open files, 300 files)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    files = write_sized_shards(tmp_path, [3] * 300, index=True, prefix="m")
+    script = textwrap.dedent(f"""
+        import resource, sys
+        import shardfeed as sf
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        files = {files!r}
+        spec = {{"id": sf.FixedLen("int64")}}
+        ids = sorted(int(v) for b in sf.read_tfrecord(files, spec, shuffle="global", seed=1).batch(64) for v in b["id"])
+        assert ids == sorted(f * 1000 + i for f in range(300) for i in range(3)), len(ids)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_map_file_maps_the_whole_file_and_keeps_no_descriptor(tmp_path):
+    import os
+
+    p = tmp_path / "x.bin"
+    p.write_bytes(bytes(range(256)) * 40)
+    before = set(os.listdir("/proc/self/fd"))
+    m = native.map_file(str(p))
+    assert set(os.listdir("/proc/self/fd")) == before  # nothing left open
+    assert len(m) == 10240 and bytes(memoryview(m)) == p.read_bytes() and memoryview(m).readonly
+    (tmp_path / "empty").write_bytes(b"")
+    assert native.map_file(str(tmp_path / "empty")) == b""
+    with pytest.raises(FileNotFoundError):
+        native.map_file(str(tmp_path / "missing"))
+    view = memoryview(m)
+    del m  # a view keeps the map alive
+    assert bytes(view[:3]) == b"\x00\x01\x02"

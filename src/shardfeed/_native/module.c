@@ -32,6 +32,7 @@
 #include "packbytes.h"
 #include "permute.h"
 #include "indextext.h"
+#include "mapfile.h"
 #include "resample.h"
 
 #define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it saves */
@@ -2064,6 +2065,8 @@ static PyMethodDef methods[] = {
     {"gather_frames", sf_py_gather_frames, METH_VARARGS,
      "gather_frames(size, dst_offsets, sources, which, src_offsets, lengths, order, verify) -> (buffer, bad, code): "
      "a global shuffle's frames copied into one buffer, each checked (gatherframes.h)"},
+    {"map_file", sf_map_file, METH_O,
+     "map_file(path) -> MappedFile or b'': a read-only map of the whole file, keeping no descriptor open"},
     {"parse_index", sf_py_parse_index, METH_VARARGS,
      "parse_index(out, data) -> int: index file text into int64 pairs (-1: not well formed)"},
     {"permute", sf_py_permute, METH_VARARGS,
@@ -2114,6 +2117,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&ParsePoolType);
     if (PyModule_AddObject(m, "ParsePool", (PyObject *)&ParsePoolType) < 0) {
         Py_DECREF(&ParsePoolType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (sf_mapfile_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -43,6 +43,10 @@ try:
     from .._native import gather_frames as _gather_frames  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the build
     _gather_frames = None
+try:
+    from .._native import map_file as _map_file  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _map_file = None
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +81,13 @@ def _mapped(path: str) -> Any:
             return mm
     if st.st_size == 0:
         return b""
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if _map_file is not None:
+        # no descriptor kept open (Python's mmap keeps one): a pass holds a map of every file
+        # it gathers from, thousands of them under the usual limit of 1,024 open files
+        mm = _map_file(path)
+    else:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     with _maps_lock:
         mm = _maps.setdefault(key, mm)
         while len(_maps) > MAPS_KEPT:
