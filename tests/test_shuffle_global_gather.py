@@ -285,9 +285,10 @@ def test_frames_in_place_are_checked_by_the_parser():
         parse_example_batch((a, offsets[:1] - 12, lengths[:1]), SPEC, crcs=IN_FRAME)
 
 
-def test_a_global_shuffle_over_more_files_than_open_files_allowed(tmp_path):
-    """Every file of a pass stays mapped while the pass gathers from it: the maps must not
-    hold a descriptor each (under a limit of 128 open files, 300 files)."""
+def test_shuffles_over_more_files_than_open_files_allowed(tmp_path):
+    """Every file of a pass stays mapped while the pass gathers from it, and a buffer shuffle
+    holds chunks (maps) of the files its buffer spans: the maps must not hold a descriptor
+    each (under a limit of 128 open files, 300 files)."""
     import subprocess
     import sys
     import textwrap
@@ -299,8 +300,12 @@ def test_a_global_shuffle_over_more_files_than_open_files_allowed(tmp_path):
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         files = {files!r}
         spec = {{"id": sf.FixedLen("int64")}}
-        ids = sorted(int(v) for b in sf.read_tfrecord(files, spec, shuffle="global", seed=1).batch(64) for v in b["id"])
-        assert ids == sorted(f * 1000 + i for f in range(300) for i in range(3)), len(ids)
+        want = sorted(f * 1000 + i for f in range(300) for i in range(3))
+        for ds in (sf.read_tfrecord(files, spec, shuffle="global", seed=1).batch(64),
+                   sf.read_tfrecord(files, spec).shuffle(800, seed=1).batch(64),  # chunks of ~270 files held
+                   sf.read_tfrecord(files, spec, shuffle="blocks", seed=1).batch(64)):
+            ids = sorted(int(v) for b in ds for v in b["id"])
+            assert ids == want, len(ids)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

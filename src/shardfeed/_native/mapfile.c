@@ -24,6 +24,27 @@ static int mf_getbuffer(MappedFileObject *self, Py_buffer *view, int flags) {
 
 static Py_ssize_t mf_length(MappedFileObject *self) { return self->len; }
 
+/* madvise(option, start, length): what mmap.mmap.madvise does (start a multiple of the page
+ * size; the range clipped to the map). */
+static PyObject *mf_madvise(MappedFileObject *self, PyObject *args) {
+    int option;
+    Py_ssize_t start, length;
+    if (!PyArg_ParseTuple(args, "inn:madvise", &option, &start, &length)) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (start < 0 || start > self->len || length < 0 || (page > 0 && start % page)) {
+        PyErr_SetString(PyExc_ValueError, "madvise: start must be a page-aligned offset inside the map, length >= 0");
+        return NULL;
+    }
+    if (length > self->len - start) length = self->len - start;
+    if (length && madvise((char *)self->addr + start, (size_t)length, option) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef mf_methods[] = {
+    {"madvise", (PyCFunction)mf_madvise, METH_VARARGS, "madvise(option, start, length) -> None: as mmap.madvise"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyBufferProcs mf_as_buffer = {(getbufferproc)mf_getbuffer, NULL};
 static PySequenceMethods mf_as_sequence = {.sq_length = (lenfunc)mf_length};
 
@@ -34,6 +55,7 @@ static PyTypeObject MappedFileType = {
     .tp_as_buffer = &mf_as_buffer,
     .tp_as_sequence = &mf_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_methods = mf_methods,
     .tp_doc = "A read-only map of a whole file (shardfeed._native.map_file): a buffer, its len() the file's size.",
 };
 

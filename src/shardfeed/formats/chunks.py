@@ -28,6 +28,11 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
+
+try:
+    from .._native import map_file as _native_map_file  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _native_map_file = None
 from .native import (
     IN_FRAME,
     Buffers,
@@ -276,6 +281,19 @@ def _scan(buf: Any, verify_crc: bool, max_record_bytes: int, defer: bool) -> tup
     return (*scan_frames(buf, verify_crc, max_record_bytes), None)
 
 
+def map_file(path: str) -> Any:
+    """A read-only map of the whole file at ``path`` (``b""`` when empty) that keeps no file
+    descriptor open (the native core's), so that chunks held in a shuffle buffer or a queue
+    may keep maps of thousands of files alive under the usual limit of 1,024 open files;
+    Python's ``mmap`` (which keeps one) where the core is not built."""
+    if _native_map_file is not None:
+        return _native_map_file(path)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return b""
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
                    end_offset=None, scan=None, defer=False) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
@@ -289,13 +307,12 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
         scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=False)
     path = parse_url(url).path
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size == 0 or start >= size:
-                return
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = map_file(path)
     except OSError as exc:
         raise _translate(exc, url, "open") from exc
+    size = len(mm)
+    if size == 0 or start >= size:
+        return
     view = memoryview(mm)
     if end_offset is not None:
         size = min(size, end_offset)  # the range ends here: scan no further

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import mmap
 import os
 import threading
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError
-from ..formats.chunks import FrameChunk
+from ..formats.chunks import FrameChunk, map_file
 from ..formats.native import IN_FRAME, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
 from ..storage import io as sio
@@ -43,10 +42,6 @@ try:
     from .._native import gather_frames as _gather_frames  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the build
     _gather_frames = None
-try:
-    from .._native import map_file as _map_file  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _map_file = None
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +76,9 @@ def _mapped(path: str) -> Any:
             return mm
     if st.st_size == 0:
         return b""
-    if _map_file is not None:
-        # no descriptor kept open (Python's mmap keeps one): a pass holds a map of every file
-        # it gathers from, thousands of them under the usual limit of 1,024 open files
-        mm = _map_file(path)
-    else:
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    # no descriptor kept open (Python's mmap keeps one): a pass holds a map of every file it
+    # gathers from, thousands of them under the usual limit of 1,024 open files
+    mm = map_file(path)
     with _maps_lock:
         mm = _maps.setdefault(key, mm)
         while len(_maps) > MAPS_KEPT:
