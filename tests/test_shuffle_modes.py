@@ -361,3 +361,21 @@ def test_a_blocks_shuffled_source_pickles_with_its_order(tmp_path):
     ds = sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=6, block_size=None).batch(4)
     first = _ids(ds)  # the indexes are loaded now, and travel with the provider
     assert _ids(pickle.loads(pickle.dumps(ds))) == first and sorted(first) == _all()
+
+
+@pytest.mark.parametrize("mode", ["files", "blocks"])
+def test_repeat_goes_on_past_an_epoch_in_which_a_reader_was_dealt_only_empty_files(tmp_path, mode):
+    """Found from outside: three readers of three files, one of them empty; an epoch in which
+    a reader's share was the empty file ended its repeat(2), and its records of the next
+    epoch were never delivered (100 of 200, for 3 seeds of 6)."""
+    files = write_sized_shards(tmp_path, [30, 0, 30], prefix="r")
+    want = sorted(2 * [f * 1000 + i for f, n in enumerate([30, 0, 30]) for i in range(n)])
+    for seed in range(6):
+        got = []
+        for r in range(3):
+            got += _ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=seed, slice_id=r, slice_count=3)
+                        .repeat(2))
+        assert sorted(got) == want, seed
+    # forever: an epoch of nothing is not the end either, while later epochs give records
+    ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=1, slice_id=0, slice_count=3).repeat()
+    assert len(_ids(ds.take(200))) == 200

@@ -150,7 +150,7 @@ class RepeatDataset(UnaryDataset):
     def cardinality(self) -> int | float | None:
         n = self.parent.cardinality()
         if n is None or n == 0:
-            return n  # an empty pass ends the repetition (see _RepeatNode)
+            return n  # empty passes: nothing, however many
         return math.inf if self.count is None else n * self.count
 
     def _deferred_spec(self):
@@ -160,12 +160,20 @@ class RepeatDataset(UnaryDataset):
         return _RepeatNode(b, self, state)
 
 
+EMPTY_EPOCHS_TO_END = 64
+"""``repeat()`` (forever) ends after this many epochs in a row gave nothing (a data set that
+is empty, or a queue drained): one empty epoch is not enough, since a reader dealt files or
+blocks by a shuffle may get only empty ones in one epoch and records in the next. A finite
+``repeat(n)`` runs its ``n`` epochs, empty ones included (as tf.data's does)."""
+
+
 class _RepeatNode(Node):
     def __init__(self, b: Build, ds: RepeatDataset, state: Mapping[str, Any] | None) -> None:
         self.b = b
         self.ds = ds
         self.epoch = int(state["epoch"]) if state else 0
         self.yielded = bool(state["yielded"]) if state else False  # this epoch gave something
+        self.empty = int(state.get("empty", 0)) if state else 0  # epochs in a row that gave nothing
         self.parent: Node | None = None
         if ds.count is None or self.epoch < ds.count:
             self.parent = ds.parent._build(b.but(epoch=b.epoch + (self.epoch,)), state["parent"] if state else None)
@@ -178,8 +186,9 @@ class _RepeatNode(Node):
             except StopIteration:
                 self.parent.close()
                 self.parent = None
-                if not self.yielded:
-                    break  # an empty epoch: repeating it forever would never yield
+                self.empty = 0 if self.yielded else self.empty + 1
+                if self.ds.count is None and self.empty >= EMPTY_EPOCHS_TO_END:
+                    break  # empty epoch after empty epoch: repeating forever would never yield
                 self.epoch += 1
                 self.yielded = False
                 if self.ds.count is None or self.epoch < self.ds.count:
@@ -190,7 +199,7 @@ class _RepeatNode(Node):
         raise StopIteration
 
     def get_state(self) -> dict:
-        return {"epoch": self.epoch, "yielded": self.yielded,
+        return {"epoch": self.epoch, "yielded": self.yielded, "empty": self.empty,
                 "parent": self.parent.get_state() if self.parent is not None else None}
 
     def close(self) -> None:
