@@ -561,8 +561,10 @@ class _BlockStream(_ListStream):
 
     def _all_cut(self, url: str) -> bool:
         """Whether ``url``'s blocks were cut when the pass began (by records; blocks cut by
-        bytes are cut as they are read)."""
-        return not any(s.url == url and s.handle == STEP for s in self.spans)
+        bytes are cut as they are read, and whichever reader is dealt the file's first step
+        reports a file left with no record). Every reader's blocks, not this one's: the
+        damage is reported once across the readers."""
+        return not any(s.url == url and s.handle == STEP for s in self.p.units(*self.reads))
 
     def _own(self, s: Span) -> None:
         """The damage block ``s`` reports: corrupt frames between two records of one block
