@@ -391,3 +391,45 @@ def test_a_folder_listed_in_pages_checks_every_object(objects, fault_proxy, tmp_
     assert list(it) == expected[urls[0]] + expected[urls[1]] + new
     assert 2 <= len(_lists(fault_proxy, since)) <= 3 and not _heads(fault_proxy, since)
     assert it.stats().storage.cache_misses == 1 and it.stats().storage.cache_hits == 2
+
+
+@pytest.mark.parametrize("shuffle", [None, "blocks", "global"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_corrupt_record_read_through_the_cache_is_named_by_its_object_url(s3_bucket, tmp_path, shuffle, batched):
+    """Found from outside: with cache_dir, the error and the skip records named the cached
+    copy (cache_dir/objects/<hash>), not the s3:// object; the offset was right."""
+    import struct
+
+    from shardfeed.formats.crc import masked_crc32c
+
+    bucket, opts = s3_bucket
+    recs = [sf.encode_example({"id": [i]}) for i in range(40)]
+    frames = [struct.pack("<Q", len(r)) + struct.pack("<I", masked_crc32c(struct.pack("<Q", len(r)))) + r
+              + struct.pack("<I", masked_crc32c(r)) for r in recs]
+    bad_at = sum(len(f) for f in frames[:17])
+    data = bytearray(b"".join(frames))
+    data[bad_at + 14] ^= 0xFF  # record 17's data: its data CRC fails
+    import boto3
+
+    boto3.client("s3", endpoint_url=opts["endpoint_url"]).put_object(Bucket=bucket, Key="c/part-0.tfrecord",
+                                                                      Body=bytes(data))
+    url = f"s3://{bucket}/c/part-0.tfrecord"
+    spec = {"id": sf.FixedLen("int64")}
+
+    def make(policy: str, cache: str) -> sf.Dataset:
+        ds = sf.read_tfrecord([url], spec=spec if batched else None, shuffle=shuffle, seed=1 if shuffle else None,
+                              storage_options=opts, cache_dir=cache, on_corrupt=policy)
+        return ds.batch(8) if batched else ds
+
+    for fill in (False, True):  # a cache filled by this very pass, and one filled before it
+        cache = str(tmp_path / f"cache-{fill}-{shuffle}-{batched}")
+        if fill:
+            list(make("skip", cache))
+        with pytest.raises(sf.CorruptRecordError) as info:
+            list(make("raise", cache))
+        assert (info.value.url, info.value.offset) == (url, bad_at) and url in str(info.value)
+        with iter(make("skip", cache)) as it:
+            for _ in it:
+                pass
+            examples = it.stats().to_dict()["skipped"]["examples"]
+        assert [(e["url"], e["offset"]) for e in examples] == [(url, bad_at)]

@@ -47,18 +47,31 @@ class CorruptRecordError(ShardfeedError, ValueError):
         record_index: int | None = None,
         detail: str = "",
     ) -> None:
-        where = url or "<buffer>"
-        msg = f"corrupt TFRecord in {where} at byte offset {offset}: {check} check failed"
-        if record_index is not None:
-            msg += f" (record #{record_index})"
-        if detail:
-            msg += f"; {detail}"
-        super().__init__(msg)
+        super().__init__(self._message(check, url, offset, record_index, detail))
         self.check = check
         self.url = url
         self.offset = offset
         self.record_index = record_index
         self.detail = detail
+
+    @staticmethod
+    def _message(check: str, url: str | None, offset: int, record_index: int | None, detail: str) -> str:
+        msg = f"corrupt TFRecord in {url or '<buffer>'} at byte offset {offset}: {check} check failed"
+        if record_index is not None:
+            msg += f" (record #{record_index})"
+        if detail:
+            msg += f"; {detail}"
+        return msg
+
+    def relocate(self, url: str, note: str) -> "CorruptRecordError":
+        """Name ``url`` (masked by the caller) as the file, in the message too, and add
+        ``note``: an error found reading a local copy (the object cache's) reported for the
+        object it copies. Returns itself."""
+        if self.url != url:
+            self.url = url
+            self.args = (self._message(self.check, url, self.offset, self.record_index, self.detail),)
+            self.add_note(note)
+        return self
 
     def __reduce__(self):  # keep pickling (process pools) working with the custom init
         return (type(self), (self.check, self.url, self.offset, self.record_index, self.detail), self.__dict__)

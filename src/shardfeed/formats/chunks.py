@@ -156,13 +156,25 @@ def iter_frame_chunks(
         else:
             local = cache.fetch(url, storage_options, counters)
         if local is not None:
+            # what is found in the local copy is reported for the object (its URL, the offset the
+            # same): the skips as they happen, an error as it is raised
+            note = f"(read from the local copy of {mask(url)} in the cache at {local})"
+            outer = stats.on_skip
+
+            def relocated(err: CorruptRecordError) -> None:
+                err.relocate(mask(url), note)
+                if outer is not None:
+                    outer(err)
+
+            stats.on_skip = relocated
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
                                              max_record_bytes, start_offset, end_offset, defer_data_crc=defer,
                                              reference_index=reference_index)
             except CorruptRecordError as exc:
-                exc.add_note(f"(the local copy of {mask(url)} in the cache at {cache.root})")
-                raise
+                raise exc.relocate(mask(url), note) from None
+            finally:
+                stats.on_skip = outer
             return
     if reference_index is not None:
         yield from _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes,

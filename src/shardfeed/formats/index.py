@@ -357,14 +357,16 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
             lengths.append(chunk.lengths + 16)
     except CorruptRecordError as exc:
         if local:
-            exc.add_note(f"(building the index of {mask(url)} from its local copy {local} in the cache)")
+            raise exc.relocate(mask(url), f"(found building the index of {mask(url)} from its local copy {local} "
+                                          "in the cache)") from None
         raise
     index = np.stack([np.concatenate(offsets) if offsets else np.zeros(0, np.int64),
                       np.concatenate(lengths) if lengths else np.zeros(0, np.int64)], axis=1).astype(np.int64)
     if found.skipped_records or found.corrupt:
         if local:  # name the shard, not its copy in the cache
             for err in found.corrupt:
-                err.add_note(f"(found building the index of {mask(url)} from its local copy {local} in the cache)")
+                err.relocate(mask(url), f"(found building the index of {mask(url)} from its local copy {local} in "
+                                        "the cache)")
         damage.merge(ReadStats(skipped_records=found.skipped_records, skipped_bytes=found.skipped_bytes,
                                corrupt=list(found.corrupt), skips=list(found.skips)))
         logger.warning("%s has %d corrupt record(s) (the first at byte %d): its index leaves them out and is "
