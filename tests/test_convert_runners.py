@@ -282,3 +282,60 @@ def test_beam_workers_read_the_table_files_themselves(tmp_path, monkeypatch):
     # each part read twice: by the driver to plan, by a Beam worker for the rows it converts
     assert sorted(reads) == sorted(2 * [os.path.join(folder, f"part-{i:05d}.parquet") for i in range(3)])
     assert res.rows_read == 14 and output_bytes(out) == output_bytes(local)
+
+
+def test_process_workers_end_when_the_converting_process_is_killed(tmp_path):
+    """Found from outside: after a SIGKILL of the process running convert(executor="process"),
+    its pool's workers lived on for ever (reparented, blocked on the result pipe)."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    src = dataset(tmp_path, n=1500, bad=())
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from shardfeed.convert import api as sc
+        if __name__ == "__main__":
+            sc.convert({src!r}, {str(tmp_path / "out")!r}, executor="process", read_parallel_num=2,
+                       num_samples_per_tfrecord=5)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children() -> list[int]:
+        out = []
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read()
+                except OSError:
+                    continue
+                if fields[1] == str(parent.pid) and b"resource_tracker" not in cmd and fields[0] != "Z":
+                    out.append(int(pid))
+        return out
+
+    deadline = time.monotonic() + 120
+    workers: list[int] = []
+    out = tmp_path / "out"
+    while parent.poll() is None and time.monotonic() < deadline and not (
+            len(workers) >= 2 and out.is_dir() and any(n.endswith(".tfrecord") for n in os.listdir(out))):
+        time.sleep(0.05)  # until both workers are converting and results flow back
+        workers = children() or workers
+    if parent.poll() is not None:
+        pytest.skip("the conversion finished before its workers could be seen at work")
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    alive = workers
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in workers if os.path.exists(f"/proc/{p}") and
+                 open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived the converting process"
