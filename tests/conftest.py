@@ -3,6 +3,7 @@ proxy in front of it, and a loopback HTTP file server."""
 
 from __future__ import annotations
 
+import collections
 import http.client
 import http.server
 import io
@@ -139,6 +140,7 @@ class FaultProxy:
         self.forwarded = 0
         self.object_gets = 0
         self.object_bytes = 0
+        self.kinds: collections.Counter = collections.Counter()  # requests forwarded: GET, HEAD, LIST, PUT...
         self.log: list[tuple[str, str, str | None, str]] = []
         self._lock = threading.Lock()
         proxy = self
@@ -204,8 +206,11 @@ class FaultProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                if self.command == "GET" and resp.status in (200, 206) and "list-type" not in self.path \
-                        and "delimiter=" not in self.path and not self.path.split("?", 1)[0].endswith("/"):
+                listing = self.command == "GET" and ("list-type" in self.path or "delimiter=" in self.path
+                                                     or self.path.split("?", 1)[0].endswith("/"))
+                with proxy._lock:  # every request that reached the store, by kind
+                    proxy.kinds["LIST" if listing else self.command] += 1
+                if self.command == "GET" and resp.status in (200, 206) and not listing:
                     with proxy._lock:
                         proxy.object_gets += 1
                         proxy.object_bytes += len(data)

@@ -5,6 +5,7 @@ and bytes are checked against what a proxy saw cross the wire."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -433,3 +434,24 @@ def test_a_corrupt_record_read_through_the_cache_is_named_by_its_object_url(s3_b
                 pass
             examples = it.stats().to_dict()["skipped"]["examples"]
         assert [(e["url"], e["offset"]) for e in examples] == [(url, bad_at)]
+
+
+@pytest.mark.parametrize("shuffle", ["blocks", "global"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_pass_that_builds_indexes_counts_its_heads_listings_and_puts_as_the_wire_saw_them(
+        objects, fault_proxy, tmp_path, shuffle, cached):
+    """Found from outside: a first pass over shards without index files counted its probes of
+    the missing .idx as GETs, and none of its HEADs, listings or the PUTs of the new indexes."""
+    urls, expected, opts = objects
+    kw = {"cache_dir": str(tmp_path / "cache")} if cached else {}
+    ds = sf.read_tfrecord(urls, storage_options=opts, shuffle=shuffle, seed=2, **kw)  # built: its HEADs before
+    before = collections.Counter(fault_proxy.kinds)
+    gets = fault_proxy.object_gets
+    with iter(ds) as it:
+        assert sum(1 for _ in it) == sum(len(v) for v in expected.values())
+        st = it.stats().storage
+    wire = collections.Counter(fault_proxy.kinds)
+    wire.subtract(before)
+    assert st.requests == fault_proxy.object_gets - gets, (st.requests, wire)
+    assert st.stat_requests == wire["HEAD"] + wire["LIST"], (st.stat_requests, wire)
+    assert st.put_requests == wire["PUT"] == len(urls), (st.put_requests, wire)

@@ -251,15 +251,16 @@ def _cached_index_path(url: str, size: int) -> str:
     return os.path.join(cache_dir(), key + ".idx")
 
 
-def _shard_size(url: str, storage_options: Mapping[str, Any] | None) -> int:
-    """The shard's size: seen in a listing a moment ago, else one stat (a HEAD request)."""
+def _shard_size(url: str, storage_options: Mapping[str, Any] | None, counters: Any = None) -> int:
+    """The shard's size: seen in a listing a moment ago, else one stat (a HEAD request,
+    counted in ``counters``)."""
     if not parse_url(url).is_local:
         from ..storage.io import size_hint  # noqa: PLC0415
 
         hint = size_hint(url)
         if hint is not None:
             return hint
-    return storage.size(url, storage_options)
+    return storage.size(url, storage_options, counters)
 
 
 def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.ndarray | None, str | None]:
@@ -316,7 +317,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
             return None
         raise ValueError(f"{mask(url)}: a compressed shard cannot be split into record ranges (index files "
                          "address uncompressed TFRecords); give more files than readers, or decompress it")
-    n = size if size is not None else _shard_size(url, storage_options)
+    n = size if size is not None else _shard_size(url, storage_options, counters)
 
     def read_beside() -> np.ndarray:
         if idx is None:
@@ -378,7 +379,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     try:
         if idx is None:
             raise PermissionError("no index can be written beside a URL signed for the shard alone")
-        storage.write_bytes(idx, data, storage_options)
+        storage.write_bytes(idx, data, storage_options, counters)
         logger.info("built the index of %s (%d records) and saved it as %s", mask(url), len(index), mask(idx))
     except (PermissionError, OSError, NotImplementedError) as exc:
         os.makedirs(cache_dir(), exist_ok=True)

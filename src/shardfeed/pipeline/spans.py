@@ -457,7 +457,7 @@ def block_spans(spans: Sequence[Span], block_size: int | None, storage_options: 
     out: list[Span] = []
     if block_size is None:
         step = DEFAULT_BLOCK_BYTES
-        sizes = _each(lambda u: size(u, storage_options), [s.url for s in spans if _whole(s)])
+        sizes = _each(lambda u: size(u, storage_options, counters), [s.url for s in spans if _whole(s)])
         parts = [s for s in spans if not _whole(s)]
         indexes = (load_indexes([s.url for s in parts], storage_options, cache, counters=counters, seen=seen,
                                 damage=damage) if parts else {})

@@ -32,7 +32,8 @@ each labelled ``pipeline`` (the ``name`` given), per-stage ones also ``stage`` (
 ``shardfeed_stage_queue_fill_fraction``                 gauge      mean fill of its queue (prefetch)
 ``shardfeed_storage_read_bytes_total``                  counter    bytes fetched from remote storage
 ``shardfeed_storage_requests_total``                    counter    ranged GETs (each attempt)
-``shardfeed_storage_stat_requests_total``               counter    HEAD requests
+``shardfeed_storage_stat_requests_total``               counter    HEAD requests and listing pages
+``shardfeed_storage_put_requests_total``                counter    objects written (index files)
 ``shardfeed_storage_retries_total``                     counter    attempts tried again
 ``shardfeed_storage_cache_hits_total`` / ``_misses``    counter    local cache hits, downloads
 ``shardfeed_storage_request_latency_seconds``           histogram  each GET or HEAD attempt
@@ -126,7 +127,8 @@ def collect(sources: dict[str, HasStats]) -> list[Metric]:
         for name, attr, help_, unit in (
                 ("shardfeed_storage_read_bytes", "bytes_fetched", "Bytes fetched from remote storage", "By"),
                 ("shardfeed_storage_requests", "requests", "Ranged GET requests, each attempt", ""),
-                ("shardfeed_storage_stat_requests", "stat_requests", "HEAD requests", ""),
+                ("shardfeed_storage_stat_requests", "stat_requests", "HEAD requests and listing pages", ""),
+                ("shardfeed_storage_put_requests", "put_requests", "Objects written (index files)", ""),
                 ("shardfeed_storage_retries", "retries", "Storage attempts tried again", ""),
                 ("shardfeed_storage_cache_hits", "cache_hits", "Objects found in the local cache", ""),
                 ("shardfeed_storage_cache_misses", "cache_misses", "Objects downloaded to the local cache", "")):

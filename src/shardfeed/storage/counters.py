@@ -23,6 +23,7 @@ class IOCounters:
 
     ``bytes_fetched`` and ``requests`` count what came over the network (ranged GETs, each
     attempt once); ``stat_requests`` the HEAD requests (an object's size and ETag) and listing pages;
+    ``put_requests`` the objects written (index files saved beside their shards);
     ``retries`` the attempts that failed and were tried again; ``cache_hits`` /
     ``cache_misses`` whole objects found in / downloaded to the local cache;
     ``cache_bypassed`` objects read past a full cache; ``bytes_from_cache`` what was read
@@ -35,14 +36,15 @@ class IOCounters:
     made a request (they leave after half a second idle: ``storage.fetch.IDLE_EXIT_S``).
     """
 
-    FIELDS = ("bytes_fetched", "requests", "stat_requests", "retries", "cache_hits", "cache_misses", "cache_bypassed",
-              "bytes_from_cache")
+    FIELDS = ("bytes_fetched", "requests", "stat_requests", "put_requests", "retries", "cache_hits", "cache_misses",
+              "cache_bypassed", "bytes_from_cache")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.bytes_fetched = 0
         self.requests = 0
         self.stat_requests = 0
+        self.put_requests = 0
         self.retries = 0
         self.cache_hits = 0
         self.cache_misses = 0

@@ -79,8 +79,9 @@ def _run(op: str, url: str, fn, counters: Any = None):
         raise _translate(exc, url, op) from None
 
 
-def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
-    """Size of the object or file at ``url`` in bytes."""
+def size(url: str, storage_options: Mapping[str, Any] | None = None, counters: Any = None) -> int:
+    """Size of the object or file at ``url`` in bytes (a remote one's HEAD counted in
+    ``counters``, a pass's :class:`~.counters.IOCounters`, when given)."""
     parsed = parse_url(url)
     if parsed.is_local:
         try:
@@ -90,7 +91,7 @@ def size(url: str, storage_options: Mapping[str, Any] | None = None) -> int:
         if not os.path.isfile(parsed.path):
             raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
         return st.st_size
-    return _remote_info(url, storage_options)[0]
+    return _remote_info(url, storage_options, counters)[0]
 
 
 def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: Any = None) -> tuple[int, str | None]:
@@ -105,6 +106,17 @@ def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: 
         raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
     etag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
     return int(info["size"]), (str(etag).strip('"') if etag else None)
+
+
+def _missing_object_probe(fs: Any) -> dict[str, int]:
+    """What a read of a missing object asked the store, as counts to add to the one GET
+    :meth:`~.counters.IOCounters.request_ended` counts for the attempt: s3fs asks for the
+    object's head, then lists its key as a folder (two stat requests, no GET); others (gcsfs)
+    try the GET itself."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("s3", "s3a"):
+        return {"stat_requests": 2, "requests": -1}
+    return {}
 
 
 def exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -166,6 +178,10 @@ def read_bytes(
         try:
             data = fs.cat_file(path, start=start, end=end)
             return data
+        except FileNotFoundError:
+            # no GET crossed the wire for a missing object: what the filesystem asked instead
+            counters.add(**_missing_object_probe(fs))
+            raise
         finally:
             counters.request_ended(len(data), started)
 
@@ -442,10 +458,14 @@ def open_output(url: str, storage_options: Mapping[str, Any] | None = None) -> A
     return AtomicWriter(url, storage_options)
 
 
-def write_bytes(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Write ``data`` to ``url`` atomically."""
+def write_bytes(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None,
+                counters: Any = None) -> None:
+    """Write ``data`` to ``url`` atomically (a remote write counted in ``counters``'s
+    ``put_requests`` when given)."""
     with open_output(url, storage_options) as f:
         f.write(data)
+    if counters is not None and not parse_url(url).is_local:
+        counters.add(put_requests=1)
 
 
 def remove(url: str, storage_options: Mapping[str, Any] | None = None, missing_ok: bool = True) -> None:
