@@ -720,7 +720,8 @@ class ShuffledSpans:
             if remote and self.cache is None:
                 logger.warning(
                     "shuffle='global' over %d remote shard(s) without cache_dir: every record is fetched by its own "
-                    "ranged GET (records of a window within 128 KiB of each other share one), so an epoch of %d "
+                    "ranged GET (records of a window within 128 KiB of each other share one, the bytes between "
+                    "them fetched too: an epoch can fetch 10x the data or more), so an epoch of %d "
                     "records makes up to %d round trips to the store, which runs at hundreds of records/s, not "
                     "thousands; give "
                     "cache_dir=... (each shard fetched once, then read locally) or use shuffle='blocks' (one GET "
