@@ -379,3 +379,39 @@ def test_repeat_goes_on_past_an_epoch_in_which_a_reader_was_dealt_only_empty_fil
     # forever: an epoch of nothing is not the end either, while later epochs give records
     ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=1, slice_id=0, slice_count=3).repeat()
     assert len(_ids(ds.take(200))) == 200
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_error_names_the_frame_by_its_number_in_the_file_whatever_block_it_was_read_in(tmp_path, batched):
+    """Found from outside: under shuffle="blocks" with block_size=50 the same bad frame was
+    record #12 (counted within its block) where every other read says #462."""
+    from shardfeed.formats.index import load_index
+
+    files = write_sized_shards(tmp_path, [60, 80], index=True, prefix="x")
+    start = int(load_index(files[1], None)[37, 0])
+    with open(files[1], "r+b") as f:
+        f.seek(start + 14)
+        b = f.read(1)
+        f.seek(start + 14)
+        f.write(bytes([b[0] ^ 0xFF]))
+    for kw in ({}, {"shuffle": "files", "seed": 1}, {"shuffle": "blocks", "seed": 1, "block_size": 10},
+               {"shuffle": "blocks", "seed": 1}, {"shuffle": "global", "seed": 1}, {"slice_id": 2, "slice_count": 3}):
+        for policy in ("raise", "skip"):
+            ds = sf.read_tfrecord(files, spec=SPEC, on_corrupt=policy, **kw)
+            ds = ds.batch(7) if batched else ds
+            if policy == "raise":
+                with pytest.raises(sf.CorruptRecordError) as info:
+                    list(ds)
+                got = (info.value.offset, info.value.record_index)
+            else:
+                with iter(ds) as it:
+                    for _ in it:
+                        pass
+                    ex = it.stats().to_dict()["skipped"]["examples"][0]
+                got = (ex["offset"], ex.get("record_index"))
+            if kw.get("shuffle") == "global" and policy == "raise":
+                assert got[0] == start, kw  # read by record through the index: the offset names it
+                continue
+            if kw.get("shuffle") == "global":
+                continue
+            assert got == (start, 37), (kw, policy, got)

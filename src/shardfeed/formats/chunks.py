@@ -122,6 +122,7 @@ def iter_frame_chunks(
     first_chunk: int = FIRST_CHUNK,
     defer_data_crc: bool = False,
     reference_index: int | None = None,
+    first_index: int = 0,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
@@ -140,7 +141,9 @@ def iter_frame_chunks(
     such a scan yields a handoff chunk (:attr:`FrameChunk.handoff`) and stops, and neither
     raises nor skips. ``reference_index``: read from ``start_offset`` through the reference
     reader alone (the frame there is the ``reference_index``-th one read, for messages): how
-    a consumer of a handoff, or of a deferred data CRC that failed, reads on."""
+    a consumer of a handoff, or of a deferred data CRC that failed, reads on. ``first_index``:
+    the number, in its file, of the frame at ``start_offset`` (a record range's first record),
+    so that errors name each frame by its number in the file."""
     comp = normalize_compression(compression, url)
     defer = bool(defer_data_crc and verify_crc and native_available())
     scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=defer)
@@ -170,7 +173,7 @@ def iter_frame_chunks(
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
                                              max_record_bytes, start_offset, end_offset, defer_data_crc=defer,
-                                             reference_index=reference_index)
+                                             reference_index=reference_index, first_index=first_index)
             except CorruptRecordError as exc:
                 raise exc.relocate(mask(url), note) from None
             finally:
@@ -182,7 +185,7 @@ def iter_frame_chunks(
         return
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
-                                  end_offset, scan, defer)
+                                  end_offset, scan, defer, first_index)
         return
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
@@ -190,7 +193,7 @@ def iter_frame_chunks(
                          start_offset=start_offset, end_offset=end_offset, raw=True, source=tee)
     base = start_offset  # stream offset of buf[0]
     limit = None if end_offset is None else end_offset - start_offset  # stream bytes left to read
-    index = 0
+    index = first_index
     tail = b""
     # the first chunk small: its records go out after the first ranged read, not after
     # chunk_size bytes have arrived (a first batch within a round trip or two); the next
@@ -307,7 +310,7 @@ def map_file(path: str) -> Any:
 
 
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
-                   end_offset=None, scan=None, defer=False) -> Iterator[FrameChunk]:
+                   end_offset=None, scan=None, defer=False, first_index=0) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced.
 
@@ -329,7 +332,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     if end_offset is not None:
         size = min(size, end_offset)  # the range ends here: scan no further
     pos = start
-    index = 0
+    index = first_index
     released = 0  # pages below this offset were handed back
     prev = start  # where the previous chunk began
     can_release = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")

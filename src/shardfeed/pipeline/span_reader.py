@@ -148,9 +148,10 @@ class SpanChunks:
         reader, and every span opened after it again from its start: a deferred read met
         its first failed check there (a handoff, or a data CRC the parser found). What was
         handed out from there on is no longer counted as read. Iterate again after it."""
-        tag, _ = self.opened[seq]
+        tag, began = self.opened[seq]
         kept = self.handed.get(seq, [0, []])
-        index = kept[0] + sum(int(np.count_nonzero(positions < offset)) for positions, _ in kept[1])
+        index = _first_index(tag.span, began) + kept[0] + sum(int(np.count_nonzero(positions < offset))
+                                                               for positions, _ in kept[1])
         undo = ReadStats()
         for s in [s for s in self.handed if s >= seq]:
             for positions, lengths in self.handed.pop(s)[1]:
@@ -240,7 +241,8 @@ class SpanChunks:
                                        chunk_size=self.chunk_size, stats=stats, start_offset=start,
                                        end_offset=span.end, counters=self.counters, cache=self.cache,
                                        first_chunk=FIRST_CHUNK if first else self.chunk_size,
-                                       defer_data_crc=self.defer_data_crc, reference_index=reference)
+                                       defer_data_crc=self.defer_data_crc, reference_index=reference,
+                                       first_index=_first_index(span, start))
         return self._with_sources(span, chunks) if self.track_sources else chunks
 
     def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
@@ -388,6 +390,15 @@ class SpanChunks:
         if self.pool is not None:
             self.pool.close()
         self.stream.close()
+
+
+def _first_index(span: Span, start: int) -> int:
+    """The number, in its file, of the frame a read of ``span`` from byte ``start`` begins
+    with, where known: a record range's first record, read from its start (0 otherwise:
+    errors then count frames from where the read began)."""
+    if span.start is not None and start == span.offset and not isinstance(span.handle, GatherPlan):
+        return int(span.start)
+    return 0
 
 
 def _framing_skipped(policy: Any, errors: Any, err: Any) -> None:
