@@ -339,3 +339,56 @@ def test_process_workers_end_when_the_converting_process_is_killed(tmp_path):
     for p in alive:
         os.kill(p, signal.SIGKILL)
     assert not alive, f"workers {alive} outlived the converting process"
+
+
+def test_a_killed_worker_is_a_clear_error_naming_the_shard_and_resume_finishes(tmp_path):
+    """Found from outside: a conversion worker killed mid-job surfaced as concurrent.futures'
+    bare BrokenProcessPool, naming no shard."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    src = dataset(tmp_path, n=1500, bad=())
+    out = tmp_path / "out"
+    script = tmp_path / "victim.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        from shardfeed.convert import api as sc
+        if __name__ == "__main__":
+            try:
+                sc.convert({src!r}, {str(out)!r}, executor="process", read_parallel_num=2,
+                           num_samples_per_tfrecord=5, resume=len(sys.argv) > 1, progress=False)
+            except Exception as exc:
+                print(type(exc).__name__, exc)
+                sys.exit(3)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+    deadline = time.monotonic() + 120
+    victim = None
+    while parent.poll() is None and victim is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if out.is_dir() and any(n.endswith(".tfrecord") for n in os.listdir(out)):
+            for pid in os.listdir("/proc"):
+                try:
+                    with open(f"/proc/{pid}/stat") as f:
+                        if f.read().rsplit(")", 1)[1].split()[1] == str(parent.pid):
+                            with open(f"/proc/{pid}/cmdline", "rb") as g:
+                                if b"resource_tracker" not in g.read():
+                                    victim = int(pid)
+                                    break
+                except (OSError, IndexError):
+                    continue
+    if victim is None:
+        parent.kill()
+        pytest.skip("no worker was seen at work before the conversion ended")
+    os.kill(victim, signal.SIGKILL)
+    stdout, _ = parent.communicate(timeout=120)
+    if parent.returncode == 0:
+        pytest.skip("the conversion finished before the killed worker was missed")
+    assert parent.returncode == 3 and "ConversionWorkerDied" in stdout and "resume=True" in stdout, stdout
+    assert ".tfrecord" in stdout  # names the shard
+    done = subprocess.run([sys.executable, str(script), "resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr

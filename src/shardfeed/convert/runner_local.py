@@ -22,8 +22,10 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..errors import ShardfeedError
 from ..formats.bufpool import pass_closed
 from ..progress import progress_bar
 from ..storage.urls import parse_url
@@ -44,6 +46,10 @@ WRITES_AHEAD = 2  # chunks waiting for the writing thread at most
 # GIL released in Pillow) go to the workers.
 INLINE_ROW_SECONDS = 200e-6
 _worker_converter: Any = None  # per process, built once by the pool initializer
+
+
+class ConversionWorkerDied(ShardfeedError, RuntimeError):
+    """A process of ``convert(executor="process")`` died mid-job (its pool is broken)."""
 
 
 def chunk_rows(done_rows: int, done_bytes: int) -> int:
@@ -223,15 +229,22 @@ def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] |
         for f in commits:
             st = f.result().result()
             states[st["file"]] = st
-    except BaseException:
+    except BaseException as exc:
         for _, _, f in inflight:
             f.cancel()
+        died = exc if isinstance(exc, BrokenProcessPool) else None
         # nothing writes or commits when the unfinished shards are dropped (abort leaves a
         # committed shard alone: a resumed job keeps it)
         writer.shutdown(wait=True, cancel_futures=True)
         committer.shutdown(wait=True)
         for sink in [*sinks.values(), *closing]:
             sink.abort()
+        if died is not None:
+            shards = sorted({plan.shard_name(todo[i]) for i in [*(i for i, _, _ in inflight), *sinks]})
+            raise ConversionWorkerDied(
+                "a conversion worker process died (killed, or out of memory) while converting rows of "
+                f"{', '.join(shards[:4]) or 'the job'}{' ...' if len(shards) > 4 else ''}; the shards committed "
+                "so far are kept: run the same conversion again with resume=True to finish it") from died
         raise
     finally:
         bar.close()
