@@ -70,10 +70,10 @@ def test_index_built_for_a_read_only_folder_goes_to_the_cache(tmp_path, monkeypa
 
         real = index_mod.storage.write_bytes
 
-        def refuse(url, data, storage_options=None):
+        def refuse(url, data, storage_options=None, counters=None):
             if url.endswith(".tfrecord.idx") and str(tmp_path / "ro") in url:
                 raise PermissionError(f"{url}: read-only")
-            return real(url, data, storage_options)
+            return real(url, data, storage_options, counters)
 
         monkeypatch.setattr(index_mod.storage, "write_bytes", refuse)
     ro = tmp_path / "ro"
