@@ -415,3 +415,23 @@ def test_an_error_names_the_frame_by_its_number_in_the_file_whatever_block_it_wa
             if kw.get("shuffle") == "global":
                 continue
             assert got == (start, 37), (kw, policy, got)
+
+
+@pytest.mark.parametrize("mode", ["global", "blocks"])
+@pytest.mark.parametrize("with_index", [False, True])
+def test_a_shard_rewritten_between_two_passes_of_one_dataset_is_read_as_it_is_now(tmp_path, mode, with_index):
+    """Found from outside: the second pass of the same dataset object read a rewritten shard
+    through the index of the first (skip: 40 records skipped and none of the 60 new ones)."""
+    import os
+    import time
+
+    files = write_sized_shards(tmp_path, [40, 20], index=with_index, prefix="w")
+    for policy in ("skip", "raise"):
+        ds = sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=1, on_corrupt=policy)
+        assert sorted(_ids(ds.batch(8))) == sorted([i for i in range(40)] + [1000 + i for i in range(20)])
+        time.sleep(0.01)
+        sf.write_records(files[0], [example(500 + i) for i in range(60)], index=with_index)
+        os.utime(files[0])
+        assert sorted(_ids(ds.batch(8))) == sorted([500 + i for i in range(60)] + [1000 + i for i in range(20)])
+        assert ds.read_stats.skipped_records == 0
+        sf.write_records(files[0], [example(i) for i in range(40)], index=with_index)  # back, for the next policy

@@ -631,6 +631,8 @@ class ShuffledSpans:
         # url -> (ReadStats, index): corrupt frames the scan that built a shard's index skipped,
         # reported by every pass (see load_damaged), shared with splits
         self._damage: dict[str, tuple] = _damage if _damage is not None else {}
+        # local files as the cached units and indexes found them: (size, mtime), shared with splits
+        self._stamps: dict[str, tuple] = {}
 
     def units(self, counters: Any = None, cache: Any = None, seen: set | None = None) -> list[Span]:
         """This provider's units, cut once (``counters``, ``cache``, ``seen``: those of the
@@ -689,12 +691,38 @@ class ShuffledSpans:
         ident = self.identity()
         if state:
             check_state(state, ident)
+        self._forget_changed_files()
         reads = (counters, cache, seen)
         if self.mode == "global":
             return _GlobalStream(self, epoch, state, ident, reads)
         if self.mode == "blocks":
             return _BlockStream(self.order(epoch, reads), state, blocks_rule(self.block_size), self, ident, reads)
         return _ListStream(self.order(epoch), state, ident)
+
+    def _forget_changed_files(self) -> None:
+        """Drop what this provider cut or loaded from local files that changed since (a
+        shard rewritten between two passes of one dataset: its records were read at their
+        old offsets, found from outside); one stat a file a pass."""
+        import os  # noqa: PLC0415
+
+        changed = False
+        for url in dict.fromkeys(s.url for s in self.spans):
+            parsed = parse_url(url)
+            if not parsed.is_local:
+                continue
+            try:
+                st = os.stat(parsed.path)
+                stamp: tuple = (st.st_size, st.st_mtime_ns, st.st_ino)
+            except OSError:
+                stamp = ()
+            old = self._stamps.get(url)
+            if old is not None and old != stamp:
+                changed = True
+                for d in (self._indexes, self._damage, self._sizes):
+                    d.pop(url, None)
+            self._stamps[url] = stamp
+        if changed:
+            self._units_cache.clear()
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                      cache: Any = None) -> int | None:
@@ -758,9 +786,11 @@ class ShuffledSpans:
               compression: str | None = "auto", cache: Any = None) -> "ShuffledSpans":
         if isinstance(count, bool) or not isinstance(count, int) or count < 1 or not 0 <= index < count:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
-        return ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
-                             self.compression, self.index + index * self.count, self.count * count,
-                             self._units_cache, self.cache, self._indexes, self._sizes, self._files, self._damage)
+        out = ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
+                            self.compression, self.index + index * self.count, self.count * count,
+                            self._units_cache, self.cache, self._indexes, self._sizes, self._files, self._damage)
+        out._stamps = self._stamps
+        return out
 
     @property
     def urls(self) -> list[str]:
