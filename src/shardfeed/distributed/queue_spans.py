@@ -138,6 +138,13 @@ class _QueueStream:
             if time.monotonic() >= self.renew_at:
                 self.renew_finished()
             time.sleep(WAIT_LOOK_S)
+        if block and item is None and not self.held and not self.finished and _finished_here(self.q):
+            # a later repetition of a pass (repeat()) whose earlier one finished what is left:
+            # look once, and end at once when that is all, instead of after a take's slice
+            item = self.q.take(block=False)
+            if item is None and self.q.drained_but(_finished_here(self.q)):
+                self.done = True
+                return None
         while item is None:
             try:
                 # a blocking take waits in slices, so that closing the pass stops it
@@ -147,6 +154,12 @@ class _QueueStream:
                     return None
             except TimeoutError:
                 if self.closed:
+                    return None
+                elsewhere = _finished_here(self.q)
+                if elsewhere and self.q.drained_but([*self.held, *self.finished, *elsewhere]):
+                    # what is left is what an earlier repetition of this pass finished, waiting for
+                    # its records to reach the consumer (repeat() over a queue): this one is done
+                    self.done = True
                     return None
         with self.lock:
             self.ordinal[item.id] = self.taken
@@ -168,6 +181,7 @@ class _QueueStream:
             if self.ctx is not None and self.ordinal[item.id] >= self.delivered_before:
                 self.finished[item.id] = item  # its last records may still be in buffers above
                 self.renew_at = min(self.renew_at, self.renewed[item.id] + self.q.lease_timeout / 4)
+                _finished_here(self.q, add=[item.id])
                 return
             self.renewed.pop(item.id, None)
             self.ordinal.pop(item.id, None)
@@ -187,7 +201,15 @@ class _QueueStream:
             if state is None:
                 self.ack_delivered(None)
                 return
-            upto = _delivered_ordinal(state(), self.id)
+            root = state()
+            upto = _delivered_ordinal(root, self.id)
+            if upto is None and _names_a_later_stream(root, self.id):
+                # an element of a later repetition of this pass (repeat()) reached the consumer:
+                # every record of this one did before it (found from outside: a single worker's
+                # repeat() kept this stream's last item leased, the next repetition waited out the
+                # lease and delivered the whole queue again)
+                self.ack_delivered(None)
+                return
             if upto is not None and upto > self.delivered_before:
                 self.ack_delivered(upto)
             if self.finished and time.monotonic() >= self.renew_at:
@@ -207,6 +229,7 @@ class _QueueStream:
                 del self.finished[it.id]
                 self.renewed.pop(it.id, None)
                 self.ordinal.pop(it.id, None)
+        _finished_here(self.q, drop=[it.id for it in done])
         for it in done:
             self.q.ack(it)
 
@@ -228,6 +251,7 @@ class _QueueStream:
                     self.finished.pop(it.id, None)
                     self.renewed.pop(it.id, None)
                     self.ordinal.pop(it.id, None)
+                _finished_here(self.q, drop=[it.id])
 
     def keep(self, span: Span) -> bool:
         """Renews the leases of every held item that is due (items read ahead and finished
@@ -258,6 +282,7 @@ class _QueueStream:
             back = list(self.held.values())
             self.held = {}
             if self.ctx is None or self.ctx.closed:
+                _finished_here(self.q, drop=list(self.finished))
                 back += self.finished.values()
                 self.finished = {}
         for item in back:
@@ -268,6 +293,29 @@ class _QueueStream:
 
 
 _STREAM_IDS = itertools.count()
+# items that streams of this process finished and await delivery, by queue (the key of the queue,
+# item id -> streams holding it): a later repetition's stream waits for none of them
+_FINISHED_HERE: dict[tuple, dict[str, int]] = {}
+_FINISHED_LOCK = threading.Lock()
+
+
+def _queue_key(q: Any) -> tuple:
+    return (getattr(q.backend, "url", id(q.backend)), q.name)
+
+
+def _finished_here(q: Any, add: Iterable[str] = (), drop: Iterable[str] = ()) -> list[str]:
+    """Items of queue ``q`` finished by this process's streams and awaiting delivery, after
+    adding ``add`` and dropping ``drop``."""
+    with _FINISHED_LOCK:
+        ids = _FINISHED_HERE.setdefault(_queue_key(q), {})
+        for i in add:
+            ids[i] = ids.get(i, 0) + 1
+        for i in drop:
+            if ids.get(i, 0) <= 1:
+                ids.pop(i, None)
+            else:
+                ids[i] -= 1
+        return list(ids)
 
 
 def _delivered_ordinal(state: Any, stream_id: str) -> int | None:
@@ -291,6 +339,25 @@ def _delivered_ordinal(state: Any, stream_id: str) -> int | None:
             if n is not None and (found is None or n < found):
                 found = n
     return found
+
+
+def _names_a_later_stream(state: Any, stream_id: str) -> bool:
+    """Whether a pass's root ``state`` names a queue stream of this process opened after
+    ``stream_id`` (a later repetition's; a :class:`~shardfeed.pipeline.deferred.DeferredState`
+    is not looked into, as in :func:`_delivered_ordinal`)."""
+    pid, _, n = stream_id.partition(".")
+    if isinstance(state, dict):
+        spans = state.get("spans")
+        if isinstance(spans, dict) and isinstance(spans.get("stream"), str):
+            opid, _, on = spans["stream"].partition(".")
+            if opid == pid and on.isdigit() and int(on) > int(n):
+                return True
+        values: Iterable[Any] = state.values()
+    elif isinstance(state, (list, tuple)):
+        values = state
+    else:
+        return False
+    return any(_names_a_later_stream(v, stream_id) for v in values if isinstance(v, (dict, list, tuple)))
 
 
 class QueueSpans:
