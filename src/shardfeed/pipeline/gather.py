@@ -286,7 +286,8 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
                 continue
             f = int(plan.files[i])
             check = err1[0] if err1 is not None else "truncated data"
-            exc = CorruptRecordError(check, mask(plan.urls[f]), int(plan.offsets[i]), None,
+            number = None if plan.numbers is None or plan.numbers[i] < 0 else int(plan.numbers[i])
+            exc = CorruptRecordError(check, mask(plan.urls[f]), int(plan.offsets[i]), number,
                                      "read through shuffle='global'")
             if o.on_corrupt != "skip":
                 raise exc

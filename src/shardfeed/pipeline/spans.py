@@ -818,6 +818,9 @@ class GatherPlan(NamedTuple):
     virtual: np.ndarray
     remote: bool = False
     """Whether some of ``urls`` is on object storage (known once per index, not per window)."""
+    numbers: Any = None
+    """Each record's number in its file (-1 where not known: a shard whose index leaves out
+    corrupt frames), for errors; ``None``: none known."""
 
 
 class GlobalIndex:
@@ -826,8 +829,10 @@ class GlobalIndex:
     before each file (a record's file is found there): 12 bytes a record, the files' own
     index arrays not kept."""
 
-    def __init__(self, urls: list[str], indexes: list[np.ndarray]) -> None:
+    def __init__(self, urls: list[str], indexes: list[np.ndarray], first: list[int] | None = None) -> None:
         self.urls = urls
+        # the number in its file of each file's first record here (-1: not known), for errors
+        self.first = np.array(first if first is not None else [0] * len(urls), dtype=np.int64)
         counts = np.array([len(i) for i in indexes], dtype=np.int64)
         self.before = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.n = int(self.before[-1])
@@ -861,20 +866,25 @@ class GlobalIndex:
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
         loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen, damage)
+        first = []
         for s in spans:
             idx = loaded[s.url]
             a = s.start if s.start is not None else (_record_at(idx, s.offset) if s.offset else 0)
             b = s.stop if s.stop is not None else (len(idx) if s.end is None else _record_at(idx, s.end))
             urls.append(s.url)
             indexes.append(np.asarray(idx[a:b], dtype=np.int64))
-        return cls(urls, indexes)
+            first.append(-1 if damage and s.url in damage else int(a))
+        return cls(urls, indexes, first)
 
     def plan(self, ids: np.ndarray) -> GatherPlan:
         lengths = np.take(self.lengths, ids).astype(np.int64)
         virtual = np.zeros(len(ids), dtype=np.int64)
         if len(ids) > 1:
             np.cumsum(lengths[:-1], out=virtual[1:])
-        return GatherPlan(self.urls, self.file_of(ids), np.take(self.offsets, ids), lengths, virtual, self.remote)
+        files = self.file_of(ids)
+        first = self.first[files]
+        numbers = np.where(first >= 0, ids - self.before[files] + first, -1)
+        return GatherPlan(self.urls, files, np.take(self.offsets, ids), lengths, virtual, self.remote, numbers)
 
     def window_ends(self, ps: Mapping[str, Any], seed: int) -> np.ndarray:
         """The virtual end offsets of the records of the window that state ``ps`` starts."""
