@@ -33,8 +33,8 @@ WORKER_SLOTS = 16
 WORKER_SLOT_BYTES = 64 << 20
 """... as far as they fit in this many bytes (at least 4 batches, however large). Measured on
 2 cores shared by 3 processes, a CTR batch of 1,024 records: 4 slots a worker 0.85-1.1M
-records/s, 16 slots 1.7-2.0M (a worker that may run further ahead rides out the time slices
-the other processes hold the cores for)."""
+records/s, 16 slots 1.2-2.2M in the same runs, under load (a worker that may run further
+ahead rides out the time slices the other processes hold the cores for)."""
 
 
 def workers_pipeline(ds: Dataset, rank: int, world_size: int, num_workers: int,

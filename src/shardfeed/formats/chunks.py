@@ -28,11 +28,6 @@ import numpy as np
 from ..errors import CorruptRecordError
 from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
-
-try:
-    from .._native import map_file as _native_map_file  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _native_map_file = None
 from .native import (
     IN_FRAME,
     Buffers,
@@ -43,6 +38,11 @@ from .native import (
     scan_frames_deferred,
 )
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
+
+try:
+    from .._native import map_file as _native_map_file  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _native_map_file = None
 
 DEFAULT_CHUNK = 8 << 20
 FIRST_CHUNK = 256 << 10  # the first chunk of a streamed file: one first ranged read

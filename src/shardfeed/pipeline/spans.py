@@ -404,7 +404,8 @@ def load_indexes(urls: Sequence[str], storage_options: Mapping[str, Any] | None,
 def load_damaged(url: str, storage_options: Mapping[str, Any] | None, damage: dict, **kw: Any) -> np.ndarray:
     """``url``'s index, built when missing by a scan that skips corrupt frames (for a
     reader whose ``on_corrupt`` policy skips); the frames skipped go to ``damage[url]``
-    as ``(ReadStats, index)``, for the passes to report (:meth:`ShuffledSpans.damage_owner`)."""
+    as ``(ReadStats, index)``, for the passes to report (``_GlobalStream`` and ``_BlockStream``'s
+    ``take_damage``)."""
     found = ReadStats()
     idx = np.asarray(load_index(url, storage_options, build=True, damage=found, **kw))
     if found.corrupt or found.skipped_records:
