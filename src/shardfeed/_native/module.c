@@ -15,6 +15,9 @@
 #ifndef _WIN32
 #include <time.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #endif
 
 #define PY_ARRAY_UNIQUE_SYMBOL shardfeed_native_ARRAY_API
@@ -599,17 +602,55 @@ static void made_drop(made_col *m, const PyMemAllocatorEx *raw) {
     m->objs = NULL;
 }
 
-/* Make a column's large objects off the GIL (no GIL held). None when it has no large value; on
- * running out of memory, none (made with the GIL later, which raises MemoryError then). */
-static void made_fill(made_col *m, const sf_bytes *vals, size_t count, const PyMemAllocatorEx *raw) {
+/* glibc's heap, the first time a batch makes large values' objects: each batch of large
+ * records allocates its values (a 100 KB value each), and frees them when the batch goes; by
+ * default glibc hands a heap top over 128 KiB back to the kernel at every free (and maps
+ * values over 128 KiB one by one until its adaptive thresholds have grown), so every batch
+ * faulted its values' pages in afresh: half the time of reading 100 KB records. Set here to
+ * what glibc's adaptive thresholds reach at most by themselves (values up to 32 MiB from the
+ * heap, 64 MiB of free heap top kept), once, unless the user has set glibc's malloc
+ * parameters (MALLOC_*_ or GLIBC_TUNABLES) or SHARDFEED_MALLOC_TUNING=0. */
+static void heap_tuned_once(void) {
+#ifdef __GLIBC__
+    static int done = 0;
+    if (__atomic_exchange_n(&done, 1, __ATOMIC_ACQ_REL)) return;
+    const char *off = getenv("SHARDFEED_MALLOC_TUNING");
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if ((off && strcmp(off, "0") == 0) || getenv("MALLOC_TRIM_THRESHOLD_") || getenv("MALLOC_MMAP_THRESHOLD_") ||
+        getenv("MALLOC_TOP_PAD_") || getenv("MALLOC_MMAP_MAX_") || (tun && strstr(tun, "glibc.malloc.")))
+        return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
+}
+
+/* Ready a column for its large objects made off the GIL (no GIL held): 1 when it has a large
+ * value (its table allocated), else 0 (none; on running out of memory too: made with the GIL
+ * later, which raises MemoryError then). */
+static int made_begin(made_col *m, const sf_bytes *vals, size_t count) {
 #ifdef SF_OFF_GIL_BYTES
     size_t k = 0;
     while (k < count && vals[k].n < SF_OFF_GIL_MIN) k++;
-    if (k == count) return;
+    if (k == count) return 0;
+    heap_tuned_once();
     m->objs = calloc(count, sizeof(PyObject *));
-    if (!m->objs) return;
+    if (!m->objs) return 0;
     m->count = count;
-    for (; k < count; k++) {
+    return 1;
+#else
+    (void)m;
+    (void)vals;
+    (void)count;
+    return 0;
+#endif
+}
+
+/* The large objects of values lo..hi of a column made ready (no GIL held); on running out of
+ * memory, the column's are dropped (made with the GIL later). */
+static void made_range(made_col *m, const sf_bytes *vals, size_t lo, size_t hi, const PyMemAllocatorEx *raw) {
+#ifdef SF_OFF_GIL_BYTES
+    if (!m->objs) return;
+    for (size_t k = lo; k < hi; k++) {
         if (vals[k].n < SF_OFF_GIL_MIN) continue;
         if (!(m->objs[k] = raw_bytes(vals[k].p, vals[k].n, raw))) {
             made_drop(m, raw);
@@ -619,9 +660,16 @@ static void made_fill(made_col *m, const sf_bytes *vals, size_t count, const PyM
 #else
     (void)m;
     (void)vals;
-    (void)count;
+    (void)lo;
+    (void)hi;
     (void)raw;
 #endif
+}
+
+/* Make a column's large objects off the GIL (no GIL held). None when it has no large value; on
+ * running out of memory, none (made with the GIL later, which raises MemoryError then). */
+static void made_fill(made_col *m, const sf_bytes *vals, size_t count, const PyMemAllocatorEx *raw) {
+    if (made_begin(m, vals, count)) made_range(m, vals, 0, count, raw);
 }
 
 static PyObject *bytes_array(const sf_bytes *vals, size_t count, int as_buffer, npy_intp rows, npy_intp cols,
@@ -1134,8 +1182,42 @@ static void pjob_prefuse(pjob *j) {
     j->prefused = 1;
 }
 
+/* The records' CRCs and the large objects of a batch that parsed, one record after another:
+ * its CRC, then its large values' objects, while its bytes are still in the CPU's cache (a
+ * CRC pass over the whole batch first left a batch of large records to be read again from
+ * memory for the copies). 0 when no column has a large value (nothing done), else 1, with
+ * j->crc_bad set (the objects dropped when a CRC fails). No GIL. */
+static int pjob_checked_made(pjob *j) {
+    int any = 0;
+    for (size_t ci = 0; ci < j->ncols; ci++) {
+        if (j->fcol[ci] == BYTES_FIXED)
+            any |= made_begin(&j->made[ci], j->outs[ci].fixed, j->n * j->fsize[ci]);
+        else if (j->fcol[ci] == BYTES_VAR)
+            any |= made_begin(&j->made[ci], j->outs[ci].values.data, j->outs[ci].values.len);
+    }
+    if (!any) return 0;
+    for (size_t k = 0; k < j->n; k++) {
+        uint32_t w;
+        memcpy(&w, j->want + 4 * k, 4);
+        if (sf_masked_crc32c(j->recs[k].p, j->recs[k].n) != w) {
+            for (size_t ci = 0; ci < j->ncols; ci++) made_drop(&j->made[ci], &j->raw);
+            j->crc_bad = k;
+            return 1;
+        }
+        for (size_t ci = 0; ci < j->ncols; ci++) {
+            if (j->fcol[ci] == BYTES_FIXED)
+                made_range(&j->made[ci], j->outs[ci].fixed, k * j->fsize[ci], (k + 1) * j->fsize[ci], &j->raw);
+            else if (j->fcol[ci] == BYTES_VAR)
+                made_range(&j->made[ci], j->outs[ci].values.data, (size_t)j->outs[ci].splits[k],
+                           (size_t)j->outs[ci].splits[k + 1], &j->raw);
+        }
+    }
+    return 1;
+}
+
 /* The parse itself and the records' CRCs: no GIL, no Python object touched. */
 static void pjob_run(pjob *j) {
+    int made = 0; /* the large objects made with the CRCs (pjob_checked_made) */
     j->crc_bad = j->n; /* the first record whose data CRC fails; j->n: none */
     size_t head_bad = j->frames ? frame_heads(j->recs, j->n, j->frame_want) : j->n;
     j->rc = j->sequence ? sf_parse_sequence_batch(j->spec, j->recs, j->n, j->outs, &j->err) : sf_parse_batch(j->spec, j->recs, j->n, j->outs, &j->err);
@@ -1145,9 +1227,10 @@ static void pjob_run(pjob *j) {
         size_t bad = sf_first_bad_crc(j->recs, j->want, upto);
         if (bad < upto) j->crc_bad = bad;
     } else if (j->want && !j->rc && !j->fuse) {
-        j->crc_bad = sf_first_bad_crc(j->recs, j->want, j->n);
+        if (j->made && !j->type_err_name && pjob_checked_made(j)) made = 1;
+        else j->crc_bad = sf_first_bad_crc(j->recs, j->want, j->n);
     }
-    if (j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
+    if (!made && j->made && !j->rc && j->crc_bad == j->n && !j->type_err_name) {
         for (size_t ci = 0; ci < j->ncols; ci++) {
             if (j->fcol[ci] == BYTES_FIXED)
                 made_fill(&j->made[ci], j->outs[ci].fixed, j->n * j->fsize[ci], &j->raw);
