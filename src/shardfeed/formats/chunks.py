@@ -123,6 +123,7 @@ def iter_frame_chunks(
     defer_data_crc: bool = False,
     reference_index: int | None = None,
     first_index: int = 0,
+    release_pages: bool = True,
 ) -> Iterator[FrameChunk]:
     """Yield the records of one file as :class:`FrameChunk` s of about ``chunk_size`` bytes,
     starting at the frame that begins at byte ``start_offset`` (of the uncompressed stream)
@@ -143,7 +144,10 @@ def iter_frame_chunks(
     reader alone (the frame there is the ``reference_index``-th one read, for messages): how
     a consumer of a handoff, or of a deferred data CRC that failed, reads on. ``first_index``:
     the number, in its file, of the frame at ``start_offset`` (a record range's first record),
-    so that errors name each frame by its number in the file."""
+    so that errors name each frame by its number in the file. ``release_pages=False``: a
+    local file's map keeps the pages the scan has passed (see :func:`release_chunk`), for a
+    consumer that holds chunks long after they were read (a buffer shuffle) and would fault
+    them back in."""
     comp = normalize_compression(compression, url)
     defer = bool(defer_data_crc and verify_crc and native_available())
     scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=defer)
@@ -173,7 +177,8 @@ def iter_frame_chunks(
             try:
                 yield from iter_frame_chunks(local, comp, verify_crc, on_corrupt, None, chunk_size, stats,
                                              max_record_bytes, start_offset, end_offset, defer_data_crc=defer,
-                                             reference_index=reference_index, first_index=first_index)
+                                             reference_index=reference_index, first_index=first_index,
+                                             release_pages=release_pages)
             except CorruptRecordError as exc:
                 raise exc.relocate(mask(url), note) from None
             finally:
@@ -185,7 +190,7 @@ def iter_frame_chunks(
         return
     if comp is None and parse_url(url).is_local:
         yield from _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start_offset,
-                                  end_offset, scan, defer, first_index)
+                                  end_offset, scan, defer, first_index, release_pages)
         return
     # a bounded range: never buffer past its end
     buffer = chunk_size if end_offset is None else max(64, min(chunk_size, end_offset - start_offset))
@@ -310,14 +315,15 @@ def map_file(path: str) -> Any:
 
 
 def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_bytes, start,
-                   end_offset=None, scan=None, defer=False, first_index=0) -> Iterator[FrameChunk]:
+                   end_offset=None, scan=None, defer=False, first_index=0, release=True) -> Iterator[FrameChunk]:
     """Local uncompressed files: scan the page cache in place through ``mmap`` (no copy).
     Chunks keep the map alive for as long as they are referenced.
 
     Pages more than a chunk behind the scan are released from the mapping
     (``MADV_DONTNEED``), so the process's resident size does not grow with the file; a
     consumer that still reads them (a chunk held in a queue) faults them back in from the
-    page cache, unchanged, since the mapping is a read-only view of the file."""
+    page cache, unchanged, since the mapping is a read-only view of the file. ``release=False``
+    leaves that to the consumer (:func:`release_chunk`)."""
     if scan is None:
         scan = functools.partial(_scan, verify_crc=verify_crc, max_record_bytes=max_record_bytes, defer=False)
     path = parse_url(url).path
@@ -335,7 +341,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     index = first_index
     released = 0  # pages below this offset were handed back
     prev = start  # where the previous chunk began
-    can_release = hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+    can_release = release and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
     while pos < size:
         if can_release:
             upto = (prev // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -363,6 +369,32 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
                                        chunk_size, stats, end_offset)
             return
+
+
+def release_chunk(chunk: FrameChunk, keep: Iterable[tuple[int, int]] = ()) -> None:
+    """Hand back the pages of a mapped chunk (one of :func:`_mapped_chunks`) that hold only its
+    frames, for a consumer that read with ``release_pages=False`` and is done with it; the
+    pages it shares with the frames before or after it are kept, and those of the byte ranges
+    ``keep`` (``(start, end)`` in the map: records still held by a view). Other buffers:
+    nothing."""
+    mm = chunk.buffer
+    if not chunk.count or not is_mapped(mm):
+        return
+    page = mmap.PAGESIZE
+    at = -(-int(chunk.positions[0]) // page) * page  # the first frame's start, rounded up
+    hi = (int(chunk.positions[-1] + chunk.lengths[-1]) + 16) // page * page
+    for start, end in sorted(keep):
+        upto = min(hi, start // page * page)
+        if upto > at:
+            mm.madvise(mmap.MADV_DONTNEED, at, upto - at)
+        at = max(at, -(-end // page) * page)
+    if hi > at:
+        mm.madvise(mmap.MADV_DONTNEED, at, hi - at)
+
+
+def is_mapped(buffer: Any) -> bool:
+    """Whether ``buffer`` is a file's map (:func:`map_file`) whose pages can be handed back."""
+    return hasattr(buffer, "madvise") and hasattr(mmap, "MADV_DONTNEED")
 
 
 def rebatch(chunks: Iterable[FrameChunk], batch_size: int, drop_remainder: bool = False) -> Iterator[FrameChunk]:

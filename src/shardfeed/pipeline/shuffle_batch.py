@@ -33,12 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from ..formats.chunks import FrameChunk
+from ..crc import masked_crc32c
+from ..errors import CorruptRecordError
+from ..formats.chunks import FrameChunk, is_mapped, release_chunk
 from ..formats.native import Buffers
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
-from .records import RECORD_CHUNK, TFRecordSource
+from .records import TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
 from .stats import StageStats
@@ -54,15 +56,63 @@ def shuffle_stage(b: Any, shuffle_ds: Any) -> StageStats:
     return st
 
 
-class _Chunk:
-    __slots__ = ("base", "chunk", "url", "start_state", "end_state")
+_NO_CRCS = np.zeros(0, np.uint32)
+RELEASE_AFTER = 8
+"""Batches handed out after the one that let go of a mapped chunk (or drew a record kept in
+its map) before its pages are handed back: by then its records are parsed (a source batch
+node parses at most two batches a thread ahead)."""
 
-    def __init__(self, base: int, chunk: FrameChunk, url: str, start_state: Any, end_state: Any) -> None:
+
+def _stored_crcs(chunk: FrameChunk, j: np.ndarray) -> np.ndarray:
+    """The masked data CRCs of records ``j`` of a chunk whose scan checked them (read by the
+    reference reader after a deferred scan's handoff), for a batch whose parser checks them."""
+    view = memoryview(chunk.buffer).cast("B")
+    return np.fromiter((masked_crc32c(view[o:o + n]) for o, n in zip(chunk.offsets[j].tolist(),
+                                                                      chunk.lengths[j].tolist())),
+                       dtype=np.uint32, count=len(j))
+
+
+class _Chunk:
+    __slots__ = ("base", "chunk", "url", "start_state", "end_state", "serial")
+
+    def __init__(self, base: int, chunk: FrameChunk, url: str, start_state: Any, end_state: Any,
+                 serial: int) -> None:
         self.base = base  # upstream position of its first record
         self.chunk = chunk
         self.url = url
+        self.serial = serial  # the chunks read before it in the pass
         self.start_state = start_state  # the source's state before its first record
         self.end_state = end_state  # ... after its last
+
+
+class _Flat:
+    """Where each record of the chunks held lies, one entry a record from upstream position
+    ``base`` on (offsets and lengths in its chunk's buffer, frame offsets in its file, stored
+    data CRCs, its chunk's serial number, its file's number): a batch's frames are found with
+    a few indexings, not a step per chunk (a batch of large records draws from tens of
+    chunks)."""
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.cols: tuple = tuple(np.zeros(0, np.uint32 if i == 3 else np.int64) for i in range(6))
+        self.pending: list[tuple] = []
+
+    def add(self, base: int, chunk: FrameChunk, crcs: np.ndarray, serial: int, file_id: int) -> None:
+        if not len(self.cols[0]) and not self.pending:
+            self.base = base
+        n = chunk.count
+        self.pending.append((chunk.offsets, chunk.lengths, chunk.positions, crcs,
+                             np.full(n, serial, np.int64), np.full(n, file_id, np.int64)))
+
+    def columns(self, start: int) -> tuple:
+        """The columns, with entries before position ``start`` (no longer held) let go of."""
+        if self.pending:
+            cut = min(max(0, start - self.base), len(self.cols[0]))
+            parts = [tuple(c[cut:] for c in self.cols), *self.pending]
+            self.cols = tuple(np.concatenate([p[i] for p in parts]) for i in range(6))
+            self.base += cut
+            self.pending = []
+        return self.cols
 
 
 class ShuffledBatches:
@@ -79,6 +129,14 @@ class ShuffledBatches:
         self.counters = counters
         self.errors = errors
         self.file_ids: dict[str, int] = {}  # for each batch's file mix
+        # Under the raising policy the records' data CRCs are left to the batch parser (the
+        # parsing threads check each record as they copy its values out, as the sequential
+        # path does): checked in the scan, every byte of the buffer was read twice, the
+        # second time long after the first (out of the CPU's caches), and the scan's CRC ran
+        # on this thread alone. A record that fails is raised when it is drawn (rewind()),
+        # named by file and offset. Skipping keeps the check in the scan: a record skipped
+        # there never enters the buffer, so the order is the unfused chain's.
+        self.deferred = src.options.policy.raises
         self.size = shuffle_ds.buffer_size
         self.k = batch_ds.batch_size
         self.drop = batch_ds.drop_remainder
@@ -91,7 +149,13 @@ class ShuffledBatches:
             self.seed = shuffle_ds.seed if shuffle_ds.seed is not None else secrets.randbits(63)
             self.parent_start = None
         self.chunks: collections.deque[_Chunk] = collections.deque()
-        self.survivors: dict[int, tuple[bytes, int, str]] = {}  # compacted: position -> (record, file offset, url)
+        self.flat = _Flat()
+        self.batches_out = 0
+        self.releases: collections.deque = collections.deque()  # (due, chunk, keep)
+        self.serial = 0
+        self.file_urls: list[str] = []  # by file number (file_ids)
+        # compacted: position -> (record, file offset, url, its stored data CRC or None: checked)
+        self.survivors: dict[int, tuple] = {}
         self.read = 0  # upstream positions held or passed
         self.ended = False  # the source has no more records
         self.consumed = 0
@@ -137,10 +201,24 @@ class ShuffledBatches:
 
     # -- the source's chunks ----------------------------------------------------------------
     def _open(self, source_state: Any) -> None:
-        self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, RECORD_CHUNK, self.counters,
-                                      self.errors)
+        # a local file's pages stay mapped while its chunks are held (buffered records are
+        # parsed long after the scan passed them; released there, each would fault back in)
+        # and are handed back as each chunk is let go (_compact)
+        # chunks of the sequential batch path's size: a chunk costs its scan call and its
+        # bookkeeping here, and a buffer of large records spans hundreds of 1 MiB ones
+        self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, self.src.options.chunk_size,
+                                      self.counters,
+                                      self.errors, defer_data_crc=self.deferred, release_pages=False)
+        self.deferred = self.span_chunks.defer_data_crc  # not without verify_crc or the native core
         self.it = iter(self.span_chunks)
         self.last_state = source_state
+
+    def _file_id(self, url: str) -> int:
+        """The pass's number of file ``url`` (for each batch's file mix, and its errors)."""
+        file_id = self.file_ids.setdefault(url, len(self.file_ids))
+        if file_id == len(self.file_urls):
+            self.file_urls.append(url)
+        return file_id
 
     def _read_to(self, target: int) -> None:
         """Read chunks until ``read >= target`` or the source ends."""
@@ -154,11 +232,21 @@ class ShuffledBatches:
                 self.span_chunks.finish_all()
                 break
             self.read_s += time.perf_counter() - t0
+            if chunk.handoff is not None:  # the deferred scan met a bad frame: the reference reader
+                self.span_chunks.rewind(tag.seq, chunk.handoff[0])  # reads on from it (and raises)
+                self.it = iter(self.span_chunks)
+                continue
             if not chunk.count:
                 continue
             end = int(chunk.positions[-1] + chunk.lengths[-1]) + FRAME_OVERHEAD
             end_state = cursor_state(tag, end, None)
-            self.chunks.append(_Chunk(self.read, chunk, tag.span.url, self.last_state, end_state))
+            url = tag.span.url
+            file_id = self._file_id(url)
+            crcs = chunk.crcs if chunk.crcs is not None or not self.deferred \
+                else _stored_crcs(chunk, np.arange(chunk.count))
+            self.flat.add(self.read, chunk, crcs if crcs is not None else _NO_CRCS, self.serial, file_id)
+            self.chunks.append(_Chunk(self.read, chunk, url, self.last_state, end_state, self.serial))
+            self.serial += 1
             # where each record of the chunk lies in its file, kept while any may be buffered
             # (not the chunk's bytes): what a state's "frames" is made from
             self.frame_index.append(chunk_entry(self.read, chunk, tag.span))
@@ -258,8 +346,23 @@ class ShuffledBatches:
             out.append(np.asarray(got_list, dtype=np.int64))
         return out
 
+    def _release_later(self, chunk: FrameChunk, keep: Any = ()) -> None:
+        """Hand back the pages of a mapped chunk let go of (but those of the byte ranges
+        ``keep``) once the batches handed out by now are parsed (:data:`RELEASE_AFTER` batches
+        on): released at once, a batch whose records lie there would fault them back in (and
+        keep them)."""
+        self.releases.append((self.batches_out + RELEASE_AFTER, chunk, keep))
+
+    def _release_due(self) -> None:
+        releases = self.releases
+        while releases and releases[0][0] <= self.batches_out:
+            _, chunk, keep = releases.popleft()
+            release_chunk(chunk, keep)
+
     def __next__(self) -> tuple[FrameChunk, Any, Any, Any]:
         t0, read0 = time.perf_counter(), self.read_s
+        self._release_due()
+        self.batches_out += 1
         try:
             if not self.filled:
                 self._fill_first()
@@ -280,7 +383,15 @@ class ShuffledBatches:
         def where(k: int) -> str:
             return f"byte offset {int(batch.positions[k])} of {mask(urls[k])} (upstream record #{int(positions[k])})"
 
-        return batch, where, state, None
+        return batch, where, state, (positions, urls)
+
+    def rewind(self, batch: FrameChunk, token: Any, k: int) -> None:
+        """Record ``k`` of a batch failed its data CRC, which the scan left to the parser
+        (:attr:`deferred`): raised, named by its file and byte offset (a shuffled pass does not
+        read on past a corrupt record under the raising policy)."""
+        positions, urls = token
+        raise CorruptRecordError("data crc", mask(urls[k]), int(batch.positions[k]), None,
+                                 f"upstream record #{int(positions[k])}")
 
     # -- records at positions --------------------------------------------------------------------
     def _gather(self, positions: np.ndarray) -> tuple[FrameChunk, list[str]]:
@@ -289,42 +400,53 @@ class ShuffledBatches:
         records), and each record's file."""
         chunks = self.chunks
         n = len(positions)
-        bases = np.fromiter((c.base for c in chunks), dtype=np.int64, count=len(chunks))
-        which = np.searchsorted(bases, positions, side="right") - 1
-        src_off = np.zeros(n, np.int64)
-        lens = np.zeros(n, np.int64)
-        file_pos = np.zeros(n, np.int64)
-        kept: dict[int, tuple[bytes, int, str]] = {}
+        kept: dict[int, tuple] = {}
         survivors = self.survivors
         if survivors:  # a dict lookup a position: a batch is small, the survivors may be many
             for k, p in enumerate(positions.tolist()):
                 got = survivors.pop(p, None)
                 if got is not None:
                     kept[k] = got
-                    which[k] = -1
-                    lens[k], file_pos[k] = len(got[0]), got[1]
-        used_list = sorted(set(which.tolist()) - {-1})
-        for w in used_list:
-            c = chunks[w]
-            sel = which == w
-            j = positions[sel] - c.base
-            src_off[sel] = c.chunk.offsets[j]
-            lens[sel] = c.chunk.lengths[j]
-            file_pos[sel] = c.chunk.positions[j]
-        urls = [kept[k][2] if w < 0 else chunks[w].url for k, w in enumerate(which.tolist())]
-        ids = self.file_ids
-        sources = np.fromiter((ids.setdefault(u, len(ids)) for u in urls), dtype=np.int64, count=n)
+        offs, lens, file_pos, crc_col, serials, fids = self.flat.columns(chunks[0].base if chunks else self.read)
+        if kept:
+            held = np.ones(n, bool)
+            held[list(kept)] = False
+            at = positions[held] - self.flat.base
+        else:
+            at = positions - self.flat.base
+        src_off, lens, file_pos, serial, file_id = offs[at], lens[at], file_pos[at], serials[at], fids[at]
+        crcs = crc_col[at] if self.deferred else None
+        used = np.unique(serial)
+        first = chunks[0].serial if chunks else 0
         # by reference: each record where it lies, in the chunk the source read (or its
         # compacted copy); the batch parser reads them there, so no byte is copied here
-        used = np.asarray(used_list, dtype=np.int64)
-        bufs = [chunks[w].chunk.buffer for w in used_list]
-        slot = np.searchsorted(used, which)
-        for k in sorted(kept):
-            slot[k] = len(bufs)
-            bufs.append(kept[k][0])
+        bufs = [chunks[s - first].chunk.buffer for s in used.tolist()]
+        slot = np.searchsorted(used, serial)
+        if kept:  # the compacted records: buffers of their own, each after the chunks'
+            out = [np.zeros(n, np.int64) for _ in range(5)]
+            for col, got in zip(out, (src_off, lens, file_pos, slot, file_id)):
+                col[held] = got
+            src_off, lens, file_pos, slot, file_id = out
+            if crcs is not None:
+                all_crcs = np.zeros(n, np.uint32)
+                all_crcs[held] = crcs
+                crcs = all_crcs
+            for k, got in sorted(kept.items()):
+                pinned = got[4] if len(got) > 4 else None
+                if pinned is not None:  # a view of a map: its chunk's pages, once its last record is parsed
+                    pinned[1] -= 1
+                    if not pinned[1]:
+                        self._release_later(pinned[0])
+                lens[k], file_pos[k], slot[k] = len(got[0]), got[1], len(bufs)
+                file_id[k] = self._file_id(got[2])
+                bufs.append(got[0])
+                if crcs is not None:  # a record read back by a restore was checked there: its CRC anew
+                    crcs[k] = got[3] if len(got) > 3 and got[3] is not None else masked_crc32c(got[0])
+        urls = self.file_urls
+        names = [urls[i] for i in file_id.tolist()]
         if len(bufs) == 1:
-            return FrameChunk(bufs[0], src_off, lens, file_pos, sources), urls
-        return FrameChunk(Buffers(tuple(bufs), slot.astype(np.int64)), src_off, lens, file_pos, sources), urls
+            return FrameChunk(bufs[0], src_off, lens, file_pos, file_id, crcs), names
+        return FrameChunk(Buffers(tuple(bufs), slot), src_off, lens, file_pos, file_id, crcs), names
 
     def _buffered(self) -> np.ndarray:
         t = self.table
@@ -346,21 +468,31 @@ class ShuffledBatches:
             if end > frontier:
                 break
             if end <= self.oldest:  # nothing of it is buffered any more
-                chunks.popleft()
+                self._release_later(chunks.popleft().chunk)
                 continue
             if end > horizon:
                 break
             if held is None:
                 held = self._buffered()
             live = held[(held >= c.base) & (held < end)]
+            keep = []
             if len(live):
+                # a file's map: the records stay where they lie (a view keeps the map), the
+                # rest of the chunk's pages are handed back now, theirs once the last of them
+                # is drawn (one call, not one a record); another buffer: copied out
+                mapped = is_mapped(c.chunk.buffer)
                 view = memoryview(c.chunk.buffer)
+                pinned = [c.chunk, len(live)] if mapped else None
                 for p in live.tolist():
                     j = p - c.base
                     o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
-                    self.survivors[p] = (bytes(view[o: o + n]), int(c.chunk.positions[j]), c.url)
+                    crc = int(c.chunk.crcs[j]) if c.chunk.crcs is not None else None
+                    record = view[o: o + n] if mapped else bytes(view[o: o + n])
+                    self.survivors[p] = (record, int(c.chunk.positions[j]), c.url, crc, pinned)
+                    if mapped:
+                        keep.append((o - 12, o + n + 4))
                 self.old_starts.append((c.base, end, c.start_state))
-            chunks.popleft()
+            self._release_later(chunks.popleft().chunk, keep)
 
     # -- state --------------------------------------------------------------------------------------
     def get_state(self) -> dict:
@@ -405,3 +537,4 @@ class ShuffledBatches:
             close_generator(self.it)
             self.chunks.clear()
             self.survivors.clear()
+            self.releases.clear()  # the maps go with their last reference

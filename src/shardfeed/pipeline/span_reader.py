@@ -73,8 +73,11 @@ class SpanChunks:
 
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, chunk_size: int,
                  counters: IOCounters | None = None, errors: Any = None, track_sources: bool = False,
-                 defer_data_crc: bool = False) -> None:
+                 defer_data_crc: bool = False, release_pages: bool = True) -> None:
         self.src = src
+        # local maps hand back the pages a scan has passed (False: the consumer, which holds
+        # chunks long after they were read, does: release_chunk)
+        self.release_pages = release_pages
         # data CRCs left to the batch parser (FrameChunk.crcs): only for a consumer that parses
         # (and calls rewind() at a failed check); the scan defers only CRCs it would check
         self.defer_data_crc = bool(defer_data_crc and src.options.verify_crc and native_available())
@@ -242,7 +245,7 @@ class SpanChunks:
                                        end_offset=span.end, counters=self.counters, cache=self.cache,
                                        first_chunk=FIRST_CHUNK if first else self.chunk_size,
                                        defer_data_crc=self.defer_data_crc, reference_index=reference,
-                                       first_index=_first_index(span, start))
+                                       first_index=_first_index(span, start), release_pages=self.release_pages)
         return self._with_sources(span, chunks) if self.track_sources else chunks
 
     def _with_sources(self, span: Span, chunks: Iterator[FrameChunk]) -> Iterator[FrameChunk]:
