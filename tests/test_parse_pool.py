@@ -508,3 +508,64 @@ def test_buffer_batches_without_bytes_columns_take_no_block_and_small_values_kee
     kept = got["cat"].data  # a few bytes a record: its own array, not a view of the batch's block
     assert (kept.base is None or kept.base.nbytes <= 2 * kept.nbytes) and kept.nbytes < len(buf) // 4
     pool.close()
+
+
+def test_records_of_large_values_are_checked_then_made_one_by_one(tmp_path):
+    # each record's CRC is checked just before its large values' objects are made: a bad
+    # one raises, naming it, and the objects made for the records before it are dropped
+    records = [big_example(i) for i in range(30)]
+    buf, offs, lens, crcs = framed(records)
+    ref = _reference_big(records)
+    _same_batch(ref, nv.parse_example_batch((buf, offs, lens), BIG, crcs=crcs))
+    bad = crcs.copy()
+    bad[19] ^= 1  # record 19: a 114,680-byte value
+    for how in ("call", "pool"):
+        with pytest.raises(CorruptRecordError) as err:
+            if how == "call":
+                nv.parse_example_batch((buf, offs, lens), BIG, crcs=bad)
+            else:
+                pool = nv.ParsePool(2)
+                try:
+                    pool.submit((buf, offs, lens), BIG, crcs=bad)
+                    pool.take()
+                finally:
+                    pool.close()
+        assert err.value.record_index == 19 and err.value.offset == int(offs[19]) - 12
+
+
+def _heap_kept(env: dict) -> int:
+    """glibc's free heap top kept (mallinfo2's keepcost, bytes) after three batches of 64
+    large values are parsed and freed, in a fresh process under ``env``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ctypes\n"
+        "from tests.test_parse_pool import big_example, BIG\n"
+        "from shardfeed.formats import native as nv\n"
+        "records = [big_example(9)] * 64\n"
+        "for _ in range(3):\n"
+        "    nv.parse_example_batch(records, BIG)\n"
+        "class MI(ctypes.Structure):\n"
+        "    _fields_ = [(n, ctypes.c_size_t) for n in 'arena ordblks smblks hblks hblkhd usmblks fsmblks "
+        "uordblks fordblks keepcost'.split()]\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.mallinfo2.restype = MI\n"
+        "print(libc.mallinfo2().keepcost)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("MALLOC_") and k not in ("GLIBC_TUNABLES", "SHARDFEED_MALLOC_TUNING")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=root, capture_output=True,
+                         text=True, check=True)
+    return int(out.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="glibc's mallinfo2 only")
+def test_the_heap_keeps_a_batch_of_large_values_unless_the_user_tuned_malloc():
+    # glibc hands a free heap top over 128 KiB back at every free by default: each batch of
+    # large values faulted its pages in afresh; the first batch that makes large objects
+    # raises the thresholds, unless the user set glibc's (or turned it off)
+    tuned = _heap_kept({})
+    off = _heap_kept({"SHARDFEED_MALLOC_TUNING": "0"})
+    users = _heap_kept({"MALLOC_TRIM_THRESHOLD_": "131072"})
+    assert tuned >= 4 << 20 and off < tuned - (4 << 20) and users < tuned - (4 << 20), (tuned, off, users)

@@ -331,3 +331,34 @@ def test_map_file_maps_the_whole_file_and_keeps_no_descriptor(tmp_path):
     view = memoryview(m)
     del m  # a view keeps the map alive
     assert bytes(view[:3]) == b"\x00\x01\x02"
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_native_window_plan_matches_numpy(monkeypatch, wide):
+    # files of 5, 0 (empty), 7 and 3 records; the second-to-last's numbers unknown (-1);
+    # lengths uint32, or int64 where a frame is 4 GiB or more
+    from shardfeed.pipeline import spans as spans_mod
+
+    rng = np.random.default_rng(3)
+    sizes = [5, 0, 7, 3]
+    indexes = []
+    for n in sizes:
+        offs = np.cumsum(rng.integers(20, 90, n)) if n else np.zeros(0, np.int64)
+        lens = rng.integers(4, 60, n) + (1 << 33 if wide else 0)
+        indexes.append(np.stack([offs, lens], axis=1).astype(np.int64).reshape(n, 2))
+    g = GlobalIndex([f"f{i}" for i in range(4)], indexes, first=[3, 0, -1, 10])
+    assert g.lengths.dtype == (np.int64 if wide else np.uint32)
+    ids = rng.permutation(g.n)
+    native = g.plan(ids)
+    assert spans_mod._native_plan_window is not None
+    monkeypatch.setattr(spans_mod, "_native_plan_window", None)
+    ref = g.plan(ids)
+    for name in ("files", "offsets", "lengths", "virtual", "numbers"):
+        assert np.array_equal(getattr(native, name), getattr(ref, name)), name
+    assert native.numbers.tolist().count(-1) == 7  # the records of the file whose numbers are unknown
+    from shardfeed._native import plan_window
+
+    out = np.empty((5, 1), np.int64)
+    for bad in (g.n, -1):  # the binding refuses an id outside the records
+        with pytest.raises(ValueError, match="plan_window"):
+            plan_window(np.array([bad]), g.offsets, g.lengths, g.before, g.first, *out)
