@@ -174,16 +174,19 @@ class PostgresSliceWriter(SliceWriter):
         self.b = backend
         self.slice_id = slice_id
         self.con = backend.connect(autocommit=True)
+        self.lock_key = f"shardfeed:{backend.turl.table}"
+        self.locked = False
         try:
             self._open(schema)
         except BaseException:
-            self.con.close()
+            self.abort()
             raise
 
     def _open(self, schema: pa.Schema | None) -> None:
         con, table, b = self.con, self.b.table, self.b
-        lock_key = f"shardfeed:{b.turl.table}"
-        got = con.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)", (lock_key, self.slice_id)).fetchone()[0]
+        got = con.execute("SELECT pg_try_advisory_lock(hashtext(%s), %s)",
+                          (self.lock_key, self.slice_id)).fetchone()[0]
+        self.locked = bool(got)
         if not got:
             raise WriterConflictError(f"{b.masked}: slice {self.slice_id} is already being written by another "
                                       "TableWriter (PostgreSQL advisory lock held); use another slice_id or wait")
@@ -229,8 +232,18 @@ class PostgresSliceWriter(SliceWriter):
             self.abort()
 
     def abort(self) -> None:
-        if not self.con.closed:
-            self.con.close()  # drops the TEMP table and the advisory lock
+        if self.con.closed:
+            return
+        try:
+            if self.locked:  # released now: the session's end releases it only once its backend
+                # has exited, after close() returns (a writer of the same slice opened at once
+                # found it held: found by the test suite on a busy machine)
+                self.con.execute("SELECT pg_advisory_unlock(hashtext(%s), %s)", (self.lock_key, self.slice_id))
+                self.locked = False
+        except Exception:  # noqa: BLE001, S110 - a broken session: its end releases the lock
+            pass
+        finally:
+            self.con.close()  # drops the TEMP table (and the lock, if still held)
 
 
 __all__ = ["PostgresBackend", "PostgresSliceWriter", "WriterConflictError"]
