@@ -292,3 +292,48 @@ def test_packed_integer_fields_round_trip_in_the_narrowest_type():
     assert unpack_ints(old).tolist() == [3, 9, 4]
     with pytest.raises(ValueError, match="not a packed integer field"):
         unpack_ints("u9:AAAA")
+
+
+@pytest.mark.parametrize("where", [8, 12 + 3])  # the length field, the data
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_restore_under_skip_reads_past_a_frame_the_pass_skipped(tmp_path, where, fused):
+    # the buffered records are read back in ranges, nearby ones together: a corrupt frame
+    # between two of them, which the pass had skipped, failed the restore (found from outside)
+    import struct
+
+    files = example_files(tmp_path, [200])
+    data = open(files[0], "rb").read()
+    at = 0
+    for _ in range(100):  # frame 100's start, walked here
+        at += 16 + struct.unpack_from("<Q", data, at)[0]
+    with open(files[0], "r+b") as f:
+        f.seek(at + where)
+        b = f.read(1)
+        f.seek(at + where)
+        f.write(bytes([b[0] ^ 1]))
+    src = sf.read_tfrecord(files, spec=SPEC, on_corrupt="skip")
+    ds = (src if fused else src.take(-1)).shuffle(50, seed=1).batch(8)
+    it = iter(ds)
+    for _ in range(12):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    rest = [i for b in it for i in b["id"].tolist()]
+    assert [i for b in ds.iter_from_state(state) for i in b["id"].tolist()] == rest
+    assert 100 not in rest and len(rest) == 199 - 12 * 8
+
+
+def test_a_buffered_frame_damaged_after_the_save_is_named_without_a_record_number_it_cannot_know(tmp_path):
+    files = example_files(tmp_path, [300])
+    ds = sf.read_tfrecord(files, spec=SPEC).shuffle(60, seed=2).batch(4)
+    it = iter(ds)
+    for _ in range(10):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    frames = state["root"]["frames"]
+    at = sorted(unpack_ints(frames["at"]).tolist())[5]  # a frame read in the middle of a range
+    with open(files[0], "r+b") as f:
+        f.seek(at + 8)
+        f.write(b"\x00")
+    with pytest.raises(CorruptRecordError, match=f"byte offset {at}: length crc") as err:
+        list(ds.iter_from_state(state))
+    assert err.value.record_index is None and "record #" not in str(err.value).split(";")[0]

@@ -174,26 +174,26 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
             for i in sel[first:k + 1].tolist():
                 wanted.setdefault(int(at[i]), []).append(int(pos[i]))
             start = int(at[sel[first]])
+
+            def read(lo: int, hi: int, url: str = url, wanted: dict = wanted) -> None:
+                _read_wanted(opts, url, lo, hi, wanted, out, stats, counters, cache)
+
             try:
-                for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options,
-                                               chunk_size=end - start, stats=ReadStats(), start_offset=start,
-                                               end_offset=end, counters=counters, cache=cache):
-                    view = memoryview(chunk.buffer)
-                    for j in np.flatnonzero(np.isin(chunk.positions, at[sel[first:k + 1]])).tolist():
-                        o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
-                        ps = wanted.pop(int(chunk.positions[j]), None)
-                        if ps is None:
-                            continue
-                        record = bytes(view[o:o + n])
-                        for p in ps:
-                            out[p] = (record, int(chunk.positions[j]), url)
-                        stats.records += len(ps)
-                        stats.reread += len(ps)
-                        stats.bytes += (n + FRAME_OVERHEAD) * len(ps)
+                try:
+                    read(start, end)
+                except CorruptRecordError as exc:
+                    if exc.offset in wanted:
+                        raise
+                    # a frame between buffered ones is corrupt (one the pass skipped): each
+                    # buffered frame left is read alone, and only their own damage raises
+                    for o in sorted(wanted):
+                        read(o, o + int(lens[sel[first:k + 1]][at[sel[first:k + 1]] == o][0]) + FRAME_OVERHEAD)
             except CorruptRecordError as exc:
-                exc.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
+                # numbered from the ranged read's start, not the file's: no record number
+                err = CorruptRecordError(exc.check, exc.url, exc.offset, None, exc.detail)
+                err.add_note("(a shuffle restore reading back its buffer: was the file changed since the "
                              "state was saved?)")
-                raise
+                raise err from None
             if wanted:
                 raise CorruptRecordError("frame start", mask(url), min(wanted), detail=(
                     "the restored state names a record here and no frame starts at this offset: was the file "
@@ -201,6 +201,24 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
             k += 1
     src._merge_stats(stats)
     return out, (pos, at, lens, url_of, urls)
+
+
+def _read_wanted(opts: Any, url: str, lo: int, hi: int, wanted: dict, out: dict, stats: ReadStats, counters: Any,
+                 cache: Any) -> None:
+    """The frames of ``wanted`` (frame offset -> positions) found in bytes ``lo`` to ``hi`` of
+    ``url``, taken from ``wanted`` into ``out`` (position -> (record, file offset, url))."""
+    for chunk in iter_frame_chunks(url, None, opts.verify_crc, "raise", opts.storage_options, chunk_size=hi - lo,
+                                   stats=ReadStats(), start_offset=lo, end_offset=hi, counters=counters, cache=cache):
+        view = memoryview(chunk.buffer)
+        for j in np.flatnonzero(np.isin(chunk.positions, list(wanted))).tolist():
+            o, n = int(chunk.offsets[j]), int(chunk.lengths[j])
+            ps = wanted.pop(int(chunk.positions[j]))
+            record = bytes(view[o:o + n])
+            for p in ps:
+                out[p] = (record, int(chunk.positions[j]), url)
+            stats.records += len(ps)
+            stats.reread += len(ps)
+            stats.bytes += (n + FRAME_OVERHEAD) * len(ps)
 
 
 class KeptRecords:
