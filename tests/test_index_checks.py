@@ -235,3 +235,28 @@ def test_the_native_index_parser_agrees_with_the_line_reader_or_hands_over():
         native += 1
         assert isinstance(slow, np.ndarray) and fast.shape == slow.shape and (fast == slow).all(), (data, slow)
     assert native > 500  # the cases reached the native path, not only the hand-over
+
+
+def test_index_files_read_once_are_reused_until_they_change(tmp_path, monkeypatch):
+    # a dataset made again over the same local shards (every epoch, say) finds each index
+    # without reading its file again; an index file rewritten since is read again
+    from shardfeed.formats import index as index_mod
+
+    files = _files(tmp_path)
+    reads: list[str] = []
+    real = index_mod.read_index
+
+    def counted(path, *args, **kwargs):
+        reads.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(index_mod, "read_index", counted)
+    for mode in ("blocks", "global", "blocks"):
+        assert sorted(_ids(sf.read_tfrecord(files, spec=SPEC, shuffle=mode, seed=1))) == EVERY
+    assert sorted(reads) == sorted(f + ".idx" for f in files)  # each read once, whatever the mode
+    sf.build_index(files[1])  # written again: a new modification time
+    reads.clear()
+    assert sorted(_ids(sf.read_tfrecord(files, spec=SPEC, shuffle="blocks", seed=2))) == EVERY
+    assert reads == [files[1] + ".idx"]
+    loaded = load_index(files[0])
+    assert not loaded.flags.writeable  # shared by every later load: never changed in place
