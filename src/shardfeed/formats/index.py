@@ -279,14 +279,38 @@ def _read_checked(url: str, index_url: str, read: Any, size: int) -> tuple[np.nd
     return (index, None) if reason is None else (None, reason)
 
 
-_LOADED: "collections.OrderedDict[tuple, np.ndarray]" = collections.OrderedDict()
-_LOADED_LOCK = threading.Lock()
-_loaded_bytes = 0
+class Kept:
+    """The values used last, kept for later use in the process: at most ``entries`` of them
+    and ``nbytes`` bytes (each value's ``nbytes``), the oldest let go first; thread-safe."""
+
+    def __init__(self, entries: int, nbytes: int) -> None:
+        self.entries, self.limit = entries, nbytes
+        self.values: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self.total = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self.lock:
+            hit = self.values.get(key)
+            if hit is not None:
+                self.values.move_to_end(key)
+            return hit
+
+    def put(self, key: Any, value: Any) -> None:
+        with self.lock:
+            old = self.values.pop(key, None)
+            self.total += value.nbytes - (old.nbytes if old is not None else 0)
+            self.values[key] = value
+            while len(self.values) > 1 and (len(self.values) > self.entries or self.total > self.limit):
+                self.total -= self.values.popitem(last=False)[1].nbytes
+
+
 LOADED_INDEX_BYTES = 256 << 20
 """What the index files of local shards read and checked, kept for later loads in the process,
 may hold (the ones used last): a dataset made again over the same shards (every epoch, say)
 finds each index without reading and parsing its file again (800,000 lines cost 20 ms, a
 fifth of a pass over 60-byte records)."""
+_LOADED = Kept(1 << 20, LOADED_INDEX_BYTES)
 
 
 def _loaded_key(idx: str | None, size: int) -> tuple | None:
@@ -300,17 +324,6 @@ def _loaded_key(idx: str | None, size: int) -> tuple | None:
     except OSError:
         return None
     return (idx, st.st_size, st.st_mtime_ns, st.st_ino, int(size))
-
-
-def _remember_loaded(key: tuple, index: np.ndarray) -> None:
-    global _loaded_bytes
-    index.flags.writeable = False  # shared by every later load
-    with _LOADED_LOCK:
-        old = _LOADED.pop(key, None)
-        _loaded_bytes += index.nbytes - (old.nbytes if old is not None else 0)
-        _LOADED[key] = index
-        while len(_LOADED) > 1 and _loaded_bytes > LOADED_INDEX_BYTES:
-            _loaded_bytes -= _LOADED.popitem(last=False)[1].nbytes
 
 
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,
@@ -363,16 +376,14 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
         return read_index(local, None) if local is not None else read_index(idx, storage_options, counters)
 
     key = _loaded_key(idx, n)
-    if key is not None:
-        with _LOADED_LOCK:
-            hit = _LOADED.get(key)
-            if hit is not None:
-                _LOADED.move_to_end(key)
-                return hit
+    hit = _LOADED.get(key) if key is not None else None
+    if hit is not None:
+        return hit
     index, stale = _read_checked(url, idx or url, read_beside, n)
     if index is not None:
         if key is not None:
-            _remember_loaded(key, index)
+            index.flags.writeable = False  # shared by every later load
+            _LOADED.put(key, index)
         return index
     cached = _cached_index_path(url, n)
     if os.path.exists(cached):

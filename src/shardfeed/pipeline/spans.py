@@ -14,16 +14,14 @@ pipeline never imports the distributed layer.
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..formats.index import StaleIndexError, load_index
+from ..formats.index import Kept, StaleIndexError, load_index
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage import size
 from ..storage.urls import mask, parse_url
@@ -874,12 +872,9 @@ class GlobalIndex:
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
         key = _local_index_key(spans, compression)
-        if key is not None:
-            with _INDEX_LOCK:
-                got = _INDEXES.get(key)
-                if got is not None:
-                    _INDEXES.move_to_end(key)
-                    return got
+        got = _INDEXES.get(key) if key is not None else None
+        if got is not None:
+            return got
         loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen, damage)
         first = []
         for s in spans:
@@ -891,7 +886,7 @@ class GlobalIndex:
             first.append(-1 if damage and s.url in damage else int(a))
         out = cls(urls, indexes, first)
         if key is not None and not (damage and any(s.url in damage for s in spans)):
-            _remember_index(key, out)
+            _INDEXES.put(key, out)
         return out
 
     def plan(self, ids: np.ndarray) -> GatherPlan:
@@ -921,14 +916,13 @@ class GlobalIndex:
         return p.virtual + p.lengths
 
 
-_INDEXES: "collections.OrderedDict[tuple, GlobalIndex]" = collections.OrderedDict()
-_INDEX_LOCK = threading.Lock()
 INDEX_CACHE_BYTES = 256 << 20
 """What the global indexes of local files kept for datasets made later in the process may
 hold (the last ones made, :data:`INDEX_CACHE_ENTRIES` at most): a new dataset over the same
 shards (a script that makes one every epoch, say) reuses the index instead of reading every
 index file again (a tenth of a pass over 1 KB records)."""
 INDEX_CACHE_ENTRIES = 4
+_INDEXES = Kept(INDEX_CACHE_ENTRIES, INDEX_CACHE_BYTES)
 
 
 def _local_index_key(spans: Sequence[Span], compression: str | None) -> tuple | None:
@@ -949,15 +943,6 @@ def _local_index_key(spans: Sequence[Span], compression: str | None) -> tuple | 
         parts.append((s.url, s.start, s.stop, s.offset, s.end, a.st_size, a.st_mtime_ns, a.st_ino,
                       b.st_size, b.st_mtime_ns, b.st_ino))
     return (compression, tuple(parts))
-
-
-def _remember_index(key: tuple, index: "GlobalIndex") -> None:
-    with _INDEX_LOCK:
-        _INDEXES[key] = index
-        _INDEXES.move_to_end(key)
-        while _INDEXES and (len(_INDEXES) > INDEX_CACHE_ENTRIES or
-                            sum(g.nbytes for g in _INDEXES.values()) > INDEX_CACHE_BYTES):
-            _INDEXES.popitem(last=False)
 
 
 def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: int, t0: int,
