@@ -40,6 +40,7 @@ from ..formats.native import Buffers
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
+from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs
 from .records import TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
@@ -56,22 +57,6 @@ def shuffle_stage(b: Any, shuffle_ds: Any) -> StageStats:
     return st
 
 
-_NO_CRCS = np.zeros(0, np.uint32)
-RELEASE_AFTER = 8
-"""Batches handed out after the one that let go of a mapped chunk (or drew a record kept in
-its map) before its pages are handed back: by then its records are parsed (a source batch
-node parses at most two batches a thread ahead)."""
-
-
-def _stored_crcs(chunk: FrameChunk, j: np.ndarray) -> np.ndarray:
-    """The masked data CRCs of records ``j`` of a chunk whose scan checked them (read by the
-    reference reader after a deferred scan's handoff), for a batch whose parser checks them."""
-    view = memoryview(chunk.buffer).cast("B")
-    return np.fromiter((masked_crc32c(view[o:o + n]) for o, n in zip(chunk.offsets[j].tolist(),
-                                                                      chunk.lengths[j].tolist())),
-                       dtype=np.uint32, count=len(j))
-
-
 class _Chunk:
     __slots__ = ("base", "chunk", "url", "start_state", "end_state", "serial")
 
@@ -83,36 +68,6 @@ class _Chunk:
         self.serial = serial  # the chunks read before it in the pass
         self.start_state = start_state  # the source's state before its first record
         self.end_state = end_state  # ... after its last
-
-
-class _Flat:
-    """Where each record of the chunks held lies, one entry a record from upstream position
-    ``base`` on (offsets and lengths in its chunk's buffer, frame offsets in its file, stored
-    data CRCs, its chunk's serial number, its file's number): a batch's frames are found with
-    a few indexings, not a step per chunk (a batch of large records draws from tens of
-    chunks)."""
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.cols: tuple = tuple(np.zeros(0, np.uint32 if i == 3 else np.int64) for i in range(6))
-        self.pending: list[tuple] = []
-
-    def add(self, base: int, chunk: FrameChunk, crcs: np.ndarray, serial: int, file_id: int) -> None:
-        if not len(self.cols[0]) and not self.pending:
-            self.base = base
-        n = chunk.count
-        self.pending.append((chunk.offsets, chunk.lengths, chunk.positions, crcs,
-                             np.full(n, serial, np.int64), np.full(n, file_id, np.int64)))
-
-    def columns(self, start: int) -> tuple:
-        """The columns, with entries before position ``start`` (no longer held) let go of."""
-        if self.pending:
-            cut = min(max(0, start - self.base), len(self.cols[0]))
-            parts = [tuple(c[cut:] for c in self.cols), *self.pending]
-            self.cols = tuple(np.concatenate([p[i] for p in parts]) for i in range(6))
-            self.base += cut
-            self.pending = []
-        return self.cols
 
 
 class ShuffledBatches:
@@ -149,7 +104,7 @@ class ShuffledBatches:
             self.seed = shuffle_ds.seed if shuffle_ds.seed is not None else secrets.randbits(63)
             self.parent_start = None
         self.chunks: collections.deque[_Chunk] = collections.deque()
-        self.flat = _Flat()
+        self.flat = Flat()
         self.batches_out = 0
         self.releases: collections.deque = collections.deque()  # (due, chunk, keep)
         self.serial = 0
@@ -201,14 +156,14 @@ class ShuffledBatches:
 
     # -- the source's chunks ----------------------------------------------------------------
     def _open(self, source_state: Any) -> None:
-        # a local file's pages stay mapped while its chunks are held (buffered records are
-        # parsed long after the scan passed them; released there, each would fault back in)
-        # and are handed back as each chunk is let go (_compact)
-        # chunks of the sequential batch path's size: a chunk costs its scan call and its
-        # bookkeeping here, and a buffer of large records spans hundreds of 1 MiB ones
+        # Chunks of the sequential batch path's size (a chunk costs its scan call and its
+        # bookkeeping here, and a buffer of large records spans hundreds of 1 MiB ones). A
+        # local file's pages stay mapped while its chunks are held (buffered records are
+        # parsed long after the scan passed them: released there, each faulted back in) and
+        # are handed back as each chunk is let go (_compact, _release_due).
         self.span_chunks = SpanChunks(self.src, self.epoch_path, source_state, self.src.options.chunk_size,
-                                      self.counters,
-                                      self.errors, defer_data_crc=self.deferred, release_pages=False)
+                                      self.counters, self.errors, defer_data_crc=self.deferred,
+                                      release_pages=False)
         self.deferred = self.span_chunks.defer_data_crc  # not without verify_crc or the native core
         self.it = iter(self.span_chunks)
         self.last_state = source_state
@@ -243,8 +198,8 @@ class ShuffledBatches:
             url = tag.span.url
             file_id = self._file_id(url)
             crcs = chunk.crcs if chunk.crcs is not None or not self.deferred \
-                else _stored_crcs(chunk, np.arange(chunk.count))
-            self.flat.add(self.read, chunk, crcs if crcs is not None else _NO_CRCS, self.serial, file_id)
+                else stored_crcs(chunk, np.arange(chunk.count))
+            self.flat.add(self.read, chunk, crcs if crcs is not None else NO_CRCS, self.serial, file_id)
             self.chunks.append(_Chunk(self.read, chunk, url, self.last_state, end_state, self.serial))
             self.serial += 1
             # where each record of the chunk lies in its file, kept while any may be buffered

@@ -1,0 +1,56 @@
+"""The bookkeeping of the chunks a fused buffer shuffle holds (:mod:`shardfeed.pipeline.shuffle_batch`):
+where each held record lies, as flat per-record arrays, and the stored CRCs of records whose
+chunk was checked when read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..crc import masked_crc32c
+from ..formats.chunks import FrameChunk
+
+NO_CRCS = np.zeros(0, np.uint32)
+"""The CRC column of chunks whose CRCs the parser does not check."""
+RELEASE_AFTER = 8
+"""Batches handed out after the one that let go of a mapped chunk (or drew a record kept in
+its map) before its pages are handed back: by then its records are parsed (a source batch
+node parses at most two batches a thread ahead)."""
+
+
+def stored_crcs(chunk: FrameChunk, j: np.ndarray) -> np.ndarray:
+    """The masked data CRCs of records ``j`` of a chunk whose scan checked them (read by the
+    reference reader after a deferred scan's handoff), for a batch whose parser checks them."""
+    view = memoryview(chunk.buffer).cast("B")
+    return np.fromiter((masked_crc32c(view[o:o + n]) for o, n in zip(chunk.offsets[j].tolist(),
+                                                                      chunk.lengths[j].tolist())),
+                       dtype=np.uint32, count=len(j))
+
+
+class Flat:
+    """Where each record of the chunks held lies, one entry a record from upstream position
+    ``base`` on (offsets and lengths in its chunk's buffer, frame offsets in its file, stored
+    data CRCs, its chunk's serial number, its file's number): a batch's frames are found with
+    a few indexings, not a step per chunk (a batch of large records draws from tens of
+    chunks)."""
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.cols: tuple = tuple(np.zeros(0, np.uint32 if i == 3 else np.int64) for i in range(6))
+        self.pending: list[tuple] = []
+
+    def add(self, base: int, chunk: FrameChunk, crcs: np.ndarray, serial: int, file_id: int) -> None:
+        if not len(self.cols[0]) and not self.pending:
+            self.base = base
+        n = chunk.count
+        self.pending.append((chunk.offsets, chunk.lengths, chunk.positions, crcs,
+                             np.full(n, serial, np.int64), np.full(n, file_id, np.int64)))
+
+    def columns(self, start: int) -> tuple:
+        """The columns, with entries before position ``start`` (no longer held) let go of."""
+        if self.pending:
+            cut = min(max(0, start - self.base), len(self.cols[0]))
+            parts = [tuple(c[cut:] for c in self.cols), *self.pending]
+            self.cols = tuple(np.concatenate([p[i] for p in parts]) for i in range(6))
+            self.base += cut
+            self.pending = []
+        return self.cols
