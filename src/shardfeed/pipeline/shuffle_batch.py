@@ -188,7 +188,8 @@ class ShuffledBatches:
                 break
             self.read_s += time.perf_counter() - t0
             if chunk.handoff is not None:  # the deferred scan met a bad frame: the reference reader
-                self.span_chunks.rewind(tag.seq, chunk.handoff[0])  # reads on from it (and raises)
+                close_generator(self.it)  # reads on from it (and raises)
+                self.span_chunks.rewind(tag.seq, chunk.handoff[0])
                 self.it = iter(self.span_chunks)
                 continue
             if not chunk.count:
