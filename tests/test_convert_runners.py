@@ -385,7 +385,14 @@ def test_a_killed_worker_is_a_clear_error_naming_the_shard_and_resume_finishes(t
         parent.kill()
         pytest.skip("no worker was seen at work before the conversion ended")
     os.kill(victim, signal.SIGKILL)
-    stdout, _ = parent.communicate(timeout=120)
+    try:
+        stdout, _ = parent.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # where it hangs, for the failure's message (py-spy, when installed)
+        spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        where = subprocess.run([spy, "dump", "--pid", str(parent.pid)], capture_output=True, text=True,
+                               timeout=60).stdout if os.path.exists(spy) else "(no py-spy)"
+        parent.kill()
+        raise AssertionError(f"the converting process did not end after its worker was killed:\n{where}") from None
     if parent.returncode == 0:
         pytest.skip("the conversion finished before the killed worker was missed")
     assert parent.returncode == 3 and "ConversionWorkerDied" in stdout and "resume=True" in stdout, stdout

@@ -45,7 +45,9 @@ def test_a_pass_closed_early_leaves_no_fetch_thread_a_second_later(s3_bucket, tm
         time.sleep(0.05)
     assert not _fetch_threads(), [t.name for t in _fetch_threads()]
     assert closed_in < 5  # never joins a request in flight (generous: a loaded machine)
-    assert it.stats().to_dict()["storage"]["fetch_threads"] == peak
+    # the pass's peak stays in its stats after the close (the pass may have started more
+    # threads between the first batch and the close: the CI rehearsal saw 5 become 8)
+    assert peak <= it.stats().to_dict()["storage"]["fetch_threads"] <= fetch.MAX_CONCURRENCY + 8
 
 
 def test_fetch_threads_come_back_for_the_next_pass_and_read_everything(s3_bucket, tmp_path):

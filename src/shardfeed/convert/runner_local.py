@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -70,6 +71,49 @@ def _init_process(plan: Plan, storage_options: Mapping[str, Any] | None) -> None
 
 PARENT_CHECK_S = 1.0
 """How often a conversion worker process looks for its parent."""
+
+
+WORKER_CHECK_S = 1.0
+"""How often the converting process, waiting on a chunk, checks that its worker processes live."""
+
+
+def _result(fut: Any, pool: Any) -> Any:
+    """``fut.result()``, raising :class:`BrokenProcessPool` when a worker process of ``pool``
+    has died: a worker killed while it wrote a result leaves part of a message in the result
+    pipe, and the executor's thread then waits for the rest for ever, never seeing the death
+    (the converting process hung; found by the CI rehearsal, 1 run in 15)."""
+    while True:
+        try:
+            return fut.result(timeout=WORKER_CHECK_S)
+        except FuturesTimeout:
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                if proc.exitcode is not None:
+                    raise BrokenProcessPool(f"a worker process (pid {proc.pid}) ended with exit code "
+                                            f"{proc.exitcode} while the pool was running") from None
+
+
+def _drop_broken_pool(pool: Any) -> None:
+    """Let go of a process pool a worker of which died: its other workers killed, the pool's
+    own end of its result pipe closed (so that an executor thread waiting for the rest of a
+    message the dead worker began reads the end of the pipe and stops), its shutdown run on a
+    daemon thread and waited for a few seconds at most."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        try:
+            proc.kill()
+            proc.join(timeout=5)
+        except (OSError, ValueError, AttributeError):  # gone already, or closed
+            pass
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    try:
+        if writer is not None:
+            writer.close()
+    except OSError:
+        pass
+    done = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True},
+                            name="shardfeed-convert-pool-shutdown", daemon=True)
+    done.start()
+    done.join(timeout=5)
 
 
 def _exit_with_parent() -> None:
@@ -203,7 +247,7 @@ def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] |
                 inflight.append((si, rows, submit(rows)))
             if inflight:
                 si, rows, fut = inflight.popleft()
-                framed, cpu = fut.result()
+                framed, cpu = _result(fut, pool)
             else:  # cheap rows: converted here, in order, without hand-overs
                 si, rows = next_rows()
                 framed, cpu = _timed_convert_rows(converter, rows)
@@ -233,6 +277,9 @@ def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] |
         for _, _, f in inflight:
             f.cancel()
         died = exc if isinstance(exc, BrokenProcessPool) else None
+        if died is not None:
+            _drop_broken_pool(pool)
+            pool = None
         # nothing writes or commits when the unfinished shards are dropped (abort leaves a
         # committed shard alone: a resumed job keeps it)
         writer.shutdown(wait=True, cancel_futures=True)
@@ -248,7 +295,8 @@ def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] |
         raise
     finally:
         bar.close()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:  # a broken one was let go of above
+            pool.shutdown(wait=True, cancel_futures=True)
         writer.shutdown(wait=True)
         committer.shutdown(wait=True)
     elapsed = time.perf_counter() - start
