@@ -341,7 +341,7 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     index = first_index
     released = 0  # pages below this offset were handed back
     prev = start  # where the previous chunk began
-    can_release = release and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")
+    can_release = release and is_mapped(mm)
     while pos < size:
         if can_release:
             upto = (prev // mmap.PAGESIZE) * mmap.PAGESIZE

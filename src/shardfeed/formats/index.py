@@ -313,17 +313,25 @@ fifth of a pass over 60-byte records)."""
 _LOADED = Kept(1 << 20, LOADED_INDEX_BYTES)
 
 
-def _loaded_key(idx: str | None, size: int) -> tuple | None:
-    """What a local index file read and checked against a shard of ``size`` bytes depends on:
-    its path, size, modification time and inode, and the shard's size; ``None`` for a remote
-    one or one that is not there."""
-    if idx is None or not parse_url(idx).is_local:
+def local_stamp(url: str) -> tuple | None:
+    """A local file's size, modification time and inode (what tells that it changed);
+    ``None`` for a remote one or one that is not there."""
+    parsed = parse_url(url)
+    if not parsed.is_local:
         return None
     try:
-        st = os.stat(parse_url(idx).path)
+        st = os.stat(parsed.path)
     except OSError:
         return None
-    return (idx, st.st_size, st.st_mtime_ns, st.st_ino, int(size))
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _loaded_key(idx: str | None, size: int) -> tuple | None:
+    """What a local index file read and checked against a shard of ``size`` bytes depends on:
+    its path and :func:`local_stamp`, and the shard's size; ``None`` for a remote one or one
+    that is not there."""
+    stamp = local_stamp(idx) if idx is not None else None
+    return None if stamp is None else (idx, *stamp, int(size))
 
 
 def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build: bool = False,

@@ -171,23 +171,22 @@ def fetch_frames(src: Any, frames: Mapping[str, Any], counters: Any, cache: Any
                 end = max(end, int(at[sel[k]] + lens[sel[k]]) + FRAME_OVERHEAD)
             # a file listed twice has the same frame buffered at two positions
             wanted: dict[int, list[int]] = {}
+            length: dict[int, int] = {}
             for i in sel[first:k + 1].tolist():
                 wanted.setdefault(int(at[i]), []).append(int(pos[i]))
+                length[int(at[i])] = int(lens[i])
             start = int(at[sel[first]])
-
-            def read(lo: int, hi: int, url: str = url, wanted: dict = wanted) -> None:
-                _read_wanted(opts, url, lo, hi, wanted, out, stats, counters, cache)
-
             try:
                 try:
-                    read(start, end)
+                    _read_wanted(opts, url, start, end, wanted, out, stats, counters, cache)
                 except CorruptRecordError as exc:
                     if exc.offset in wanted:
                         raise
                     # a frame between buffered ones is corrupt (one the pass skipped): each
                     # buffered frame left is read alone, and only their own damage raises
                     for o in sorted(wanted):
-                        read(o, o + int(lens[sel[first:k + 1]][at[sel[first:k + 1]] == o][0]) + FRAME_OVERHEAD)
+                        _read_wanted(opts, url, o, o + length[o] + FRAME_OVERHEAD, wanted, out, stats, counters,
+                                     cache)
             except CorruptRecordError as exc:
                 # numbered from the ranged read's start, not the file's: no record number
                 err = CorruptRecordError(exc.check, exc.url, exc.offset, None, exc.detail)

@@ -109,7 +109,8 @@ class ShuffledBatches:
         self.releases: collections.deque = collections.deque()  # (due, chunk, keep)
         self.serial = 0
         self.file_urls: list[str] = []  # by file number (file_ids)
-        # compacted: position -> (record, file offset, url, its stored data CRC or None: checked)
+        # compacted or read back: position -> (record, file offset, url, its stored data CRC or
+        # None: checked, [its map's chunk, its records still buffered] or None: not a view)
         self.survivors: dict[int, tuple] = {}
         self.read = 0  # upstream positions held or passed
         self.ended = False  # the source has no more records
@@ -241,7 +242,8 @@ class ShuffledBatches:
     def _fetch(self, frames: Mapping[str, Any]) -> None:
         """The records a state's ``"frames"`` names into ``survivors`` (:func:`fetch_frames`)."""
         got, self.restored = fetch_frames(self.src, frames, self.span_chunks.counters, self.span_chunks.cache)
-        self.survivors.update(got)
+        # records read back: checked there (no stored CRC kept), not views of a map
+        self.survivors.update((p, (*v, None, None)) for p, v in got.items())
 
     # -- the draws ----------------------------------------------------------------------------
     def _fill_first(self) -> None:
@@ -388,7 +390,7 @@ class ShuffledBatches:
                 all_crcs[held] = crcs
                 crcs = all_crcs
             for k, got in sorted(kept.items()):
-                pinned = got[4] if len(got) > 4 else None
+                pinned = got[4]
                 if pinned is not None:  # a view of a map: its chunk's pages, once its last record is parsed
                     pinned[1] -= 1
                     if not pinned[1]:
@@ -397,7 +399,7 @@ class ShuffledBatches:
                 file_id[k] = self._file_id(got[2])
                 bufs.append(got[0])
                 if crcs is not None:  # a record read back by a restore was checked there: its CRC anew
-                    crcs[k] = got[3] if len(got) > 3 and got[3] is not None else masked_crc32c(got[0])
+                    crcs[k] = got[3] if got[3] is not None else masked_crc32c(got[0])
         urls = self.file_urls
         names = [urls[i] for i in file_id.tolist()]
         if len(bufs) == 1:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..formats.index import Kept, StaleIndexError, load_index
+from ..formats.index import StaleIndexError, load_index, local_stamp
 from ..formats.tfrecord import ReadStats, normalize_compression
 from ..storage import size
 from ..storage.urls import mask, parse_url
@@ -709,18 +709,11 @@ class ShuffledSpans:
         """Drop what this provider cut or loaded from local files that changed since (a
         shard rewritten between two passes of one dataset: its records were read at their
         old offsets, found from outside); one stat a file a pass."""
-        import os  # noqa: PLC0415
-
         changed = False
         for url in dict.fromkeys(s.url for s in self.spans):
-            parsed = parse_url(url)
-            if not parsed.is_local:
+            if not parse_url(url).is_local:
                 continue
-            try:
-                st = os.stat(parsed.path)
-                stamp: tuple = (st.st_size, st.st_mtime_ns, st.st_ino)
-            except OSError:
-                stamp = ()
+            stamp = local_stamp(url) or ()
             old = self._stamps.get(url)
             if old is not None and old != stamp:
                 changed = True
@@ -871,10 +864,6 @@ class GlobalIndex:
             return type(exc)(f"shuffle='global' needs the index file of {mask(url)} and cannot build it "
                              f"({exc}); build index files once with `shardfeed index FILES`")
 
-        key = _local_index_key(spans, compression)
-        got = _INDEXES.get(key) if key is not None else None
-        if got is not None:
-            return got
         loaded = load_indexes([s.url for s in spans], storage_options, cache, wrap, counters, seen, damage)
         first = []
         for s in spans:
@@ -884,10 +873,7 @@ class GlobalIndex:
             urls.append(s.url)
             indexes.append(np.asarray(idx[a:b], dtype=np.int64))
             first.append(-1 if damage and s.url in damage else int(a))
-        out = cls(urls, indexes, first)
-        if key is not None and not (damage and any(s.url in damage for s in spans)):
-            _INDEXES.put(key, out)
-        return out
+        return cls(urls, indexes, first)
 
     def plan(self, ids: np.ndarray) -> GatherPlan:
         """Where the records ``ids`` are (a window of the permutation, in that order): in one
@@ -914,35 +900,6 @@ class GlobalIndex:
                           int(ps["count"]), int(ps["t"]), int(ps.get("window", DEFAULT_WINDOW)))
         p = self.plan(ids)
         return p.virtual + p.lengths
-
-
-INDEX_CACHE_BYTES = 256 << 20
-"""What the global indexes of local files kept for datasets made later in the process may
-hold (the last ones made, :data:`INDEX_CACHE_ENTRIES` at most): a new dataset over the same
-shards (a script that makes one every epoch, say) reuses the index instead of reading every
-index file again (a tenth of a pass over 1 KB records)."""
-INDEX_CACHE_ENTRIES = 4
-_INDEXES = Kept(INDEX_CACHE_ENTRIES, INDEX_CACHE_BYTES)
-
-
-def _local_index_key(spans: Sequence[Span], compression: str | None) -> tuple | None:
-    """What a global index of ``spans`` depends on, for :data:`_INDEXES`: each span's file
-    and cut, and the size, modification time and inode of the file and of its index file
-    beside it; ``None`` where a file is remote or has no index file beside it."""
-    import os  # noqa: PLC0415
-
-    parts = []
-    for s in spans:
-        parsed = parse_url(s.url)
-        if not parsed.is_local:
-            return None
-        try:
-            a, b = os.stat(parsed.path), os.stat(parsed.path + ".idx")
-        except OSError:
-            return None
-        parts.append((s.url, s.start, s.stop, s.offset, s.end, a.st_size, a.st_mtime_ns, a.st_ino,
-                      b.st_size, b.st_mtime_ns, b.st_ino))
-    return (compression, tuple(parts))
 
 
 def _window_ids(n: int, seed: int, epoch: tuple, base: int, index: int, count: int, t0: int,
