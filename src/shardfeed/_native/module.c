@@ -177,6 +177,68 @@ static PyObject *py_crc_backend(PyObject *self, PyObject *unused) {
 /* scan_frames(buf, verify, max_rec, defer) -> (offsets, lengths, consumed, error, error_offset)
  * and, with defer (and verify), a sixth item: each frame's stored masked data CRC (uint32),
  * its data CRC left unchecked for the batch parser (parse_batch's crcs). */
+/* first_lost(buffer, offsets, lengths, every=False) -> int: the first record buffer[offsets[k] :
+ * offsets[k] + lengths[k]] with a byte past where its map stopped being its file's (the file
+ * truncated while mapped: map_file's guard), or -1; -1 at once while no such fault has
+ * happened in the process. every=True: an int64 array of every such record instead (empty:
+ * none). Call it after the records' bytes were read. */
+static PyObject *py_first_lost(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *buf_obj, *offsets_obj, *lengths_obj;
+    int every = 0;
+    if (!PyArg_ParseTuple(args, "OOO|p:first_lost", &buf_obj, &offsets_obj, &lengths_obj, &every)) return NULL;
+    if (!sf_guard_faults()) {
+        if (!every) return PyLong_FromLong(-1);
+        npy_intp zero = 0;
+        return PyArray_SimpleNew(1, &zero, NPY_INT64);
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyArrayObject *offs = (PyArrayObject *)PyArray_FROMANY(offsets_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY);
+    PyArrayObject *lens = offs ? (PyArrayObject *)PyArray_FROMANY(lengths_obj, NPY_INT64, 1, 1, NPY_ARRAY_IN_ARRAY) : NULL;
+    PyObject *result = NULL;
+    if (offs && lens) {
+        npy_intp n = PyArray_SIZE(offs) < PyArray_SIZE(lens) ? PyArray_SIZE(offs) : PyArray_SIZE(lens);
+        const int64_t *o = PyArray_DATA(offs), *l = PyArray_DATA(lens);
+        sf_bytes *recs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(sf_bytes));
+        if (!recs) {
+            PyErr_NoMemory();
+        } else {
+            npy_intp k = 0;
+            for (; k < n; k++) {
+                if (o[k] < 0 || l[k] < 0 || o[k] > view.len || l[k] > view.len - o[k]) break;
+                recs[k].p = (const uint8_t *)view.buf + o[k];
+                recs[k].n = (size_t)l[k];
+            }
+            uint8_t *flags = every ? PyMem_Calloc((size_t)(n ? n : 1), 1) : NULL;
+            if (k < n) {
+                PyErr_Format(PyExc_IndexError, "first_lost: record %zd lies outside the buffer", (Py_ssize_t)k);
+            } else if (every && !flags) {
+                PyErr_NoMemory();
+            } else if (!every) {
+                size_t first = sf_guard_first_lost(recs, (size_t)n);
+                result = PyLong_FromSsize_t(first < (size_t)n ? (Py_ssize_t)first : -1);
+            } else {
+                sf_guard_lost(recs, (size_t)n, flags);
+                npy_intp count = 0;
+                for (npy_intp i = 0; i < n; i++) count += flags[i];
+                result = PyArray_SimpleNew(1, &count, NPY_INT64);
+                if (result) {
+                    int64_t *out = PyArray_DATA((PyArrayObject *)result);
+                    for (npy_intp i = 0; i < n; i++)
+                        if (flags[i]) *out++ = i;
+                }
+            }
+            PyMem_Free(flags);
+            PyMem_Free(recs);
+        }
+    }
+    Py_XDECREF(offs);
+    Py_XDECREF(lens);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyObject *py_scan_frames(PyObject *self, PyObject *args) {
     Py_buffer view;
     int verify = 1, defer = 0;
@@ -1442,6 +1504,19 @@ static PyObject *pjob_finish(pjob *j) {
     return result;
 }
 
+/* pjob_finish, and then, once every byte of the records has been read, the truncation
+ * guard's word: a record with a byte in a map that reads zeros (its file truncated while
+ * the batch was read) fails its check as "truncated data", whatever the columns hold. */
+static PyObject *pjob_finish_guarded(pjob *j) {
+    PyObject *result = pjob_finish(j);
+    if (!result) return result;
+    size_t lost = sf_guard_first_lost(j->recs, j->n);
+    if (lost >= j->n) return result;
+    Py_DECREF(result);
+    return Py_BuildValue("(O(snnnLLLs))", Py_None, "crc", (Py_ssize_t)0, (Py_ssize_t)lost, (Py_ssize_t)0, 0LL, 0LL, 0LL,
+                         "truncated data");
+}
+
 /* Free a job and what it holds (with the GIL), whatever phase it reached. */
 static void pjob_free(pjob *j) {
     if (!j) return;
@@ -1504,7 +1579,7 @@ static PyObject *parse_common(PyObject *args, int sequence) {
         Py_BEGIN_ALLOW_THREADS
         pjob_run(j);
         Py_END_ALLOW_THREADS
-        result = pjob_finish(j);
+        result = pjob_finish_guarded(j);
     }
     pjob_free(j);
     return result;
@@ -1714,7 +1789,7 @@ static PyObject *pp_take(ParsePoolObject *p, PyObject *noargs) {
     p->head = s->next;
     if (!p->head) p->tail = NULL;
     pthread_mutex_unlock(&p->mu);
-    PyObject *result = pjob_finish(s->job);
+    PyObject *result = pjob_finish_guarded(s->job);
     pjob_free(s->job);
     PyMem_Free(s);
     if (p->joined) pp_drop(p); /* closed from another thread while this one waited */
@@ -2194,6 +2269,10 @@ static PyMethodDef methods[] = {
      "a global shuffle's frames copied into one buffer, each checked (gatherframes.h)"},
     {"map_file", sf_map_file, METH_O,
      "map_file(path) -> MappedFile or b'': a read-only map of the whole file, keeping no descriptor open"},
+    {"first_lost", py_first_lost, METH_VARARGS,
+     "first_lost(buffer, offsets, lengths) -> int: the first record past where a truncated file's map is lost, or -1"},
+    {"guarded_faults", sf_guarded_faults, METH_NOARGS,
+     "guarded_faults() -> int: SIGBUS faults in maps of truncated files answered with zero pages"},
     {"parse_index", sf_py_parse_index, METH_VARARGS,
      "parse_index(out, data) -> int: index file text into int64 pairs (-1: not well formed)"},
     {"plan_window", sf_py_plan_window, METH_VARARGS,

@@ -87,6 +87,8 @@ __all__ = [
 
 # frame check names, as tfrecord.py and CorruptRecordError name them
 FRAME_CHECKS = {1: "length crc", 2: "data crc", 3: "absurd length"}
+TRUNCATED_WHILE_READ = "the file was truncated while this pass read it, and the record lies past its new end"
+"""The detail of a ``"truncated data"`` error found by the native core's truncation guard."""
 _MAX_RECORD_BYTES = (1 << 31) - 1
 _KIND = {BYTES: 1, FLOAT32: 2, INT64: 3}
 _KIND_NAMES = {1: "bytes_list", 2: "float_list", 3: "int64_list"}
@@ -567,6 +569,8 @@ def _native_columns(parsed: tuple, cs: CompiledSpec, n: int, offsets: Any,
     cols, err = parsed
     if err is not None and err[0] == "crc":
         ri = err[2]
+        if err[-1] == "truncated data":
+            raise CorruptRecordError("truncated data", None, int(offsets[ri]) - 12, ri, TRUNCATED_WHILE_READ)
         raise CorruptRecordError("data crc", None, int(offsets[ri]) - 12, ri)
     if err is not None:
         _raise(err, cs)

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError
-from ..formats.chunks import FrameChunk, map_file
-from ..formats.native import IN_FRAME, Buffers, gather, scan_frames
+from ..formats.chunks import FrameChunk, file_size_now, lost_frames, map_file
+from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
 from ..storage import io as sio
 from ..storage.fetch import RangeStream
@@ -161,6 +161,9 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
                     continue
                 try:
                     gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
+                    for i in sel[lost_frames(src, plan.offsets[k + sel], plan.lengths[k + sel])].tolist():
+                        # past its file's new end (truncated while mapped): its copy fails the scan
+                        buf[int(dst[i]):int(dst[i]) + 8] = b"\xff" * 8
                 except IndexError:
                     past = sel[plan.offsets[k + sel] + plan.lengths[k + sel] > len(src)]
                     at = int(plan.offsets[k + past[0]]) if len(past) else len(src)
@@ -242,6 +245,10 @@ def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: n
     buf, bad, _ = _gather_frames(size, dst, srcs, local, offsets, lengths, None, bool(o.verify_crc))
     if bad != j - k:
         return None
+    for i, src in enumerate(srcs):  # copied from a map past its file's new end: zeros (the reference path says so)
+        sel = np.flatnonzero(local == i)
+        if len(lost_frames(src, offsets[sel], lengths[sel])):
+            return None
     stats.records += j - k
     stats.bytes += int(lengths.sum())  # frames, framing included, as the scan counts them
     return FrameChunk(buf, dst + 12, lengths - 16, plan.virtual[k:j], plan.files[k:j])
@@ -287,8 +294,12 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
             f = int(plan.files[i])
             check = err1[0] if err1 is not None else "truncated data"
             number = None if plan.numbers is None or plan.numbers[i] < 0 else int(plan.numbers[i])
-            exc = CorruptRecordError(check, mask(plan.urls[f]), int(plan.offsets[i]), number,
-                                     "read through shuffle='global'")
+            detail = "read through shuffle='global'"
+            url = plan.urls[f]
+            if parse_url(url).is_local and (now := file_size_now(url)) < int(plan.offsets[i]) + ln:
+                # its map was longer when gathered from: the file was cut under the pass
+                check, detail = "truncated data", f"{detail}; {TRUNCATED_WHILE_READ} (it has {now} bytes now)"
+            exc = CorruptRecordError(check, mask(url), int(plan.offsets[i]), number, detail)
             if o.on_corrupt != "skip":
                 raise exc
             keep[i - k] = False

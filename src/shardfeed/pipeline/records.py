@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..deprecation import renamed_argument
-from ..errors import DecodeError, ParseError
-from ..formats.chunks import DEFAULT_CHUNK
+from ..errors import CorruptRecordError, DecodeError, ParseError
+from ..formats.chunks import DEFAULT_CHUNK, file_size_now, first_lost, truncated_while_read
 from ..formats.parse import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
@@ -106,11 +106,14 @@ class _RecordReader:
         self.k = 0
         self.offset = 0
         self.bytes_read = 0
+        self.cut: CorruptRecordError | None = None  # the records after these lie past a truncated file's end
 
     def __next__(self) -> Any:
         while True:
             k = self.k
             while k >= len(self.records):
+                if self.cut is not None:
+                    self._truncated()
                 self._next_chunk()
                 k = 0
             record = self.records[k]
@@ -140,6 +143,23 @@ class _RecordReader:
         self.starts = chunk.positions.tolist()
         self.ends = (chunk.positions + chunk.lengths + FRAME_OVERHEAD).tolist()
         self.k = 0
+        lost = first_lost(chunk)  # copied out after its file was truncated: zeros, not its bytes
+        if lost is not None:
+            url = tag.span.url
+            size = file_size_now(url)
+            self.cut = truncated_while_read(url, self.starts[lost], None, size)
+            del self.records[lost:], self.starts[lost:], self.ends[lost:]
+
+    def _truncated(self) -> None:
+        """The records handed out end where the file now ends: raise, or count the rest of
+        the chunk as one frame skipped (as the reference reader counts a cut frame)."""
+        err, self.cut = self.cut, None
+        assert err is not None
+        if self.policy.raises:
+            raise err
+        stats = ReadStats(on_skip=self.chunks.on_skip)
+        stats.skipped(err, 1, 0)
+        self.src._merge_stats(stats)
 
     def get_state(self) -> Any:
         return cursor_state(self.tag, self.offset, self.initial, self.src.replayable)

@@ -343,13 +343,20 @@ class ShuffledBatches:
 
         return batch, where, state, (positions, urls)
 
-    def rewind(self, batch: FrameChunk, token: Any, k: int) -> None:
+    def url_of(self, token: Any, k: int) -> str:
+        """The (masked) file record ``k`` of the batch of ``token`` came from."""
+        return mask(token[1][k])
+
+    def rewind(self, batch: FrameChunk, token: Any, k: int, cause: CorruptRecordError | None = None) -> None:
         """Record ``k`` of a batch failed its data CRC, which the scan left to the parser
-        (:attr:`deferred`): raised, named by its file and byte offset (a shuffled pass does not
-        read on past a corrupt record under the raising policy)."""
+        (:attr:`deferred`), or lay past the end of a file truncated while it was read
+        (``cause``, the parser's error): raised, named by its file and byte offset (a shuffled
+        pass does not read on past a corrupt record under the raising policy)."""
         positions, urls = token
-        raise CorruptRecordError("data crc", mask(urls[k]), int(batch.positions[k]), None,
-                                 f"upstream record #{int(positions[k])}")
+        check, detail = "data crc", f"upstream record #{int(positions[k])}"
+        if cause is not None and cause.check == "truncated data":
+            check, detail = cause.check, f"{detail}; {cause.detail}"
+        raise CorruptRecordError(check, mask(urls[k]), int(batch.positions[k]), None, detail)
 
     # -- records at positions --------------------------------------------------------------------
     def _gather(self, positions: np.ndarray) -> tuple[FrameChunk, list[str]]:

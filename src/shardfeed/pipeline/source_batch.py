@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.bufpool import pass_closed
-from ..formats.chunks import FrameChunk, rebatch_pieces
-from ..formats.native import IN_FRAME, Buffers, ParsePool, parse_pool_available
+from ..formats.chunks import FrameChunk, lost_records, rebatch_pieces
+from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
 from ..storage.urls import mask
@@ -86,6 +86,10 @@ class _PlainBatches:
     alike (the records of the batch before it are kept, the batches read after it read
     again)."""
 
+    rereads_skips = True
+    """Under the skipping policy too, a record the parser finds damaged is read again from
+    its file (its span rewound), as the record path reads it."""
+
     def __init__(self, src: Any, epoch: tuple, state: Mapping[str, Any] | None, ds: Any,
                  counters: Any = None, errors: Any = None) -> None:
         self.src = src
@@ -108,6 +112,13 @@ class _PlainBatches:
 
         return batch, where, cursor_state(tag, offset, None, self.replayable), _Token(tag.seq, offset, pieces)
 
+    def url_of(self, token: "_Token", k: int) -> str:
+        """The (masked) file record ``k`` of the batch of ``token`` came from."""
+        for p in token.pieces:
+            if p.start <= k < p.start + p.chunk.count:
+                return mask(p.tag.span.url)
+        return mask(token.pieces[-1].tag.span.url)
+
     def handoff_at(self, token: "_Token") -> int | None:
         """How many of a batch's records come before the first handoff in it (``None``:
         none). A batch holding a handoff is never delivered: the node rewinds."""
@@ -116,7 +127,7 @@ class _PlainBatches:
                 return p.start
         return None
 
-    def rewind(self, batch: FrameChunk, token: "_Token", k: int) -> None:
+    def rewind(self, batch: FrameChunk, token: "_Token", k: int, cause: Any = None) -> None:
         """Record ``k`` of ``batch`` failed its deferred data CRC, or (``k`` is where
         :meth:`handoff_at` says) the scan stopped there: the records before it are kept for
         the next batch, the span is read on from that frame through the reference reader,
@@ -186,7 +197,17 @@ def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
             k = exc.record_index
             if k is None or not 0 <= k < len(keep):
                 raise
-            skipped.append((int(keep[k]), CorruptRecordError(exc.check, exc.url, exc.offset, int(keep[k]))))
+            if exc.detail == TRUNCATED_WHILE_READ and isinstance(records, FrameChunk):
+                # past a truncated file's end: every such record of the batch at once (its file's
+                # map reads zeros; one parse again, not one a record)
+                lost = lost_records(records)
+                if len(lost) and lost[0] == k:
+                    skipped += [(int(keep[j]), CorruptRecordError(exc.check, exc.url, int(records.offsets[j]) - 12,
+                                                                  int(keep[j]), exc.detail)) for j in lost.tolist()]
+                    keep = np.delete(keep, lost)
+                    records = _without(records, lost)
+                    continue
+            skipped.append((int(keep[k]), CorruptRecordError(exc.check, exc.url, exc.offset, int(keep[k]), exc.detail)))
         except (DecodeError, ParseError) as exc:
             k = exc.record_index
             if k is None or not 0 <= k < len(keep):
@@ -194,16 +215,20 @@ def parse_skipping(batch: Any, spec: Any, bytes_as: str) -> tuple[Any, list]:
             skipped.append((int(keep[k]), exc.with_record_index(int(keep[k]))))  # its index as read
         keep = np.delete(keep, k)
         if isinstance(records, FrameChunk):
-            buf = records.buffer
-            if isinstance(buf, Buffers):
-                buf = Buffers(buf.buffers, np.delete(buf.which, k))
-            records = FrameChunk(buf, np.delete(records.offsets, k), np.delete(records.lengths, k),
-                                 np.delete(records.positions, k), None,
-                                 records.crcs if records.crcs is None or records.crcs is IN_FRAME
-                                 else np.delete(records.crcs, k))
+            records = _without(records, k)
         else:
             del records[k]
     return None, skipped
+
+
+def _without(records: FrameChunk, k: Any) -> FrameChunk:
+    """``records`` less record(s) ``k``."""
+    buf = records.buffer
+    if isinstance(buf, Buffers):
+        buf = Buffers(buf.buffers, np.delete(buf.which, k))
+    return FrameChunk(buf, np.delete(records.offsets, k), np.delete(records.lengths, k),
+                      np.delete(records.positions, k), None,
+                      records.crcs if records.crcs is None or records.crcs is IN_FRAME else np.delete(records.crcs, k))
 
 
 class SourceBatchNode(Node):
@@ -364,9 +389,12 @@ class SourceBatchNode(Node):
                 self._others += parsed_s
         except CorruptRecordError as exc:  # a data CRC the framing left to the parser
             k = exc.record_index
+            if batch.crcs is None and k is not None and 0 <= k < batch.count:
+                raise self._located(exc, batch, token, k) from None  # past a truncated file's end
             if batch.crcs is None or k is None or not 0 <= k < batch.count:
                 raise
-            return self._rewind(batch, token, k if handoff is None else min(k, handoff))
+            return self._rewind(batch, token, k if handoff is None else min(k, handoff),
+                                exc if handoff is None or k < handoff else None)
         except (DecodeError, ParseError) as exc:
             if handoff is not None and exc.record_index is not None and exc.record_index >= handoff:
                 return self._rewind(batch, token, handoff)
@@ -376,12 +404,18 @@ class SourceBatchNode(Node):
         if not self.policy.raises:
             out, skipped = out
             # the first deferred data CRC that failed: nothing of the batch is reported
-            # before the pass is read again from that frame on (the rest comes again)
-            bad = [k for k, exc in skipped if isinstance(exc, CorruptRecordError)] + [handoff]
+            # before the pass is read again from that frame on (the rest comes again); a
+            # producer that does not read again (a fused shuffle: its CRCs are checked when
+            # read) skips what the parser found (a record past a truncated file's end) here
+            rereads = getattr(self.producer, "rereads_skips", False) and batch.crcs is not None
+            bad = [k for k, exc in skipped if rereads and isinstance(exc, CorruptRecordError)] + [handoff]
             first = min((k for k in bad if k is not None), default=None)
             if first is not None:
-                return self._rewind(batch, token, first)
+                cause = next((exc for k, exc in skipped if k == first and isinstance(exc, CorruptRecordError)), None)
+                return self._rewind(batch, token, first, cause)
             for k, exc in skipped:  # each put to the policy: a handler may stop here
+                if isinstance(exc, CorruptRecordError):
+                    exc = self._located(exc, batch, token, k)
                 exc.add_note(f"in record at {where(k)}")
                 self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
                                          "record_index": k}, self.errors)
@@ -400,6 +434,14 @@ class SourceBatchNode(Node):
         self.stats.bytes += int(batch.lengths.sum())
         return out
 
+    def _located(self, exc: CorruptRecordError, batch: FrameChunk, token: Any, k: int) -> CorruptRecordError:
+        """``exc`` (the parser's, record ``k`` of ``batch``) naming the file and the frame's offset
+        in it, when the parser could not (the producer knows each record's file)."""
+        url_of = getattr(self.producer, "url_of", None)
+        if exc.url is not None or url_of is None:
+            return exc
+        return CorruptRecordError(exc.check, url_of(token, k), int(batch.positions[k]), None, exc.detail)
+
     def _handoff_at(self, token: Any) -> int | None:
         at = getattr(self.producer, "handoff_at", None)
         return None if at is None else at(token)
@@ -415,16 +457,16 @@ class SourceBatchNode(Node):
         elif hasattr(fut, "cancel"):
             fut.cancel()
 
-    def _rewind(self, batch: FrameChunk, token: Any, k: int) -> Any:
-        """The deferred scan's first failure in the pass is record ``k`` of ``batch``: the
-        batches read after it are dropped and the producer reads on from it (the records of
-        ``batch`` before it, again)."""
+    def _rewind(self, batch: FrameChunk, token: Any, k: int, cause: CorruptRecordError | None = None) -> Any:
+        """The deferred scan's first failure in the pass is record ``k`` of ``batch`` (the
+        parser's error ``cause``, None for a handoff): the batches read after it are dropped
+        and the producer reads on from it (the records of ``batch`` before it, again)."""
         for p in self.pending:
             if p.batch is not None:
                 self._discard(p.result)
         self.pending.clear()
         self.exhausted = self.held = False
-        self.producer.rewind(batch, token, k)
+        self.producer.rewind(batch, token, k, cause)
         return _AGAIN
 
     def get_state(self) -> Any:
