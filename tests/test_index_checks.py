@@ -260,3 +260,63 @@ def test_index_files_read_once_are_reused_until_they_change(tmp_path, monkeypatc
     assert reads == [files[1] + ".idx"]
     loaded = load_index(files[0])
     assert not loaded.flags.writeable  # shared by every later load: never changed in place
+
+
+def _rewrite_keeping_size_and_mtime(path: str, records: list[bytes]) -> None:
+    """Write ``records`` over the shard at ``path`` and its index in place (same sizes, same
+    inodes), their modification times put back: nothing a stat sees has changed."""
+    import os
+
+    before = {p: os.stat(p) for p in (path, path + ".idx")}
+    tmp = path + ".new"
+    with sf.TFRecordWriter(tmp, index=True) as w:
+        for r in records:
+            w.write(r)
+    for src, dst in ((tmp, path), (tmp + ".idx", path + ".idx")):
+        with open(src, "rb") as f, open(dst, "r+b") as g:
+            data = f.read()
+            assert len(data) == before[dst].st_size
+            g.write(data)
+        os.remove(src)
+    for p, st in before.items():
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("batch", [None, 2], ids=["records", "batches"])
+@pytest.mark.parametrize("on_corrupt", ["raise", "skip"])
+def test_a_shard_rewritten_in_place_under_its_kept_index_is_named_stale_not_skipped(tmp_path, on_corrupt, batch):
+    """A shard and its index rewritten with records of other lengths, same sizes, mtimes put
+    back (found from outside): the index this process kept (or the file) names bytes that are
+    no longer those frames. The frame that fails its check is looked up in the shard's own
+    layout (lengths by their CRCs): StaleIndexError naming the shard, under skip too (an
+    intact record is never skipped as corrupt); the kept copy is let go, so a dataset made
+    after reads the new records. A frame that is damaged is still skipped and counted."""
+    path = str(tmp_path / "s.tfrecord")
+    spec = {"x": sf.FixedLen("int64"), "p": sf.FixedLen("bytes")}
+    first = [sf.encode_example({"x": [i], "p": [b"a" * n]}) for i, n in enumerate([100, 2000, 300, 50, 700])]
+    with sf.TFRecordWriter(path, index=True) as w:
+        for r in first:
+            w.write(r)
+
+    def ids() -> list[int]:
+        ds = sf.read_tfrecord(path, spec, shuffle="global", seed=3, on_corrupt=on_corrupt)
+        if batch is None:
+            return sorted(int(np.asarray(e["x"]).ravel()[0]) for e in ds)
+        return sorted(int(x) for b in ds.batch(batch) for x in np.asarray(b["x"]).ravel())
+
+    assert ids() == [0, 1, 2, 3, 4]  # its index is now kept by the process
+    second = [sf.encode_example({"x": [10 + i], "p": [b"b" * n]}) for i, n in enumerate([700, 300, 2000, 100, 50])]
+    _rewrite_keeping_size_and_mtime(path, second)
+    with pytest.raises(StaleIndexError, match=r"s\.tfrecord.*rewritten") as info:
+        ids()
+    assert info.value.url.endswith("s.tfrecord")
+    assert ids() == [10, 11, 12, 13, 14]  # read again from the index file, which is right
+
+    data = bytearray(open(path, "rb").read())  # a damaged frame: the index is right there
+    data[12 + 40] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    if on_corrupt == "raise":
+        with pytest.raises(sf.CorruptRecordError, match="data crc"):
+            ids()
+    else:
+        assert ids() == [11, 12, 13, 14]

@@ -42,6 +42,39 @@ class StaleIndexError(ShardfeedError, ValueError):
         self.url, self.index_url, self.reason = mask(url), mask(index_url), reason
 
 
+def stale_at(url: str, offset: int, length: int) -> str | None:
+    """Why the index that names a frame of ``length`` bytes (framing included) at byte
+    ``offset`` of local shard ``url``, a frame that failed its check, no longer describes the
+    shard, or ``None`` when it does there (the frame itself is damaged). The shard's frames
+    are walked from its start by their length fields, each checked by its own CRC (the data
+    CRCs are not looked at): an index that tiles the file but was written for other records
+    (a shard rewritten in place with the same size) names a byte that is no frame's start, or
+    the wrong length. Only a walk that reaches the file's end whole says so: a damaged length
+    field (one whose CRC was made to match, too) sends the walk astray, and then the frame is
+    reported as damaged."""
+    from .chunks import map_file  # noqa: PLC0415 - chunks imports this module
+    from .native import native_available, scan_frames_deferred  # noqa: PLC0415
+
+    if not native_available() or not parse_url(url).is_local:
+        return None
+    try:
+        mm = map_file(parse_url(url).path)
+    except OSError:
+        return None
+    if not len(mm):
+        return None
+    offsets, lengths, consumed, error, _ = scan_frames_deferred(memoryview(mm))
+    if error is not None or consumed != len(mm):
+        return None  # a frame of the file is damaged (a length that lies, say): the walk proves nothing
+    starts = offsets - 12
+    k = int(np.searchsorted(starts, offset))
+    if k < len(starts) and starts[k] == offset:
+        got = int(lengths[k]) + 16
+        return None if got == length else (f"the frame at byte {offset} is {got} bytes long, the index says "
+                                           f"{length} (the shard was rewritten since)")
+    return f"no frame of the shard starts at byte {offset}, where the index puts one (the shard was rewritten)"
+
+
 def check_index(index: np.ndarray, file_size: int) -> str | None:
     """Why ``index`` (``(records, 2)``: frame offset, frame length) cannot be the index of a
     file of ``file_size`` bytes, or ``None`` when its frames tile the file: the first at
@@ -296,6 +329,12 @@ class Kept:
                 self.values.move_to_end(key)
             return hit
 
+    def drop(self, match: Any) -> None:
+        """Let go of every value whose key ``match(key)`` is true."""
+        with self.lock:
+            for key in [k for k in self.values if match(k)]:
+                self.total -= self.values.pop(key).nbytes
+
     def put(self, key: Any, value: Any) -> None:
         with self.lock:
             old = self.values.pop(key, None)
@@ -324,6 +363,13 @@ def local_stamp(url: str) -> tuple | None:
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def forget_index(url: str) -> None:
+    """Let go of the kept copy of ``url``'s index (found stale while read: a dataset made
+    later reads the index file again)."""
+    idx = index_url_of(url)
+    _LOADED.drop(lambda key: key[0] == idx)
 
 
 def _loaded_key(idx: str | None, size: int) -> tuple | None:

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk, file_size_now, lost_frames, map_file
+from ..formats.index import StaleIndexError, forget_index, index_url_of, stale_at
 from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
 from ..storage import io as sio
@@ -299,6 +300,11 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
             if parse_url(url).is_local and (now := file_size_now(url)) < int(plan.offsets[i]) + ln:
                 # its map was longer when gathered from: the file was cut under the pass
                 check, detail = "truncated data", f"{detail}; {TRUNCATED_WHILE_READ} (it has {now} bytes now)"
+            elif (stale := stale_at(url, int(plan.offsets[i]), ln)) is not None:
+                # not a damaged frame: the index names bytes that are no longer that frame (an
+                # intact record would be skipped as corrupt, and others read from wrong places)
+                forget_index(url)  # the copy kept may be what is stale (the file rewritten in place)
+                raise StaleIndexError(url, index_url_of(url) or url, stale)
             exc = CorruptRecordError(check, mask(url), int(plan.offsets[i]), number, detail)
             if o.on_corrupt != "skip":
                 raise exc
