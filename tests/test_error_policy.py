@@ -198,3 +198,36 @@ def test_public_exceptions_pickle_with_their_attributes_and_notes(exc):
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is type(exc) and str(back) == str(exc)
     assert back.__dict__ == exc.__dict__
+
+
+def test_a_flood_of_skipped_errors_is_counted_whole_and_logged_in_moderation(tmp_path, caplog):
+    """A shard with every other frame damaged, read under skip, record by record: every bad
+    frame counted (``read_stats``, the errors of the pass), but the log holds a burst of
+    warnings and then at most one a second, saying how many each stands for, not a line a
+    record."""
+    import logging
+
+    from shardfeed.errors import SKIP_WARNINGS, SkipWarnings
+    from shardfeed.formats.crc import masked_crc32c
+
+    path = str(tmp_path / "s.tfrecord")
+    data = bytearray()
+    for i in range(800):  # every other frame's data CRC wrong: 400 skips, each its own
+        record = sf.encode_example({"x": [i]})
+        head = len(record).to_bytes(8, "little")
+        crc = masked_crc32c(record) ^ (i % 2)
+        data += head + masked_crc32c(head).to_bytes(4, "little") + record + crc.to_bytes(4, "little")
+    open(path, "wb").write(bytes(data))
+    fresh = SkipWarnings()
+    saved = dict(SKIP_WARNINGS.__dict__)
+    SKIP_WARNINGS.__dict__.update({k: v for k, v in fresh.__dict__.items() if k != "lock"})
+    try:
+        with caplog.at_level(logging.WARNING):
+            ds = sf.read_tfrecord(path, on_corrupt="skip")
+            got = list(ds)
+    finally:
+        SKIP_WARNINGS.__dict__.update({k: v for k, v in saved.items() if k != "lock"})
+    assert len(got) == 400 and ds.read_stats.skipped_records == 400  # every one counted
+    lines = [r.getMessage() for r in caplog.records if "skip" in r.getMessage()]
+    assert 20 <= len(lines) <= 30, len(lines)  # the burst (plus a line a second at most, and the pass's)
+    assert any("logged at most one a second" in m for m in lines)

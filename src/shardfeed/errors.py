@@ -7,6 +7,59 @@ offset, the record index, the feature. Storage failures use the built-in excepti
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
+
+class SkipWarnings:
+    """The warnings of errors skipped under a skipping policy: each logged while at most
+    ``burst`` came in the last moments, then at most one a second, saying how many it stands
+    for (a pass over a shard truncated or garbled from some point on would log one line a
+    record: 150,000 lines for one cut file). Every skipped error is still counted (a pass's
+    ``stats().errors``, ``read_stats``); this limits the log only. Thread-safe, one for the
+    process."""
+
+    def __init__(self, burst: int = 20, per_second: float = 1.0) -> None:
+        self.burst, self.per_second = burst, per_second
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+        self.held = 0  # skipped and not logged since the last one logged
+        self.quiet = False  # the burst is spent: one a second
+        self.lock = threading.Lock()
+
+    def warn(self, logger: Any, fmt: str, *args: Any) -> None:
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(float(self.burst), self.tokens + (now - self.at) * self.per_second)
+            self.at = now
+            announce = False
+            if self.tokens >= 1.0:
+                if self.tokens >= self.burst - 1:
+                    self.quiet = False  # calm again: the next flood is said again
+                self.tokens -= 1.0
+                held, self.held = self.held, 0
+            elif not self.quiet:
+                self.quiet, held, announce = True, 0, True  # this one is logged, saying the next are held back
+            else:
+                self.held += 1
+                return
+        if held:
+            fmt, args = fmt + " (and %d more skipped since the last one logged)", (*args, held)
+        if announce:
+            fmt += ("; more errors are being skipped: each is counted (a pass's stats().errors), and "
+                    "logged at most one a second from now on")
+        logger.warning(fmt, *args)
+
+
+SKIP_WARNINGS = SkipWarnings()
+"""The process's :class:`SkipWarnings` (every reader's and stage's skipped errors)."""
+
+
+def warn_skipped(logger: Any, fmt: str, *args: Any) -> None:
+    """Log a skipped error through :data:`SKIP_WARNINGS`."""
+    SKIP_WARNINGS.warn(logger, fmt, *args)
+
 
 def _rebuild(cls: type, args: tuple, kwargs: dict, state: dict) -> BaseException:
     exc = cls(*args, **kwargs)

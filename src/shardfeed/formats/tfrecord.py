@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import storage
 from ..deprecation import renamed_argument
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, warn_skipped
 from ..storage.urls import has_magic, mask
 from .compression import normalize_compression, open_stream
 from .crc import masked_crc32c, masked_length_crc
@@ -255,7 +255,7 @@ class TFRecordReader:
             yield record
 
     def _skip(self, err: CorruptRecordError, nbytes: int, frames: int) -> None:
-        logger.warning("skipping corrupt data: %s (%d bytes)", err, nbytes)
+        warn_skipped(logger, "skipping corrupt data: %s (%d bytes)", err, nbytes)
         self.stats.skipped(err, frames, nbytes)
 
 

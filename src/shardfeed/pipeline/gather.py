@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, warn_skipped
 from ..formats.chunks import FrameChunk, file_size_now, lost_frames, map_file
 from ..formats.index import StaleIndexError, forget_index, index_url_of, stale_at
 from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, gather, scan_frames
@@ -309,7 +309,7 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
             if o.on_corrupt != "skip":
                 raise exc
             keep[i - k] = False
-            logger.warning("skipping corrupt data: %s (%d bytes)", exc, ln)
+            warn_skipped(logger, "skipping corrupt data: %s (%d bytes)", exc, ln)
             stats.skipped(exc, 1, ln)
         offsets = np.asarray(offs, dtype=np.int64)
         lengths = np.asarray(lens, dtype=np.int64)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..errors import warn_skipped
 from ..storage.urls import mask
 from .userfn import stop_error
 
@@ -114,7 +115,7 @@ class ErrorLog:
             if len(self.examples) < MAX_EXAMPLES:
                 self.examples.append(entry)
         if not logged:
-            logger.warning("skipped (%s): %s", ", ".join(f"{k}={v}" for k, v in entry.items() if k != "error"),
+            warn_skipped(logger, "skipped (%s): %s", ", ".join(f"{k}={v}" for k, v in entry.items() if k != "error"),
                            entry["error"])
 
     def to_dict(self) -> dict[str, Any]:
