@@ -138,53 +138,75 @@ def test_without_the_guard_the_same_truncation_kills_the_process(tmp_path, mode)
 FOREIGN = r"""
 import mmap, os, sys
 from shardfeed.formats.chunks import map_file
-if sys.argv[2] == "faulthandler":
-    import faulthandler
+base, before, read = sys.argv[1], sys.argv[2], sys.argv[3]
+import faulthandler
+if before == "faulthandler":
     faulthandler.enable()
-guarded = map_file(sys.argv[1] + ".ours")
-assert guarded.guarded
-other = sys.argv[1] + ".theirs"
-with open(other, "rb") as f:
-    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-os.truncate(other, 10)
+ours = map_file(base + ".ours")
+if before == "faulthandler_after":  # installed over the guard: the next map puts it back on top
+    faulthandler.enable()
+    ours = map_file(base + ".ours")
+assert ours.guarded
+if read == "theirs":
+    with open(base + ".theirs", "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    os.truncate(base + ".theirs", 10)
+else:
+    m = memoryview(ours)
+    os.truncate(base + ".ours", 10)
 print("about to read", flush=True)
-m[50000]
-print("survived")
+print("read", m[50000], ours.lost_from, flush=True)
 """
 
 
-@pytest.mark.parametrize("before", ["nothing", "faulthandler"])
+@pytest.mark.parametrize("before", ["nothing", "faulthandler", "faulthandler_after"])
 def test_a_sigbus_outside_shardfeeds_maps_still_ends_the_process(tmp_path, before):
     """The guard answers faults in its own maps only: another map's fault goes to the
-    handler installed before (faulthandler's dump, or the default action) and ends the
-    process as it would without shardfeed; a SIGBUS sent with kill too."""
+    handler installed before (faulthandler's dump, once, or the default action) and ends the
+    process as it would without shardfeed; a SIGBUS sent with kill too. A handler installed
+    over the guard (``faulthandler.enable()`` after a read) is put second in line again by
+    the next map, and a fault in shardfeed's maps is still answered."""
     base = str(tmp_path / "f")
-    for suffix in (".ours", ".theirs"):
-        with open(base + suffix, "wb") as f:
-            f.write(b"z" * 100_000)
-    got = subprocess.run([sys.executable, "-c", FOREIGN, base, before], capture_output=True, text=True, timeout=60)
-    assert got.returncode == -signal.SIGBUS and "about to read" in got.stdout and "survived" not in got.stdout
-    if before == "faulthandler":
-        assert "Bus error" in got.stderr
+
+    def run(read: str) -> subprocess.CompletedProcess:
+        for suffix in (".ours", ".theirs"):
+            with open(base + suffix, "wb") as f:
+                f.write(b"z" * 100_000)
+        return subprocess.run([sys.executable, "-c", FOREIGN, base, before, read], capture_output=True, text=True,
+                              timeout=60)
+
+    got = run("theirs")
+    assert got.returncode == -signal.SIGBUS and "about to read" in got.stdout and "read" not in got.stdout[14:]
+    assert got.stderr.count("Fatal Python error: Bus error") == (before != "nothing"), got.stderr[-1500:]
+    got = run("ours")
+    assert got.returncode == 0 and "read 0 10" in got.stdout, (got.returncode, got.stdout, got.stderr[-1500:])
     killed = subprocess.run([sys.executable, "-c", "import os, signal; from shardfeed.formats.chunks import map_file; "
                              f"m = map_file({base + '.ours'!r}); os.kill(os.getpid(), signal.SIGBUS); print('survived')"],
                             capture_output=True, text=True, timeout=60)
     assert killed.returncode == -signal.SIGBUS and "survived" not in killed.stdout
 
 
+LOST_FROM = r"""
+import os, sys
+from shardfeed.formats.chunks import map_file
+a, b = sys.argv[1], sys.argv[2]
+for p in (a, b):
+    with open(p, "wb") as f:
+        f.write(bytes(range(256)) * 4096)  # 1 MiB
+ma, mb = map_file(a), map_file(b)
+view = memoryview(ma)
+assert ma.lost_from is None and view[300_000] == 300_000 % 256
+os.truncate(a, 100_000)
+assert bytes(view[500_000:500_004]) == b"\0\0\0\0"  # would have been SIGBUS
+assert ma.lost_from == 100_000 and mb.lost_from is None, (ma.lost_from, mb.lost_from)
+assert bytes(memoryview(mb)[500_000:500_002]) == bytes([500_000 % 256, 500_001 % 256])
+print("ok")
+"""
+
+
 def test_a_map_says_from_where_it_lost_its_file(tmp_path):
     """``MappedFile.lost_from``: None while the file is whole; its new end once a page past
     it was read (as zeros); the maps of other files untouched."""
-    from shardfeed.formats.chunks import map_file
-
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    for p in (a, b):
-        with open(p, "wb") as f:
-            f.write(bytes(range(256)) * 4096)  # 1 MiB
-    ma, mb = map_file(a), map_file(b)
-    view = memoryview(ma)
-    assert ma.lost_from is None and view[300_000] == 300_000 % 256
-    os.truncate(a, 100_000)
-    assert bytes(view[500_000:500_004]) == b"\0\0\0\0"  # would have been SIGBUS
-    assert ma.lost_from == 100_000 and mb.lost_from is None
-    assert bytes(memoryview(mb)[500_000:500_002]) == bytes([500_000 % 256, 500_001 % 256])
+    got = subprocess.run([sys.executable, "-c", LOST_FROM, str(tmp_path / "a"), str(tmp_path / "b")],
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0 and got.stdout.strip() == "ok", (got.returncode, got.stderr[-1500:])

@@ -46,24 +46,40 @@ static struct sigaction previous_bus;
 static int guard_state; /* 0: not yet, 1: installed, -1: off (SHARDFEED_SIGBUS_GUARD=0 or sigaction failed) */
 static uintptr_t page_mask;
 
-static void guard_chain(int sig, siginfo_t *info, void *uctx) {
-    if (previous_bus.sa_flags & SA_SIGINFO) {
-        if (previous_bus.sa_sigaction) {
-            previous_bus.sa_sigaction(sig, info, uctx);
-            return;
-        }
-    } else if (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN) {
-        previous_bus.sa_handler(sig);
-        return;
-    }
-    /* the default action, as without this handler: the fault repeats (or the signal sent is
-     * raised again) once the handler returns */
+static atomic_int guard_chaining; /* in the handler before ours now */
+static atomic_int guard_chained;  /* a signal went to the handler before ours once */
+
+/* The default action, as without any handler: the fault repeats (or the signal sent is
+ * raised again) once the handler returns. */
+static void guard_default(int sig, siginfo_t *info) {
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(SIGBUS, &dfl, NULL);
     if (!info || info->si_code <= 0) raise(sig);
+}
+
+/* A SIGBUS that is not ours: to the handler that was there before ours. A handler that
+ * hands the signal back (Python's faulthandler restores the one before it, ours, and raises
+ * the signal again; another may call ours) ends in the default action, not in a loop. */
+static void guard_chain(int sig, siginfo_t *info, void *uctx) {
+    int sent = !info || info->si_code <= 0;
+    if (atomic_fetch_add(&guard_chaining, 1) > 0 || (sent && atomic_load(&guard_chained))) {
+        atomic_fetch_sub(&guard_chaining, 1);
+        guard_default(sig, info);
+        return;
+    }
+    atomic_store(&guard_chained, 1);
+    if (previous_bus.sa_flags & SA_SIGINFO) {
+        if (previous_bus.sa_sigaction) previous_bus.sa_sigaction(sig, info, uctx);
+        else guard_default(sig, info);
+    } else if (previous_bus.sa_handler != SIG_DFL && previous_bus.sa_handler != SIG_IGN) {
+        previous_bus.sa_handler(sig);
+    } else {
+        guard_default(sig, info);
+    }
+    atomic_fetch_sub(&guard_chaining, 1);
 }
 
 static void guard_handler(int sig, siginfo_t *info, void *uctx) {
@@ -88,22 +104,29 @@ static void guard_handler(int sig, siginfo_t *info, void *uctx) {
     guard_chain(sig, info, uctx);
 }
 
-/* Install the handler once (the caller holds the GIL). */
+/* Put the handler in place, first in line (the caller holds the GIL): at the first map, and
+ * again at a later one when another was installed over it since (faulthandler.enable(), a
+ * library's crash reporter), which is then the one before it. */
 static void guard_install(void) {
-    if (guard_state) return;
-    const char *env = getenv("SHARDFEED_SIGBUS_GUARD");
-    if (env && strcmp(env, "0") == 0) {
-        guard_state = -1;
-        return;
+    if (guard_state < 0) return;
+    if (guard_state == 0) {
+        const char *env = getenv("SHARDFEED_SIGBUS_GUARD");
+        if (env && strcmp(env, "0") == 0) {
+            guard_state = -1;
+            return;
+        }
+        long page = sysconf(_SC_PAGESIZE);
+        page_mask = ~(uintptr_t)((page > 0 ? page : 4096) - 1);
     }
-    long page = sysconf(_SC_PAGESIZE);
-    page_mask = ~(uintptr_t)((page > 0 ? page : 4096) - 1);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == guard_handler) return;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = guard_handler;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    guard_state = sigaction(SIGBUS, &sa, &previous_bus) == 0 ? 1 : -1;
+    if (sigaction(SIGBUS, &sa, &previous_bus) == 0) guard_state = 1;
+    else if (guard_state == 0) guard_state = -1;
 }
 
 /* The entry of [addr, addr + len) (a map of the file at path, st), or -1 when the guard is
