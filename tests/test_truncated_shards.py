@@ -38,7 +38,9 @@ elif mode == "parsed_records":
     ds = sf.read_tfrecord([path], spec, **kw)
 elif mode == "buffer":
     ds = sf.read_tfrecord([path], spec, **kw).shuffle(5000, seed=1).batch(256)
-else:  # "global", "blocks"
+elif mode == "blocks":  # blocks of 64 records: ranges planned on the index, many after the cut
+    ds = sf.read_tfrecord([path], spec, shuffle=mode, seed=1, block_size=64, **kw).batch(256)
+else:
     ds = sf.read_tfrecord([path], spec, shuffle=mode, seed=1, **kw).batch(256)
 seen, bad, err = [], 0, None
 try:
@@ -121,8 +123,38 @@ def test_a_shard_truncated_under_a_pass_is_named_or_counted_and_never_kills_it(t
             assert len(seen) + out["skipped"] == RECORDS, (len(seen), out["skipped"])
         if mode == "batch":  # read as a sequential reader reads the file now: up to the cut frame
             assert sorted(seen) == list(range(whole)), (len(seen), whole)
-    if mode not in ("records", "parsed_records"):  # the record path's scan stops at the cut page
+    if mode not in ("records", "parsed_records", "blocks"):  # their scans stop at the cut, or map it after
         assert out["faults"] >= 1  # the guard answered the faults (it is what kept the child alive)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+@pytest.mark.parametrize("mode", ["batch", "records", "buffer", "global", "blocks"])
+def test_a_cut_at_a_frame_boundary_is_reported_too(tmp_path, mode, policy):
+    """The file cut exactly where a frame ends (no frame is cut in two: the file looks whole)
+    after the pass found more (found from outside: a blocks shuffle read its ranges planned on
+    the index to the new end and lost the rest without a word)."""
+    path = str(tmp_path / "a.tfrecord")
+    _write(path)
+    ends, pos, data = [], 0, open(path, "rb").read()
+    while pos < len(data):
+        pos += 16 + int.from_bytes(data[pos:pos + 8], "little")
+        ends.append(pos)
+    cut = min(ends, key=lambda e: abs(e - len(data) // 4))
+    got = _run(path, mode, policy, cut)
+    assert got.returncode == 0, f"the child died ({got.returncode}): {got.stderr[-2000:]}"
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    seen = out["seen"]
+    assert out["bad"] == 0 and len(seen) == len(set(seen)) and all(0 <= x < RECORDS for x in seen)
+    whole = ends.index(cut) + 1  # the records the file still holds
+    if mode in ("batch", "records") and policy == "skip":  # sequential: what the file holds, then one cut frame
+        assert sorted(seen) == list(range(whole)) and out["skipped"] == 1, (len(seen), whole, out["skipped"])
+    elif policy == "skip":
+        assert out["skipped"] >= 1 and len(seen) < RECORDS, out["skipped"]
+        if mode == "global":
+            assert len(seen) + out["skipped"] == RECORDS
+    else:
+        assert out["error"] is not None and out["error"]["check"] == "truncated data", out["error"]
+        assert out["error"]["offset"] >= cut, (out["error"], cut)
 
 
 @pytest.mark.parametrize("mode", ["batch", "buffer", "global"])

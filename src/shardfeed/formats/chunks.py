@@ -30,7 +30,6 @@ from ..storage.io import _translate
 from ..storage.urls import mask, parse_url
 from .native import (
     IN_FRAME,
-    TRUNCATED_WHILE_READ,
     Buffers,
     frame_crcs,
     masked_crc32c,
@@ -39,12 +38,12 @@ from .native import (
     scan_frames_deferred,
 )
 from .tfrecord import MAX_RECORD_BYTES, ReadStats, TFRecordReader, expand_files, normalize_compression, open_stream
+from .truncated import cut_short, file_size_now, shrunk_to
 
 try:
-    from .._native import first_lost as _native_first_lost  # type: ignore[attr-defined]
     from .._native import map_file as _native_map_file  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - depends on the build
-    _native_map_file = _native_first_lost = None
+    _native_map_file = None
 
 DEFAULT_CHUNK = 8 << 20
 FIRST_CHUNK = 256 << 10  # the first chunk of a streamed file: one first ranged read
@@ -267,81 +266,20 @@ def iter_frame_chunks(
         stream.close()
 
 
-def first_lost(chunk: FrameChunk) -> int | None:
-    """The first record of ``chunk`` that lies past the new end of a file truncated while this
-    process had it mapped (:func:`map_file`: the part of the map past the end reads as zeros,
-    not as the file's bytes), or ``None`` (at once while no file has been). Ask after the
-    records' bytes were read (copied out): what was read before the truncation is the file's."""
-    if _native_first_lost is None or not chunk.count or isinstance(chunk.buffer, Buffers):
-        return None
-    k = _native_first_lost(chunk.buffer, chunk.offsets, chunk.lengths)
-    return None if k < 0 else k
-
-
-def lost_records(chunk: FrameChunk) -> np.ndarray:
-    """The indices of every record of ``chunk`` that :func:`first_lost` would name (records in
-    several buffers too); empty when none."""
-    if _native_first_lost is None or not chunk.count:
-        return np.zeros(0, np.int64)
-    buf = chunk.buffer
-    if not isinstance(buf, Buffers):
-        return _native_first_lost(buf, chunk.offsets, chunk.lengths, True)
-    parts = []
-    for b in np.unique(buf.which).tolist():
-        sel = np.flatnonzero(buf.which == b)
-        parts.append(sel[_native_first_lost(buf.buffers[b], chunk.offsets[sel], chunk.lengths[sel], True)])
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
-
-
-def lost_frames(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The indices of the whole frames ``buffer[offsets[k]:][:lengths[k]]`` (framing included)
-    that lie past the new end of a file truncated while mapped (as :func:`first_lost`)."""
-    if _native_first_lost is None or not len(offsets):
-        return np.zeros(0, np.int64)
-    # the guard counts the 4 bytes after a record's data as its own: a frame's data CRC
-    return _native_first_lost(buffer, offsets, np.maximum(np.asarray(lengths, np.int64) - 4, 0), True)
-
-
-def truncated_while_read(url: str, offset: int, index: int | None, size: int) -> CorruptRecordError:
-    """The error of a read that had reached byte ``offset`` of a file now ``size`` bytes long."""
-    return CorruptRecordError("truncated data", mask(url), offset, index,
-                              f"{TRUNCATED_WHILE_READ} (it has {size} bytes now)")
-
-
-def file_size_now(url: str) -> int:
-    """The size of local file ``url`` now (0 when it is gone)."""
-    try:
-        return os.path.getsize(parse_url(url).path)
-    except OSError:
-        return 0
-
-
-def _shrunk_to(url: str, comp: Any, offset: int) -> int | None:
-    """The size of local file ``url`` when it ends at or before ``offset`` (> 0), else None:
-    a read handed over to the reference reader there met a file truncated under it (a
-    handover comes at a failed check, so bytes were there when the pass read them)."""
-    if comp is not None or offset <= 0 or not parse_url(url).is_local:
-        return None
-    size = file_size_now(url)
-    return size if size <= offset else None
-
-
 def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_record_bytes, offset, index,
                     chunk_size, stats, end_offset=None) -> Iterator[FrameChunk]:
     """The rest of a file (up to the frame starting at or after ``end_offset``) from frame
     ``offset`` on, through the reference reader. A local file that now ends at or before
     ``offset`` was truncated while the pass read it: a ``"truncated data"`` error there
     (raised, or skipped and counted), where the reader would find nothing to read."""
-    size = _shrunk_to(url, comp, offset)
+    size = shrunk_to(url, comp, offset)
     if size is not None and (end_offset is None or offset < end_offset):
-        err = truncated_while_read(url, offset, index, size)
-        if on_corrupt == "raise":
-            raise err
-        stats.skipped(err, 1, 0)
+        cut_short(url, offset, index, size, on_corrupt, stats)
         return
     reader = TFRecordReader(url, comp, verify_crc, on_corrupt, storage_options,
                             max_record_bytes=max_record_bytes, start_offset=offset, start_index=index)
     reader.stats.on_skip = stats.on_skip
+    ended = True  # at the end of the file, not of the range
     with reader:
         try:
             pending: list[bytes] = []
@@ -351,6 +289,7 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
                 if end_offset is not None and reader.offset >= end_offset:
                     stats.records -= 1  # counted by the reader, but it belongs to the next range
                     stats.bytes -= len(record) + 16
+                    ended = False
                     break
                 pending.append(record)
                 positions.append(reader.offset)
@@ -362,6 +301,10 @@ def _reference_from(url, comp, verify_crc, on_corrupt, storage_options, max_reco
                 yield _chunk_of(pending, positions)
         finally:
             stats.merge(reader.stats)
+    if ended and end_offset is not None and comp is None and parse_url(url).is_local:
+        now = file_size_now(url)
+        if now < end_offset:  # the range was planned on the file before it was cut (at a frame's end)
+            cut_short(url, now, None, now, on_corrupt, stats)
 
 
 def _scan(buf: Any, verify_crc: bool, max_record_bytes: int, defer: bool) -> tuple:
@@ -402,7 +345,12 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
     except OSError as exc:
         raise _translate(exc, url, "open") from exc
     size = len(mm)
+    # a range planned on the file before it was cut (an index's block, a split): what it no longer
+    # holds is reported once the rest is read, not an end of the range like any other
+    short = end_offset is not None and end_offset > size
     if size == 0 or start >= size:
+        if short or start > size:
+            cut_short(url, start, first_index, size, on_corrupt, stats)
         return
     view = memoryview(mm)
     if end_offset is not None:
@@ -447,6 +395,8 @@ def _mapped_chunks(url, verify_crc, on_corrupt, chunk_size, stats, max_record_by
             yield from _reference_from(url, None, verify_crc, on_corrupt, None, max_record_bytes, pos, index,
                                        chunk_size, stats, end_offset)
             return
+    if short:
+        cut_short(url, pos, index, len(mm), on_corrupt, stats)
 
 
 def release_chunk(chunk: FrameChunk, keep: Iterable[tuple[int, int]] = ()) -> None:

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptRecordError, warn_skipped
-from ..formats.chunks import FrameChunk, file_size_now, lost_frames, map_file
+from ..formats.chunks import FrameChunk, map_file
 from ..formats.index import StaleIndexError, forget_index, index_url_of, stale_at
 from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
+from ..formats.truncated import file_size_now, lost_frames
 from ..storage import io as sio
 from ..storage.fetch import RangeStream
 from ..storage.urls import mask, parse_url

@@ -21,10 +21,11 @@ from typing import Any, NamedTuple
 
 from ..deprecation import renamed_argument
 from ..errors import CorruptRecordError, DecodeError, ParseError
-from ..formats.chunks import DEFAULT_CHUNK, file_size_now, first_lost, truncated_while_read
+from ..formats.chunks import DEFAULT_CHUNK
 from ..formats.parse import parse_single_example
 from ..formats.spec import FeatureSpec, normalize_spec
 from ..formats.tfrecord import FRAME_OVERHEAD, ON_CORRUPT, ReadStats, expand_files, normalize_compression
+from ..formats.truncated import file_size_now, first_lost, truncated_while_read
 from ..storage.cache import ObjectCache, get_cache, parse_size
 from ..storage.counters import IOCounters
 from ..storage.urls import mask

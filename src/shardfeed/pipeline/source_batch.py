@@ -17,10 +17,11 @@ import numpy as np
 
 from ..errors import CorruptRecordError, DecodeError, ParseError
 from ..formats.bufpool import pass_closed
-from ..formats.chunks import FrameChunk, lost_records, rebatch_pieces
+from ..formats.chunks import FrameChunk, rebatch_pieces
 from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
+from ..formats.truncated import lost_records
 from ..storage.urls import mask
 from .node import AUTOTUNE, Build, Node
 from .span_reader import SpanChunks, close_generator, cursor_state
