@@ -43,9 +43,13 @@ elif mode == "blocks":  # blocks of 64 records: ranges planned on the index, man
 else:
     ds = sf.read_tfrecord([path], spec, shuffle=mode, seed=1, **kw).batch(256)
 seen, bad, err = [], 0, None
+at = int(sys.argv[6]) if len(sys.argv) > 6 else 3
 try:
-    for i, b in enumerate(ds):
-        if i == 3:
+    it = iter(ds)
+    if at < 0:  # after the pass planned its reads, before any was made
+        os.truncate(path, cut)
+    for i, b in enumerate(it):
+        if i == at:
             os.truncate(path, cut)
         if isinstance(b, dict):
             xs = np.asarray(b["x"]).ravel().tolist()
@@ -57,7 +61,7 @@ try:
         bad += sum(v != b"y" * PAYLOAD for v in vals)
 except sf.CorruptRecordError as e:
     err = {"check": e.check, "url": e.url, "offset": e.offset, "text": str(e)}
-errors = ds.stats().errors.to_dict()
+errors = it.stats().errors.to_dict()
 print(json.dumps({"seen": seen, "bad": bad, "error": err, "skipped": errors["total"],
                   "faults": sf._native.guarded_faults()}))
 """.replace("PAYLOAD", str(PAYLOAD))
@@ -73,8 +77,8 @@ def _write(path: str) -> None:
 
 
 def _run(path: str, mode: str, policy: str, cut: int, env: dict | None = None,
-         verify: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHILD, path, mode, policy, str(cut), "1" if verify else "0"],
+         verify: bool = True, at: int = 3) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHILD, path, mode, policy, str(cut), "1" if verify else "0", str(at)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
@@ -155,6 +159,26 @@ def test_a_cut_at_a_frame_boundary_is_reported_too(tmp_path, mode, policy):
     else:
         assert out["error"] is not None and out["error"]["check"] == "truncated data", out["error"]
         assert out["error"]["offset"] >= cut, (out["error"], cut)
+
+
+@pytest.mark.parametrize("mode", ["batch", "buffer", "global", "blocks"])
+def test_a_cut_before_the_first_read_under_skip_counts_and_goes_on(tmp_path, mode):
+    """The file cut after the pass planned its reads (``iter()``), before any record was read
+    (found from outside: a global shuffle under skip stopped at once, "shorter than its index
+    file says", delivering nothing of any file): what it still holds is delivered, the rest
+    counted (a global shuffle: every record of the index, delivered or counted)."""
+    path = str(tmp_path / "a.tfrecord")
+    _write(path)
+    cut = os.path.getsize(path) // 2 + 7
+    got = _run(path, mode, "skip", cut, at=-1)
+    assert got.returncode == 0, f"the child died ({got.returncode}): {got.stderr[-2000:]}"
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    whole, _ = _whole_frames(path)
+    assert out["error"] is None and out["bad"] == 0, out["error"]
+    assert sorted(out["seen"]) == list(range(whole)), (len(out["seen"]), whole)
+    assert out["skipped"] >= 1
+    if mode == "global":
+        assert len(out["seen"]) + out["skipped"] == RECORDS, out["skipped"]
 
 
 @pytest.mark.parametrize("mode", ["batch", "buffer", "global"])

@@ -161,17 +161,20 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
                 if src is None:
                     remote += [(f, int(plan.offsets[k + i]), int(plan.lengths[k + i]), int(dst[i])) for i in sel]
                     continue
-                try:
-                    gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
-                    for i in sel[lost_frames(src, plan.offsets[k + sel], plan.lengths[k + sel])].tolist():
-                        # past its file's new end (truncated while mapped): its copy fails the scan
-                        buf[int(dst[i]):int(dst[i]) + 8] = b"\xff" * 8
-                except IndexError:
-                    past = sel[plan.offsets[k + sel] + plan.lengths[k + sel] > len(src)]
-                    at = int(plan.offsets[k + past[0]]) if len(past) else len(src)
-                    raise CorruptRecordError("truncated data", mask(plan.urls[f]), at, None,
-                                             f"the file ({len(src)} bytes) is shorter than its index file says "
-                                             "(rebuild the index with `shardfeed index`)") from None
+                inside = plan.offsets[k + sel] + plan.lengths[k + sel] <= len(src)
+                past = sel[~inside]
+                if len(past) and o.on_corrupt != "skip":
+                    raise CorruptRecordError("truncated data", mask(plan.urls[f]), int(plan.offsets[k + past[0]]),
+                                             None, f"the file ({len(src)} bytes) is shorter than its index file "
+                                             "says: it was cut since the index was written, or while this pass "
+                                             "read it (rebuild the index with `shardfeed index`)")
+                sel = sel[inside]
+                gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
+                # past its file's end (cut before it was mapped, or truncated while mapped): its
+                # place fails the scan, which counts it (skip) or raises naming it
+                lost = np.concatenate([past, sel[lost_frames(src, plan.offsets[k + sel], plan.lengths[k + sel])]])
+                for i in lost.tolist():
+                    buf[int(dst[i]):int(dst[i]) + 8] = b"\xff" * 8
             if remote:
                 pool = pool or ThreadPoolExecutor(16, thread_name_prefix="shardfeed-gather")
 
