@@ -377,7 +377,7 @@ class QueueSpans:
         return _QueueStream(self)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto", cache: Any = None) -> "QueueSpans":
+              compression: str | None = "auto", cache: Any = None, on_corrupt: str = "raise") -> "QueueSpans":
         return self
 
     def __repr__(self) -> str:

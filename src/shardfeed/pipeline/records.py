@@ -364,7 +364,8 @@ class TFRecordSource(SourceDataset):
         if threads is not None and n == AUTOTUNE:
             n = threads if threads > 1 else None
         o = self.options
-        return self.with_provider(split(index, count, o.storage_options, o.compression, o.cache), n)
+        return self.with_provider(split(index, count, o.storage_options, o.compression, o.cache,
+                                        on_corrupt=o.policy.framing), n)
 
     def __repr__(self) -> str:
         return f"TFRecordSource({self.provider!r}, spec={'yes' if self.spec else 'no'})"

@@ -151,12 +151,12 @@ class StaticSpans:
         return _ListStream(self.spans, state, ident)
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto", cache: Any = None) -> "StaticSpans":
+              compression: str | None = "auto", cache: Any = None, on_corrupt: str = "raise") -> "StaticSpans":
         """This reader's share (see :func:`split_spans`)."""
         files = self.identity()["files"]
         chain = self._slice + ([[index, count]] if count != 1 else [])
-        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache), self.counts,
-                           _slice=chain, _files=files)
+        return StaticSpans(split_spans(self.spans, index, count, storage_options, compression, cache, on_corrupt),
+                           self.counts, _slice=chain, _files=files)
 
     def record_count(self, storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
                      cache: Any = None) -> int | None:
@@ -226,7 +226,7 @@ BALANCE_CHECK_MAX_FILES = 4096
 
 def split_spans(spans: Sequence[Span], index: int, count: int,
                 storage_options: Mapping[str, Any] | None = None, compression: str | None = "auto",
-                cache: Any = None) -> list[Span]:
+                cache: Any = None, on_corrupt: str = "raise") -> list[Span]:
     """Reader ``index`` of ``count``'s share of ``spans``: every record in exactly one
     share, and each reader's share is only its own bytes. Deterministic: every reader
     computes the same plan without talking to the others.
@@ -242,6 +242,10 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
       :class:`~shardfeed.storage.cache.ObjectCache`) remote index files are read through it.
 
     Compressed files cannot be cut into record ranges: ``ValueError`` when that is needed.
+    With ``on_corrupt="skip"`` a missing index is built skipping a damaged file's corrupt
+    frames (kept in memory, never saved), and each range reaches to where the next begins
+    (the last to the file's end), so every damaged byte is in one reader's range, which
+    skips and counts it as a sequential reader would.
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ValueError(f"the number of readers must be a positive int, got {count!r}")
@@ -282,7 +286,7 @@ def split_spans(spans: Sequence[Span], index: int, count: int,
     if whole and not have_index:
         logger.warning("splitting %d file(s) among %d readers needs record ranges: building index files where "
                        "missing (one scan per file; run `shardfeed index FILES` once to skip this)", n, count)
-    return _split_records(spans, index, count, storage_options, indexes, cache, sizes)
+    return _split_records(spans, index, count, storage_options, indexes, cache, sizes, on_corrupt == "skip")
 
 
 def _span_bytes(s: Span, storage_options: Mapping[str, Any] | None, sizes: dict[str, int]) -> int:
@@ -304,13 +308,14 @@ def _balanced(spans: list[Span], count: int, storage_options: Mapping[str, Any] 
 
 
 def _split_records(spans: list[Span], index: int, count: int, storage_options: Mapping[str, Any] | None,
-                   indexes: dict[str, Any], cache: Any = None, sizes: Mapping[str, int] | None = None) -> list[Span]:
+                   indexes: dict[str, Any], cache: Any = None, sizes: Mapping[str, int] | None = None,
+                   skip: bool = False) -> list[Span]:
     sized: list[tuple[Span, Any, int, int]] = []  # span, index, first record, stop
     for s in spans:
         idx = indexes.get(s.url)
         if idx is None:
             idx = indexes[s.url] = load_index(s.url, storage_options, build=True, cache=cache,
-                                              size=(sizes or {}).get(s.url))
+                                              size=(sizes or {}).get(s.url), damage=ReadStats() if skip else None)
         if s.start is not None and s.stop is not None:
             a, b = s.start, s.stop
         else:
@@ -324,8 +329,12 @@ def _split_records(spans: list[Span], index: int, count: int, storage_options: M
     for s, idx, a, b in sized:
         size = b - a
         x, y = max(lo, base), min(hi, base + size)
-        if x < y:
+        if x < y and not skip:
             out += range_spans(s.url, idx, a + x - base, a + y - base)
+        elif x < y:  # to where the next range begins: the damage between two is the first's to count
+            start, stop = a + x - base, a + y - base
+            end = int(idx[stop, 0]) if stop < len(idx) else s.end
+            out.append(Span(s.url, int(idx[start, 0]), end, start, stop))
         base += size
     return out
 
@@ -782,7 +791,7 @@ class ShuffledSpans:
                 "offset": 0}
 
     def split(self, index: int, count: int, storage_options: Mapping[str, Any] | None = None,
-              compression: str | None = "auto", cache: Any = None) -> "ShuffledSpans":
+              compression: str | None = "auto", cache: Any = None, on_corrupt: str = "raise") -> "ShuffledSpans":
         if isinstance(count, bool) or not isinstance(count, int) or count < 1 or not 0 <= index < count:
             raise ValueError(f"need 0 <= index < count, got index={index!r}, count={count!r}")
         out = ShuffledSpans(self.spans, self.seed, self.mode, self.block_size, self.storage_options,
