@@ -64,8 +64,30 @@ the path before (kept for the benchmark's before/after and where the extension i
 MAPS_KEPT = 256
 """Files kept mapped between windows: a window touches records all over every file, and
 mapping a file afresh costs a page fault per page touched."""
+PRUNE_EVERY = 64
+"""Maps made between two looks at the files kept mapped: one deleted, replaced or changed
+since is let go (a deleted file's map would keep its disk space in use)."""
 _maps: collections.OrderedDict = collections.OrderedDict()  # (path, ino, mtime, size) -> mmap
 _maps_lock = threading.Lock()
+_made = [0]
+
+
+def _stamp(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _prune() -> None:
+    """Let go of the maps of files deleted or changed since they were mapped."""
+    with _maps_lock:
+        keys = list(_maps)
+    gone = [k for k in keys if _stamp(k[0]) != k]
+    with _maps_lock:
+        for k in gone:
+            _maps.pop(k, None)
 
 
 def _mapped(path: str) -> Any:
@@ -80,8 +102,13 @@ def _mapped(path: str) -> Any:
         return b""
     # no descriptor kept open (Python's mmap keeps one): a pass holds a map of every file it
     # gathers from, thousands of them under the usual limit of 1,024 open files
+    _made[0] += 1
+    if _made[0] % PRUNE_EVERY == 0:
+        _prune()
     mm = map_file(path)
     with _maps_lock:
+        for old in [k for k in _maps if k[0] == path and k != key]:  # that file as it was: not read again
+            del _maps[old]
         mm = _maps.setdefault(key, mm)
         while len(_maps) > MAPS_KEPT:
             # dropped, not closed: a window being gathered may still hold it; the map goes
