@@ -61,9 +61,10 @@ try:
         bad += sum(v != b"y" * PAYLOAD for v in vals)
 except sf.CorruptRecordError as e:
     err = {"check": e.check, "url": e.url, "offset": e.offset, "text": str(e)}
+except sf.DecodeError as e:  # a record past the new end parsed as if it were data
+    err = {"check": "decode", "url": None, "offset": None, "text": str(e)}
 errors = it.stats().errors.to_dict()
-print(json.dumps({"seen": seen, "bad": bad, "error": err, "skipped": errors["total"],
-                  "faults": sf._native.guarded_faults()}))
+print(json.dumps({"seen": seen, "bad": bad, "error": err, "skipped": errors["total"]}))
 """.replace("PAYLOAD", str(PAYLOAD))
 
 
@@ -103,7 +104,10 @@ def _whole_frames(path: str) -> tuple[int, int]:
 @pytest.mark.parametrize("mode", ["batch", "records", "parsed_records", "buffer", "global", "blocks"])
 def test_a_shard_truncated_under_a_pass_is_named_or_counted_and_never_kills_it(tmp_path, mode, policy, verify):
     """With ``verify_crc=False`` too: no CRC says the zeros are wrong there, the guard does
-    (the scan stops at the new end, the parser and the copies ask which records lie past it)."""
+    (the scan stops at the new end, the parser and the copies ask which records lie past it),
+    and for the rest of the page that holds the new end, which reads as zeros without a
+    fault, a look at the file's size after each batch is read (found from outside: the
+    record that straddles the new end came out with zeros, or as a DecodeError)."""
     path = str(tmp_path / "a.tfrecord")
     _write(path)
     size = os.path.getsize(path)
@@ -127,8 +131,7 @@ def test_a_shard_truncated_under_a_pass_is_named_or_counted_and_never_kills_it(t
             assert len(seen) + out["skipped"] == RECORDS, (len(seen), out["skipped"])
         if mode == "batch":  # read as a sequential reader reads the file now: up to the cut frame
             assert sorted(seen) == list(range(whole)), (len(seen), whole)
-    if mode not in ("records", "parsed_records", "blocks"):  # their scans stop at the cut, or map it after
-        assert out["faults"] >= 1  # the guard answered the faults (it is what kept the child alive)
+
 
 
 @pytest.mark.parametrize("policy", ["raise", "skip"])

@@ -42,6 +42,7 @@ typedef struct {
 static GuardSlot guard_slots[GUARD_SLOTS];
 static atomic_int guard_hint;
 static atomic_long guard_faults; /* faults answered with zeros, this process */
+static atomic_int guard_lost_maps; /* entries with pages replaced by zeros now */
 static struct sigaction previous_bus;
 static int guard_state; /* 0: not yet, 1: installed, -1: off (SHARDFEED_SIGBUS_GUARD=0 or sigaction failed) */
 static uintptr_t page_mask;
@@ -93,8 +94,9 @@ static void guard_handler(int sig, siginfo_t *info, void *uctx) {
             uintptr_t page = a & page_mask;
             if (mmap((void *)page, e - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
                 break;
-            uintptr_t cur = atomic_load(&guard_slots[i].lost);
-            while ((cur == 0 || page < cur) && !atomic_compare_exchange_weak(&guard_slots[i].lost, &cur, page)) {
+            uintptr_t cur = 0;
+            if (atomic_compare_exchange_strong(&guard_slots[i].lost, &cur, page)) atomic_fetch_add(&guard_lost_maps, 1);
+            while (page < cur && !atomic_compare_exchange_weak(&guard_slots[i].lost, &cur, page)) {
             }
             atomic_store(&guard_slots[i].from, 0); /* resolved again */
             atomic_fetch_add(&guard_faults, 1);
@@ -159,7 +161,7 @@ static int guard_add(void *addr, Py_ssize_t len, const char *path, const struct 
 static void guard_remove(int i) {
     if (i < 0) return;
     atomic_store(&guard_slots[i].end, 0);
-    atomic_store(&guard_slots[i].lost, 0);
+    if (atomic_exchange(&guard_slots[i].lost, 0)) atomic_fetch_sub(&guard_lost_maps, 1);
     atomic_store(&guard_slots[i].from, 0);
     free((void *)guard_slots[i].path);
     guard_slots[i].path = NULL;
@@ -188,7 +190,7 @@ static uintptr_t guard_lost_from(int i) {
 /* The first record of recs[0..n) with a byte past where its map is lost, or n; with flags,
  * every such record's flag set to 1 (the others left as they are). */
 size_t sf_guard_lost(const sf_bytes *recs, size_t n, uint8_t *flags) {
-    if (!atomic_load(&guard_faults)) return n; /* no file was truncated under a map: nothing to look at */
+    if (!atomic_load(&guard_lost_maps)) return n; /* no map has lost its file now: nothing to look at */
     size_t first = n;
     for (int i = 0; i < GUARD_SLOTS; i++) {
         if (!atomic_load(&guard_slots[i].lost)) continue;
@@ -210,6 +212,8 @@ size_t sf_guard_lost(const sf_bytes *recs, size_t n, uint8_t *flags) {
 size_t sf_guard_first_lost(const sf_bytes *recs, size_t n) { return sf_guard_lost(recs, n, NULL); }
 
 long sf_guard_faults(void) { return atomic_load(&guard_faults); }
+
+int sf_guard_any_lost(void) { return atomic_load(&guard_lost_maps) > 0; }
 
 typedef struct {
     PyObject_HEAD

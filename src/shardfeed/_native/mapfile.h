@@ -32,4 +32,7 @@ size_t sf_guard_lost(const sf_bytes *recs, size_t n, uint8_t *flags);
 /* How many faults the guard answered with zeros in this process. */
 long sf_guard_faults(void);
 
+/* Whether a map alive now has lost its file (pages past a truncated file's end). */
+int sf_guard_any_lost(void);
+
 #endif

@@ -179,15 +179,15 @@ static PyObject *py_crc_backend(PyObject *self, PyObject *unused) {
  * its data CRC left unchecked for the batch parser (parse_batch's crcs). */
 /* first_lost(buffer, offsets, lengths, every=False) -> int: the first record buffer[offsets[k] :
  * offsets[k] + lengths[k]] with a byte past where its map stopped being its file's (the file
- * truncated while mapped: map_file's guard), or -1; -1 at once while no such fault has
- * happened in the process. every=True: an int64 array of every such record instead (empty:
+ * truncated while mapped: map_file's guard), or -1; -1 at once while no map alive has lost
+ * its file. every=True: an int64 array of every such record instead (empty:
  * none). Call it after the records' bytes were read. */
 static PyObject *py_first_lost(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *buf_obj, *offsets_obj, *lengths_obj;
     int every = 0;
     if (!PyArg_ParseTuple(args, "OOO|p:first_lost", &buf_obj, &offsets_obj, &lengths_obj, &every)) return NULL;
-    if (!sf_guard_faults()) {
+    if (!sf_guard_any_lost()) {
         if (!every) return PyLong_FromLong(-1);
         npy_intp zero = 0;
         return PyArray_SimpleNew(1, &zero, NPY_INT64);

@@ -79,6 +79,23 @@ def shrunk_to(url: str, comp: Any, offset: int) -> int | None:
     return size if size <= offset else None
 
 
+def past_new_end(positions: np.ndarray, lengths: np.ndarray, urls: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+    """Which records (frames at ``positions``, of ``lengths`` bytes of data, in local files
+    ``urls``, one a record) now lie past their file's end, and the sizes looked up (one stat a
+    file): what a read without CRCs asks, for which the rest of the page that holds a cut
+    file's new end reads as zeros without a fault the guard would see."""
+    sizes: dict[str, int] = {}
+    ends = np.asarray(positions, np.int64) + np.asarray(lengths, np.int64) + 16
+    lost = np.zeros(len(ends), bool)
+    names = np.asarray(urls, dtype=object)
+    for url in set(urls):
+        if not parse_url(url).is_local:
+            continue
+        size = sizes[url] = file_size_now(url)
+        lost |= (names == url) & (ends > size)
+    return np.flatnonzero(lost), sizes
+
+
 def cut_short(url: str, offset: int, index: int | None, size: int, on_corrupt: str, stats: ReadStats) -> None:
     """Frames the pass found (an index's range, a scan) that the file, now ``size`` bytes, no
     longer holds from ``offset`` on: :func:`truncated_while_read`, raised, or skipped and
@@ -89,5 +106,5 @@ def cut_short(url: str, offset: int, index: int | None, size: int, on_corrupt: s
     stats.skipped(err, 1, 0)
 
 
-__all__ = ["cut_short", "file_size_now", "first_lost", "lost_frames", "lost_records", "shrunk_to",
+__all__ = ["cut_short", "file_size_now", "first_lost", "lost_frames", "lost_records", "past_new_end", "shrunk_to",
            "truncated_while_read"]

@@ -199,7 +199,8 @@ def gather_chunks(plan: GatherPlan, start: int, o: Any, chunk_size: int, stats: 
                 gather(buf, dst[sel], src, plan.offsets[k + sel], plan.lengths[k + sel])
                 # past its file's end (cut before it was mapped, or truncated while mapped): its
                 # place fails the scan, which counts it (skip) or raises naming it
-                lost = np.concatenate([past, sel[lost_frames(src, plan.offsets[k + sel], plan.lengths[k + sel])]])
+                lost = np.concatenate([past, sel[lost_frames(src, plan.offsets[k + sel], plan.lengths[k + sel])],
+                                       _past_end(plan, k, sel, o)])
                 for i in lost.tolist():
                     buf[int(dst[i]):int(dst[i]) + 8] = b"\xff" * 8
             if remote:
@@ -259,6 +260,17 @@ def _uncounted(chunk: FrameChunk, stats: ReadStats) -> FrameChunk:
     return chunk
 
 
+def _past_end(plan: GatherPlan, k: int, sel: np.ndarray, o: Any) -> np.ndarray:
+    """Without CRCs: which of records ``k + sel`` (one local file's) now lie past its end (the
+    rest of the page holding a cut file's new end reads as zeros, and no fault says so)."""
+    if o.verify_crc or not len(sel):
+        return np.zeros(0, np.int64)
+    url = plan.urls[int(plan.files[k + int(sel[0])])]
+    if not parse_url(url).is_local:
+        return np.zeros(0, np.int64)
+    return sel[plan.offsets[k + sel] + plan.lengths[k + sel] > file_size_now(url)]
+
+
 def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: np.ndarray, local: np.ndarray,
            sources: dict[int, Any], o: Any, stats: ReadStats) -> FrameChunk | None:
     """Records ``k .. j`` of ``plan`` gathered and checked by one native call (every
@@ -279,7 +291,7 @@ def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: n
         return None
     for i, src in enumerate(srcs):  # copied from a map past its file's new end: zeros (the reference path says so)
         sel = np.flatnonzero(local == i)
-        if len(lost_frames(src, offsets[sel], lengths[sel])):
+        if len(lost_frames(src, offsets[sel], lengths[sel])) or len(_past_end(plan, k, sel, o)):
             return None
     stats.records += j - k
     stats.bytes += int(lengths.sum())  # frames, framing included, as the scan counts them

@@ -348,6 +348,10 @@ class ShuffledBatches:
         """The (masked) file record ``k`` of the batch of ``token`` came from."""
         return mask(token[1][k])
 
+    def record_urls(self, token: Any) -> list[str]:
+        """The file of each record of the batch of ``token``."""
+        return list(token[1])
+
     def rewind(self, batch: FrameChunk, token: Any, k: int, cause: CorruptRecordError | None = None) -> None:
         """Record ``k`` of a batch failed its data CRC, which the scan left to the parser
         (:attr:`deferred`), or lay past the end of a file truncated while it was read

@@ -21,7 +21,7 @@ from ..formats.chunks import FrameChunk, rebatch_pieces
 from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, ParsePool, parse_pool_available
 from ..formats.parse import parse_batch
 from ..formats.tfrecord import FRAME_OVERHEAD
-from ..formats.truncated import lost_records
+from ..formats.truncated import lost_records, past_new_end, truncated_while_read
 from ..storage.urls import mask
 from .node import AUTOTUNE, Build, Node
 from .span_reader import SpanChunks, close_generator, cursor_state
@@ -119,6 +119,10 @@ class _PlainBatches:
             if p.start <= k < p.start + p.chunk.count:
                 return mask(p.tag.span.url)
         return mask(token.pieces[-1].tag.span.url)
+
+    def record_urls(self, token: "_Token") -> list[str]:
+        """The file of each record of the batch of ``token``."""
+        return [p.tag.span.url for p in token.pieces for _ in range(p.chunk.count)]
 
     def handoff_at(self, token: "_Token") -> int | None:
         """How many of a batch's records come before the first handoff in it (``None``:
@@ -254,6 +258,7 @@ class SourceBatchNode(Node):
         elif self.state is None:
             self.state = cursor_state(None, 0, None, src.replayable)
         self.threads = src.threads
+        self.unchecked = not src.options.verify_crc  # no CRC catches a record past a cut file's end
         self.autotuned = src.num_parallel_reads == AUTOTUNE
         self.reader: int | None = None  # the thread taking the batches (for _share)
         self.pool: WorkerPool | None = None
@@ -399,9 +404,13 @@ class SourceBatchNode(Node):
         except (DecodeError, ParseError) as exc:
             if handoff is not None and exc.record_index is not None and exc.record_index >= handoff:
                 return self._rewind(batch, token, handoff)
+            if self.unchecked:
+                self._unchecked_cut(batch, token, None)  # a record past a cut file's end, read as zeros
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
                 exc.add_note(f"in record at {where(exc.record_index)}")
             raise
+        if self.unchecked:
+            out = self._unchecked_cut(batch, token, out)
         if not self.policy.raises:
             out, skipped = out
             # the first deferred data CRC that failed: nothing of the batch is reported
@@ -434,6 +443,25 @@ class SourceBatchNode(Node):
         # than a tenth of the parse when they hold many small bytes values)
         self.stats.bytes += int(batch.lengths.sum())
         return out
+
+    def _unchecked_cut(self, batch: FrameChunk, token: Any, out: Any) -> Any:
+        """Without CRCs: ``out`` (the batch parsed) less the records that now lie past the end
+        of a local file cut under the pass (the rest of the page that holds the new end reads as
+        zeros, no fault says so): raised, or left out, parsed again, and skipped one by one."""
+        urls_of = getattr(self.producer, "record_urls", None)
+        if urls_of is None or not batch.count:
+            return out
+        urls = urls_of(token)
+        lost, sizes = past_new_end(batch.positions, batch.lengths, urls)
+        if not len(lost):
+            return out
+        errors = [(int(j), truncated_while_read(urls[j], int(batch.positions[j]), None, sizes[urls[j]]))
+                  for j in lost.tolist()]
+        if self.policy.raises or out is None:
+            raise errors[0][1]
+        keep = np.delete(np.arange(batch.count), lost)
+        cols, skipped = parse_skipping(_without(batch, lost), self.spec, self.bytes_as)
+        return cols, sorted([(int(keep[k]), e) for k, e in skipped] + errors, key=lambda x: x[0])
 
     def _located(self, exc: CorruptRecordError, batch: FrameChunk, token: Any, k: int) -> CorruptRecordError:
         """``exc`` (the parser's, record ``k`` of ``batch``) naming the file and the frame's offset
