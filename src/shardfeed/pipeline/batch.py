@@ -21,7 +21,7 @@ from ..formats.parse import parse_batch
 from ..formats.spec import BYTES, FixedLen, RaggedColumn, SparseColumn, VarLen
 from .dataset import Dataset, UnaryDataset, batches_of, positive_int
 from .node import Build, Node
-from .source_batch import parse_skipping
+from .skipping import parse_skipping
 from .tree import StructureMismatch, keystr, tree_flatten, tree_leaves, tree_map_with_path, tree_unflatten
 
 
