@@ -79,21 +79,26 @@ def shrunk_to(url: str, comp: Any, offset: int) -> int | None:
     return size if size <= offset else None
 
 
-def past_new_end(positions: np.ndarray, lengths: np.ndarray, urls: list[str]) -> tuple[np.ndarray, dict[str, int]]:
-    """Which records (frames at ``positions``, of ``lengths`` bytes of data, in local files
-    ``urls``, one a record) now lie past their file's end, and the sizes looked up (one stat a
-    file): what a read without CRCs asks, for which the rest of the page that holds a cut
-    file's new end reads as zeros without a fault the guard would see."""
+def past_new_end(positions: np.ndarray, lengths: np.ndarray, groups: Any) -> tuple[np.ndarray, dict[str, int]]:
+    """Which records (frames at ``positions``, of ``lengths`` bytes of data) now lie past their
+    local file's end, ``groups`` saying which records are whose (``(url, indices or slice)``
+    pairs), and the sizes looked up (one stat a file): what a read without CRCs asks, for which
+    the rest of the page that holds a cut file's new end reads as zeros without a fault the
+    guard would see."""
     sizes: dict[str, int] = {}
-    ends = np.asarray(positions, np.int64) + np.asarray(lengths, np.int64) + 16
-    lost = np.zeros(len(ends), bool)
-    names = np.asarray(urls, dtype=object)
-    for url in set(urls):
-        if not parse_url(url).is_local:
+    lost = []
+    for url, sel in groups:
+        where = parse_url(url)
+        if not where.is_local:
             continue
-        size = sizes[url] = file_size_now(url)
-        lost |= (names == url) & (ends > size)
-    return np.flatnonzero(lost), sizes
+        try:
+            size = sizes[url] = os.path.getsize(where.path)
+        except OSError:
+            size = sizes[url] = 0
+        ends = positions[sel] + lengths[sel] + 16
+        if len(ends) and int(ends.max()) > size:
+            lost.append(np.arange(len(positions))[sel][ends > size])
+    return (np.sort(np.concatenate(lost)) if lost else np.zeros(0, np.int64)), sizes
 
 
 def cut_short(url: str, offset: int, index: int | None, size: int, on_corrupt: str, stats: ReadStats) -> None:

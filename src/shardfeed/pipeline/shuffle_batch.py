@@ -348,9 +348,14 @@ class ShuffledBatches:
         """The (masked) file record ``k`` of the batch of ``token`` came from."""
         return mask(token[1][k])
 
-    def record_urls(self, token: Any) -> list[str]:
-        """The file of each record of the batch of ``token``."""
-        return list(token[1])
+    def record_groups(self, batch: FrameChunk, token: Any) -> list[tuple[str, np.ndarray]]:
+        """Which records of ``batch`` (of ``token``) come from which file: ``(url, indices)`` pairs."""
+        ids = np.asarray(batch.sources)
+        groups = []
+        for f in np.unique(ids).tolist():
+            sel = np.flatnonzero(ids == f)
+            groups.append((token[1][int(sel[0])], sel))
+        return groups
 
     def rewind(self, batch: FrameChunk, token: Any, k: int, cause: CorruptRecordError | None = None) -> None:
         """Record ``k`` of a batch failed its data CRC, which the scan left to the parser

@@ -121,9 +121,9 @@ class _PlainBatches:
                 return mask(p.tag.span.url)
         return mask(token.pieces[-1].tag.span.url)
 
-    def record_urls(self, token: "_Token") -> list[str]:
-        """The file of each record of the batch of ``token``."""
-        return [p.tag.span.url for p in token.pieces for _ in range(p.chunk.count)]
+    def record_groups(self, batch: FrameChunk, token: "_Token") -> list[tuple[str, slice]]:
+        """Which records of ``batch`` (of ``token``) come from which file: ``(url, slice)`` pairs."""
+        return [(p.tag.span.url, slice(p.start, p.start + p.chunk.count)) for p in token.pieces if p.chunk.count]
 
     def handoff_at(self, token: "_Token") -> int | None:
         """How many of a batch's records come before the first handoff in it (``None``:
@@ -395,14 +395,15 @@ class SourceBatchNode(Node):
         """Without CRCs: ``out`` (the batch parsed) less the records that now lie past the end
         of a local file cut under the pass (the rest of the page that holds the new end reads as
         zeros, no fault says so): raised, or left out, parsed again, and skipped one by one."""
-        urls_of = getattr(self.producer, "record_urls", None)
-        if urls_of is None or not batch.count:
+        groups_of = getattr(self.producer, "record_groups", None)
+        if groups_of is None or not batch.count:
             return out
-        urls = urls_of(token)
-        lost, sizes = past_new_end(batch.positions, batch.lengths, urls)
+        groups = groups_of(batch, token)
+        lost, sizes = past_new_end(batch.positions, batch.lengths, groups)
         if not len(lost):
             return out
-        errors = [(int(j), truncated_while_read(urls[j], int(batch.positions[j]), None, sizes[urls[j]]))
+        url_at = {int(j): url for url, sel in groups for j in np.arange(batch.count)[sel].tolist()}
+        errors = [(int(j), truncated_while_read(url_at[j], int(batch.positions[j]), None, sizes[url_at[j]]))
                   for j in lost.tolist()]
         if self.policy.raises or out is None:
             raise errors[0][1]
