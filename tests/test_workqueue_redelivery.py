@@ -406,7 +406,7 @@ ds = sf.read_tfrecord(q, spec={"id": sf.FixedLen("int64")}).batch(64).map(lambda
 for b in ds.prefetch(4):
     os.write(fd, "".join(f"{v}\n" for v in b["id"].tolist()).encode())
     if slow == "slow":
-        time.sleep(0.3)
+        time.sleep(0.8)  # long enough that it still holds items when the fast one is killed, under load too
 q.close()
 """
 
