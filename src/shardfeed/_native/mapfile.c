@@ -41,7 +41,6 @@ typedef struct {
 
 static GuardSlot guard_slots[GUARD_SLOTS];
 static atomic_int guard_hint;
-static atomic_long guard_faults; /* faults answered with zeros, this process */
 static atomic_int guard_lost_maps; /* entries with pages replaced by zeros now */
 static struct sigaction previous_bus;
 static int guard_state; /* 0: not yet, 1: installed, -1: off (SHARDFEED_SIGBUS_GUARD=0 or sigaction failed) */
@@ -99,7 +98,6 @@ static void guard_handler(int sig, siginfo_t *info, void *uctx) {
             while (page < cur && !atomic_compare_exchange_weak(&guard_slots[i].lost, &cur, page)) {
             }
             atomic_store(&guard_slots[i].from, 0); /* resolved again */
-            atomic_fetch_add(&guard_faults, 1);
             return;
         }
     }
@@ -211,8 +209,6 @@ size_t sf_guard_lost(const sf_bytes *recs, size_t n, uint8_t *flags) {
 
 size_t sf_guard_first_lost(const sf_bytes *recs, size_t n) { return sf_guard_lost(recs, n, NULL); }
 
-long sf_guard_faults(void) { return atomic_load(&guard_faults); }
-
 int sf_guard_any_lost(void) { return atomic_load(&guard_lost_maps) > 0; }
 
 typedef struct {
@@ -251,12 +247,6 @@ static PyGetSetDef mf_getset[] = {
     {"guarded", (getter)mf_guarded, NULL, "Whether a SIGBUS in this map is answered with zero pages", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
-
-PyObject *sf_guarded_faults(PyObject *self, PyObject *unused) {
-    (void)self;
-    (void)unused;
-    return PyLong_FromLong(atomic_load(&guard_faults));
-}
 
 static int mf_getbuffer(MappedFileObject *self, Py_buffer *view, int flags) {
     return PyBuffer_FillInfo(view, (PyObject *)self, self->addr, self->len, 1, flags);

@@ -15,22 +15,14 @@ int sf_mapfile_init(PyObject *module);
  * (Python's mmap keeps a duplicate of it open for its whole life). OSError as open() raises. */
 PyObject *sf_map_file(PyObject *self, PyObject *path);
 
-/* guarded_faults() -> int: how many SIGBUS faults in a map of map_file (its file truncated
- * while mapped) were answered with zero pages instead of killing the process. Maps made
- * while SHARDFEED_SIGBUS_GUARD=0 is set at the first map are not guarded. */
-PyObject *sf_guarded_faults(PyObject *self, PyObject *unused);
-
 /* The first of recs[0..n) with a byte past where its map stopped being the file's (the file
- * was truncated while mapped: its new end), or n (at once while no such fault has happened
- * in the process). Any thread, no GIL needed; call it after the records' bytes were read,
+ * was truncated while mapped: its new end), or n (at once while no map alive has lost its
+ * file). Any thread, no GIL needed; call it after the records' bytes were read,
  * while the maps they lie in are alive. */
 size_t sf_guard_first_lost(const sf_bytes *recs, size_t n);
 
 /* sf_guard_first_lost, and every such record's flags[k] set to 1 (flags NULL: the first only). */
 size_t sf_guard_lost(const sf_bytes *recs, size_t n, uint8_t *flags);
-
-/* How many faults the guard answered with zeros in this process. */
-long sf_guard_faults(void);
 
 /* Whether a map alive now has lost its file (pages past a truncated file's end). */
 int sf_guard_any_lost(void);

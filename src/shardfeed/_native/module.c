@@ -2271,8 +2271,6 @@ static PyMethodDef methods[] = {
      "map_file(path) -> MappedFile or b'': a read-only map of the whole file, keeping no descriptor open"},
     {"first_lost", py_first_lost, METH_VARARGS,
      "first_lost(buffer, offsets, lengths) -> int: the first record past where a truncated file's map is lost, or -1"},
-    {"guarded_faults", sf_guarded_faults, METH_NOARGS,
-     "guarded_faults() -> int: SIGBUS faults in maps of truncated files answered with zero pages"},
     {"parse_index", sf_py_parse_index, METH_VARARGS,
      "parse_index(out, data) -> int: index file text into int64 pairs (-1: not well formed)"},
     {"plan_window", sf_py_plan_window, METH_VARARGS,

@@ -55,10 +55,14 @@ def lost_frames(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.nda
     return _native_first_lost(buffer, offsets, np.maximum(np.asarray(lengths, np.int64) - 4, 0), True)
 
 
+def truncated_detail(size: int) -> str:
+    """What a ``"truncated data"`` error adds about a file cut under the pass, now ``size`` bytes."""
+    return f"{TRUNCATED_WHILE_READ} (it has {size} bytes now)"
+
+
 def truncated_while_read(url: str, offset: int, index: int | None, size: int) -> CorruptRecordError:
     """The error of a read that had reached byte ``offset`` of a file now ``size`` bytes long."""
-    return CorruptRecordError("truncated data", mask(url), offset, index,
-                              f"{TRUNCATED_WHILE_READ} (it has {size} bytes now)")
+    return CorruptRecordError("truncated data", mask(url), offset, index, truncated_detail(size))
 
 
 def file_size_now(url: str) -> int:
@@ -112,4 +116,4 @@ def cut_short(url: str, offset: int, index: int | None, size: int, on_corrupt: s
 
 
 __all__ = ["cut_short", "file_size_now", "first_lost", "lost_frames", "lost_records", "past_new_end", "shrunk_to",
-           "truncated_while_read"]
+           "truncated_detail", "truncated_while_read"]

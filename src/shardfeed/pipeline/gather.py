@@ -31,10 +31,10 @@ import numpy as np
 
 from ..errors import CorruptRecordError, warn_skipped
 from ..formats.chunks import FrameChunk, map_file
-from ..formats.index import StaleIndexError, forget_index, index_url_of, stale_at
-from ..formats.native import IN_FRAME, TRUNCATED_WHILE_READ, Buffers, gather, scan_frames
+from ..formats.index import StaleIndexError, forget_index, index_url_of, local_stamp, stale_at
+from ..formats.native import IN_FRAME, Buffers, gather, scan_frames
 from ..formats.tfrecord import MAX_RECORD_BYTES, ReadStats
-from ..formats.truncated import file_size_now, lost_frames
+from ..formats.truncated import lost_frames, past_new_end, truncated_detail
 from ..storage import io as sio
 from ..storage.fetch import RangeStream
 from ..storage.urls import mask, parse_url
@@ -67,24 +67,16 @@ mapping a file afresh costs a page fault per page touched."""
 PRUNE_EVERY = 64
 """Maps made between two looks at the files kept mapped: one deleted, replaced or changed
 since is let go (a deleted file's map would keep its disk space in use)."""
-_maps: collections.OrderedDict = collections.OrderedDict()  # (path, ino, mtime, size) -> mmap
+_maps: collections.OrderedDict = collections.OrderedDict()  # (path, size, mtime, ino) -> mmap
 _maps_lock = threading.Lock()
 _made = [0]
-
-
-def _stamp(path: str) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _prune() -> None:
     """Let go of the maps of files deleted or changed since they were mapped."""
     with _maps_lock:
         keys = list(_maps)
-    gone = [k for k in keys if _stamp(k[0]) != k]
+    gone = [k for k in keys if (k[0], *(local_stamp(k[0]) or ())) != k]
     with _maps_lock:
         for k in gone:
             _maps.pop(k, None)
@@ -92,7 +84,7 @@ def _prune() -> None:
 
 def _mapped(path: str) -> Any:
     st = os.stat(path)
-    key = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (path, st.st_size, st.st_mtime_ns, st.st_ino)  # local_stamp's order: _prune compares them
     with _maps_lock:
         mm = _maps.get(key)
         if mm is not None:
@@ -266,9 +258,7 @@ def _past_end(plan: GatherPlan, k: int, sel: np.ndarray, o: Any) -> np.ndarray:
     if o.verify_crc or not len(sel):
         return np.zeros(0, np.int64)
     url = plan.urls[int(plan.files[k + int(sel[0])])]
-    if not parse_url(url).is_local:
-        return np.zeros(0, np.int64)
-    return sel[plan.offsets[k + sel] + plan.lengths[k + sel] > file_size_now(url)]
+    return sel[past_new_end(plan.offsets[k + sel], plan.lengths[k + sel] - 16, [(url, slice(None))])[0]]
 
 
 def _fused(plan: GatherPlan, k: int, j: int, size: int, dst: np.ndarray, used: np.ndarray, local: np.ndarray,
@@ -340,9 +330,9 @@ def _checked(plan: GatherPlan, k: int, j: int, buf: bytearray, base: int, o: Any
             number = None if plan.numbers is None or plan.numbers[i] < 0 else int(plan.numbers[i])
             detail = "read through shuffle='global'"
             url = plan.urls[f]
-            if parse_url(url).is_local and (now := file_size_now(url)) < int(plan.offsets[i]) + ln:
-                # its map was longer when gathered from: the file was cut under the pass
-                check, detail = "truncated data", f"{detail}; {TRUNCATED_WHILE_READ} (it has {now} bytes now)"
+            cut, sizes = past_new_end(plan.offsets[i:i + 1], plan.lengths[i:i + 1] - 16, [(url, slice(None))])
+            if len(cut):  # its map was longer when gathered from: the file was cut under the pass
+                check, detail = "truncated data", f"{detail}; {truncated_detail(sizes[url])}"
             elif (stale := stale_at(url, int(plan.offsets[i]), ln)) is not None:
                 # not a damaged frame: the index names bytes that are no longer that frame (an
                 # intact record would be skipped as corrupt, and others read from wrong places)

@@ -36,10 +36,10 @@ import numpy as np
 from ..crc import masked_crc32c
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk, is_mapped, release_chunk
-from ..formats.native import TRUNCATED_WHILE_READ, Buffers
+from ..formats.native import Buffers
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
-from ..formats.truncated import file_size_now
-from ..storage.urls import mask, parse_url
+from ..formats.truncated import past_new_end, truncated_detail
+from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
 from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs
 from .records import TFRecordSource
@@ -364,13 +364,13 @@ class ShuffledBatches:
         pass does not read on past a corrupt record under the raising policy)."""
         positions, urls = token
         check, detail = "data crc", f"upstream record #{int(positions[k])}"
+        cut, sizes = past_new_end(batch.positions[k:k + 1], batch.lengths[k:k + 1], [(urls[k], slice(None))])
         if cause is not None and cause.check == "truncated data":
             check, detail = cause.check, f"{detail}; {cause.detail}"
-        elif parse_url(urls[k]).is_local and (now := file_size_now(urls[k])) < int(
-                batch.positions[k] + batch.lengths[k]) + 16:
+        elif len(cut):
             # past the end of a file cut since it was read (the tail of the page holding the new
             # end reads as zeros without a fault: the CRC saw it first)
-            check, detail = "truncated data", f"{detail}; {TRUNCATED_WHILE_READ} (it has {now} bytes now)"
+            check, detail = "truncated data", f"{detail}; {truncated_detail(sizes[urls[k]])}"
         raise CorruptRecordError(check, mask(urls[k]), int(batch.positions[k]), None, detail)
 
     # -- records at positions --------------------------------------------------------------------
