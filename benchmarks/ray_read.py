@@ -5,7 +5,9 @@ One local Ray cluster (``ray.init(num_cpus=N)``: a raylet and worker processes),
 files for every row, batches of 1,024 through ``iter_batches`` (numpy), interleaved rounds,
 medians. Rows:
 
-- CTR table (benchmarks/read_tfrecord.py's files: label, 13 floats, 26 short bytes, a list):
+- CTR table (benchmarks/read_tfrecord.py's files: label, 13 floats, 26 short bytes, a list;
+  and a copy of ``--long-records`` records, whose passes are long enough that Ray Data's
+  first second of each pass, planned with no CPUs, is a small part of them):
   ``ray.data.read_tfrecords`` (its default path: Examples parsed in Python, or through
   TensorFlow when installed), ``sf.ray.read_tfrecord`` (native parse into Arrow) into numpy
   batches and into ``pyarrow`` batches, Ray Data's floor (the same parsed blocks already in the
@@ -20,7 +22,10 @@ medians. Rows:
 Ratios are medians of the per-round ratios (a busy machine slows a whole round, not one row). Bytes fetched from
 object storage are checked by tests/test_ray.py against a proxy's count. ::
 
-    python benchmarks/ray_read.py [--records 200000] [--images 2000] [--cpus 2] [--rounds 3] [--json out.json]
+    python benchmarks/ray_read.py [--records 200000] [--long-records 2000000] [--images 2000] [--cpus 2]
+                                  [--rounds 3] [--json out.json]
+
+Also printed: the median seconds from ``iter_batches`` to the first batch of a pass.
 """
 
 from __future__ import annotations
@@ -41,10 +46,17 @@ from read_tfrecord import BATCH, SPEC, make_dataset  # noqa: E402
 
 import shardfeed as sf  # noqa: E402
 
+FIRST_BATCH: dict[str, list[float]] = {}
+"""Seconds from ``iter_batches`` to the first batch, per row name (the row being timed)."""
+_TIMING: list[str] = []  # the name of the row being timed (none in the warm-up)
+
 
 def _drain_ray(ds, batch_format: str = "numpy") -> int:
     n = 0
+    t0 = time.perf_counter()
     for b in ds.iter_batches(batch_size=BATCH, batch_format=batch_format):
+        if n == 0 and _TIMING:
+            FIRST_BATCH.setdefault(_TIMING[-1], []).append(time.perf_counter() - t0)
         n += b.num_rows if batch_format == "pyarrow" else len(next(iter(b.values())))
     return n
 
@@ -119,6 +131,8 @@ def table_rows(res: dict) -> list[_rows.Row]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--long-records", type=int, default=2_000_000,
+                    help="records of the long-pass rows (0: leave them out)")
     ap.add_argument("--builtin-records", type=int, default=20_000,
                     help="records for ray.data.read_tfrecords (it reads ~1k records/s: a subset of the files)")
     ap.add_argument("--images", type=int, default=2000)
@@ -131,6 +145,7 @@ def main(argv=None) -> int:
     import ray
 
     files = make_dataset(os.path.join(args.dir, "ctr"), args.records)
+    long_files = make_dataset(os.path.join(args.dir, "ctr-long"), args.long_records) if args.long_records else None
     small = make_dataset(os.path.join(args.dir, "ctr-small"), args.builtin_records)
     jpegs = make_jpegs(min(args.images, 200), 500, 375)
     jpegs = (jpegs * (-(-args.images // len(jpegs))))[:args.images]
@@ -153,11 +168,18 @@ def main(argv=None) -> int:
             lambda: images_on_ray_fused(img_files), "images"),
         img_in_proc: (lambda: images_in_process(img_files, args.cpus), "images"),
     }
+    long_ray = f"sf.ray.read_tfrecord, {args.long_records:,} records (CTR)"
+    long_in_proc = f"sf.read_tfrecord in-process, {args.cpus} threads, {args.long_records:,} records (CTR)"
+    if long_files:
+        rows[long_ray] = (lambda: ours_on_ray(long_files), "records")
+        rows[long_in_proc] = (lambda: ours_in_process(long_files, args.cpus), "records")
     rates: dict[str, list[float]] = {k: [] for k in rows}
     for fn, _ in rows.values():  # warm-up: page cache, worker processes, imports
         fn()
+    FIRST_BATCH.clear()
     for _ in range(args.rounds):
         for name, (fn, _) in rows.items():
+            _TIMING[:] = [name]
             t0 = time.perf_counter()
             n = fn()
             rates[name].append(n / (time.perf_counter() - t0))
@@ -168,8 +190,11 @@ def main(argv=None) -> int:
     # the in-process stage
     anchors = [[names[1], names[0]], [names[1], in_proc], [names[2], in_proc], [names[1], names[3]],
                [names[3], in_proc], [names[5], img_in_proc], [names[6], img_in_proc]]
+    if long_files:
+        anchors.append([long_ray, long_in_proc])
+    first = {k: statistics.median(v) for k, v in FIRST_BATCH.items()}
     result = {"cpus": args.cpus, "rounds": args.rounds, "median_per_s": med, "rates": rates,
-              "anchors": anchors}
+              "anchors": anchors, "first_batch_s": first}
     result["rows"] = table_rows(result)
     print(f"{'path':62s} {'per second':>14s}  ratio")
     for name in names:
@@ -177,6 +202,9 @@ def main(argv=None) -> int:
         print(f"{name:62s} {med[name]:>10,.0f} {unit[:3]}/s")
     for row in result["rows"]:
         print("  " + " | ".join(row))
+    print("first batch of a pass (median s):")
+    for name, t in first.items():
+        print(f"  {name:62s} {t:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

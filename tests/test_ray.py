@@ -136,15 +136,39 @@ def test_each_block_is_one_arrow_chunk_a_column(shards, batch_size):
     assert sorted(labels.tolist()) == list(range(FILES * PER_FILE))
 
 
-def test_blocks_stay_under_the_data_contexts_target_max_block_size(shards):
-    """A block above ``DataContext.target_max_block_size`` is cut by Ray into slivers after
-    the read: the read task makes its blocks no larger than that target."""
+def test_blocks_fit_between_the_data_contexts_target_and_one_and_a_half_times_it(shards):
+    """Ray gathers a read task's blocks until they pass ``DataContext.target_max_block_size``
+    and cuts one above 1.5 times it into slices: the read task makes each block but a task's
+    last fall between the two, so that Ray passes it on as it was built."""
     source = sfray.make_datasource(shards, SPEC, batch_size=50)
     ctx = ray.data.DataContext.get_current().copy()
-    ctx.target_max_block_size = 8 << 10
-    blocks = [b for task in source.get_read_tasks(1, data_context=ctx) for b in task()]
-    assert len(blocks) > FILES  # several blocks a file, not one
-    assert max(b.nbytes for b in blocks) < 2 * (8 << 10)  # a block ends at the parse batch that passes it
+    ctx.target_max_block_size = target = 8 << 10
+    tasks = source.get_read_tasks(1, data_context=ctx)
+    blocks = [list(task()) for task in tasks]
+    assert sum(len(b) for b in blocks) > FILES  # several blocks a file, not one
+    for task_blocks in blocks:
+        for b in task_blocks[:-1]:
+            assert target < b.nbytes <= 1.5 * target, b.nbytes
+
+
+@pytest.mark.parametrize("batch_size", [None, 50])
+@pytest.mark.parametrize("block_bytes", [16 << 10, 24 << 10])  # fewer records a block than the probe's, more
+def test_blocks_reach_the_consumer_as_the_read_task_built_them(ray_cluster, shards, batch_size, block_bytes):
+    """What Ray holds after the read, not what the task yields: by default Ray gathers a
+    task's blocks up to 128 MiB as one table of several chunks a column (the consumer then
+    copies each block whole to cut its first batch from it, and the first batch of a pass
+    waits for a task to parse 128 MiB). ``read_tfrecord`` sets its dataset's target from
+    ``block_bytes``: each block Ray holds is one chunk a column, several a file, and the
+    global ``DataContext`` is left as it was."""
+    before = ray.data.DataContext.get_current().target_max_block_size
+    ds = sfray.read_tfrecord(shards, SPEC, batch_size=batch_size, block_bytes=block_bytes)
+    assert ray.data.DataContext.get_current().target_max_block_size == before
+    blocks = [ray.get(ref) for ref in ds.materialize().to_arrow_refs()]
+    assert len(blocks) > FILES
+    for block in blocks:
+        assert [c.num_chunks for c in block.columns] == [1] * len(SPEC), [c.num_chunks for c in block.columns]
+    labels = np.concatenate([b.column("label").to_numpy() for b in blocks])
+    assert sorted(labels.tolist()) == list(range(FILES * PER_FILE))
 
 
 def test_corrupt_record_raises_naming_file_and_offset_or_is_skipped(ray_cluster, tmp_path):

@@ -40,9 +40,23 @@ DEFAULT_BLOCK_BYTES = 16 << 20
 """Parsed bytes of one Ray block (a read task's output comes in blocks of about this size:
 a few a CPU for a dataset of a few hundred MB; measured against 64 MiB in docs/ray.md)."""
 
+PASS_THROUGH = 1.25
+"""A read task's blocks against the ``target_max_block_size`` of the dataset's
+``DataContext``. Ray gathers the blocks a task yields until they pass that target (one
+table of several chunks a column: the consumer copies each such block whole to cut its
+first batch) and cuts a block of more than 1.5 times it into slices; a block between the
+two goes through as the task built it. :func:`read_tfrecord` sets the dataset's target to
+``block_bytes / PASS_THROUGH`` (Ray's default, 128 MiB, would hold the first batch of a
+pass until a task had parsed 128 MiB)."""
+
+GATHER_FROM = 1.05 / PASS_THROUGH
+"""Parse batches gathered into one block are handed on once they pass this share of a
+block's bytes (just above Ray's target): a batch of up to about half the target still
+ends the block below 1.5 times it."""
+
 PROBE_ROWS = 256
 """Records of a read task's first parse batch, which measures the parsed size of a record
-(and is the task's first block: the consumer's first batch comes sooner)."""
+(and begins the task's first block)."""
 
 MAX_BLOCK_ROWS = 1 << 20
 """Records a parse batch holds at most (``batch_size=None``: a block's rows are parsed at once)."""
@@ -160,29 +174,41 @@ class _ReadShare:
                 table = batch_to_arrow(batch)
                 tables.append(table)
                 held += table.nbytes
-                if held >= self.block_bytes:
+                if held > self.block_bytes * GATHER_FROM:
                     yield _one_chunk(tables)
                     tables, held = [], 0
         if tables:
             yield _one_chunk(tables)
 
     def _local_blocks(self, share: TFRecordSource) -> Iterator[Any]:
-        """Local files: a first batch of :data:`PROBE_ROWS` (the first block) tells the parsed
-        bytes a record, and the pass goes on from its state in parse batches of a block's
-        records: each parse batch is one block, built without a copy."""
+        """Local files: a first batch of :data:`PROBE_ROWS` tells the parsed bytes a record,
+        and the pass goes on from its state in parse batches of a block's records, each one
+        block built without a copy. The probe's records open the first block: whole blocks
+        sliced from it when a block holds fewer records than the probe (large records), the
+        rest joined to the records that complete its block (one copy of one block: alone, the
+        rest would be below Ray's target, and Ray would join it to the next block as a second
+        chunk)."""
         with iter(share.batch(PROBE_ROWS, bytes_as="buffer")) as it:
             first = next(it, None)
             if first is None:
                 return
-            table = batch_to_arrow(first)
-            yield table
-            per_row = max(1, table.nbytes // max(1, table.num_rows))
-            size = int(min(MAX_BLOCK_ROWS, max(PROBE_ROWS, self.block_bytes // per_row)))
-            if size == PROBE_ROWS:  # large records: blocks of the probe's size
-                for batch in it:
-                    yield batch_to_arrow(batch)
-                return
+            probe = batch_to_arrow(first)
             state = it.get_state()
+        per_row = max(1, probe.nbytes // max(1, probe.num_rows))
+        size = int(min(MAX_BLOCK_ROWS, max(1, self.block_bytes // per_row)))
+        whole = probe.num_rows // size
+        for k in range(whole):
+            yield probe.slice(k * size, size)
+        rest = probe.slice(whole * size)
+        if rest.num_rows:
+            with iter(share.batch(size - rest.num_rows, bytes_as="buffer")) as it:
+                it.set_state(state)
+                batch = next(it, None)
+                if batch is None:  # the share ends within the block
+                    yield rest
+                    return
+                yield _one_chunk([rest, batch_to_arrow(batch)])
+                state = it.get_state()
         with iter(share.batch(size, bytes_as="buffer")) as it:
             it.set_state(state)
             for batch in it:
@@ -198,9 +224,11 @@ def make_datasource(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size:
     ``storage_options``, ``on_error``, ...; not ``slice_id``/``slice_count``, which the read
     tasks are). ``batch_size``: records parsed at once (``None``: on local files a block's
     records, measured on a first batch of 256; 1,024 for remote objects); ``block_bytes``:
-    parsed bytes of one Ray block (one Arrow chunk a column; at most the ``DataContext``'s
-    ``target_max_block_size``); ``num_parallel_reads``: parse threads in each read task
-    (``None``: the task's own thread, as Ray gives a task one CPU)."""
+    parsed bytes of one Ray block (one Arrow chunk a column) when the read runs with no
+    ``DataContext`` (Ray's execution passes one: blocks are then :data:`PASS_THROUGH` times
+    its ``target_max_block_size``, which :func:`read_tfrecord` sets from ``block_bytes``);
+    ``num_parallel_reads``: parse threads in each read task (``None``: the task's own
+    thread, as Ray gives a task one CPU)."""
     if spec is None:
         raise ValueError("Ray Data reads parsed columns: give a spec ({name: sf.FixedLen(...), ...})")
     for bad in ("slice_id", "slice_count"):
@@ -268,9 +296,9 @@ def _datasource_class() -> Any:
                            data_context: Any = None) -> list[Any]:
             count = max(1, min(int(parallelism), self._units()))
             files = tuple(getattr(self.src.provider, "urls", ()) or ())
-            # Ray cuts a block above its target_max_block_size into slivers: stay under it
-            cap = getattr(data_context, "target_max_block_size", None)
-            block_bytes = min(self.block_bytes, int(cap)) if cap else self.block_bytes
+            # blocks Ray passes through as built: above its target, below 1.5 times it
+            target = getattr(data_context, "target_max_block_size", None)
+            block_bytes = int(target * PASS_THROUGH) if target else self.block_bytes
             tasks = []
             for i in range(count):
                 meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
@@ -301,7 +329,22 @@ def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: i
                               else ds.read_units()}
     if ray_remote_args:
         kwargs["ray_remote_args"] = dict(ray_remote_args)
-    return _ray().data.read_datasource(ds, **kwargs)
+    dataset = _ray().data.read_datasource(ds, **kwargs)
+    _fit_block_target(dataset, block_bytes)
+    return dataset
+
+
+def _fit_block_target(dataset: Any, block_bytes: int) -> None:
+    """Lower the ``target_max_block_size`` of ``dataset``'s own ``DataContext`` (a copy
+    ``read_datasource`` took of the current one; the datasets derived from it share it) so
+    that blocks of ``block_bytes`` pass through Ray as the read tasks build them. A target the
+    user set lower is kept. On a Ray without a per-dataset context nothing changes: the
+    blocks are then gathered up to the global target (the same records, later and copied)."""
+    ctx = getattr(dataset, "context", None) or getattr(dataset, "_context", None)
+    target = getattr(ctx, "target_max_block_size", None)
+    want = max(1, int(block_bytes / PASS_THROUGH))
+    if ctx is not None and (target is None or target > want):
+        ctx.target_max_block_size = want
 
 
 # -- the image stage as a map_batches step ----------------------------------------------------
