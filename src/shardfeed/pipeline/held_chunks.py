@@ -26,6 +26,24 @@ def stored_crcs(chunk: FrameChunk, j: np.ndarray) -> np.ndarray:
                        dtype=np.uint32, count=len(j))
 
 
+def trailing_crcs(chunk: FrameChunk) -> np.ndarray:
+    """The masked data CRCs stored after each record of ``chunk`` (the 4 bytes that follow its
+    data in the frame), as the buffer holds them now: read at the scan that checked them,
+    they let the parser check that the bytes it copies out later are still those bytes (a
+    file's map shows a rewrite of the file in place). A chunk whose records do not lie in
+    their frames (the reference reader's, records copied out one by one: their first and
+    last length fields are not before them) gets its records' CRCs computed instead."""
+    if not chunk.count:
+        return NO_CRCS
+    view = np.frombuffer(memoryview(chunk.buffer).cast("B"), np.uint8)
+    offsets, lengths = np.asarray(chunk.offsets, np.int64), np.asarray(chunk.lengths, np.int64)
+    ends = [(int(offsets[k]), int(lengths[k])) for k in (0, -1)]
+    if any(o < 12 or o + n + 4 > len(view) or int(view[o - 12:o - 4].view("<u8")[0]) != n for o, n in ends):
+        return stored_crcs(chunk, np.arange(chunk.count))
+    at = (offsets + lengths)[:, None] + np.arange(4)
+    return np.ascontiguousarray(view[at]).view("<u4").reshape(-1).astype(np.uint32)
+
+
 class Flat:
     """Where each record of the chunks held lies, one entry a record from upstream position
     ``base`` on (offsets and lengths in its chunk's buffer, frame offsets in its file, stored

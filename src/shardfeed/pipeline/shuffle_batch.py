@@ -41,7 +41,7 @@ from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..formats.truncated import past_new_end, truncated_detail
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
-from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs
+from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs, trailing_crcs
 from .records import TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
@@ -93,6 +93,11 @@ class ShuffledBatches:
         # named by file and offset. Skipping keeps the check in the scan: a record skipped
         # there never enters the buffer, so the order is the unfused chain's.
         self.deferred = src.options.policy.raises
+        # Skipping checks each CRC in the scan, and the values are copied out when a record is
+        # drawn, long after: from a file's map, which shows a rewrite of the file in place. The
+        # stored CRCs are kept from the scan and the parser checks the bytes it copies against
+        # them (a record that changed is skipped and counted, never delivered torn).
+        self.recheck = not self.deferred and bool(src.options.verify_crc)
         self.size = shuffle_ds.buffer_size
         self.k = batch_ds.batch_size
         self.drop = batch_ds.drop_remainder
@@ -167,6 +172,7 @@ class ShuffledBatches:
                                       self.counters, self.errors, defer_data_crc=self.deferred,
                                       release_pages=False)
         self.deferred = self.span_chunks.defer_data_crc  # not without verify_crc or the native core
+        self.recheck = self.recheck and not self.deferred
         self.it = iter(self.span_chunks)
         self.last_state = source_state
 
@@ -202,6 +208,8 @@ class ShuffledBatches:
             file_id = self._file_id(url)
             crcs = chunk.crcs if chunk.crcs is not None or not self.deferred \
                 else stored_crcs(chunk, np.arange(chunk.count))
+            if self.recheck:
+                crcs = trailing_crcs(chunk)
             self.flat.add(self.read, chunk, crcs if crcs is not None else NO_CRCS, self.serial, file_id)
             self.chunks.append(_Chunk(self.read, chunk, url, self.last_state, end_state, self.serial))
             self.serial += 1
@@ -395,7 +403,7 @@ class ShuffledBatches:
         else:
             at = positions - self.flat.base
         src_off, lens, file_pos, serial, file_id = offs[at], lens[at], file_pos[at], serials[at], fids[at]
-        crcs = crc_col[at] if self.deferred else None
+        crcs = crc_col[at] if self.deferred or self.recheck else None
         used = np.unique(serial)
         first = chunks[0].serial if chunks else 0
         # by reference: each record where it lies, in the chunk the source read (or its
@@ -463,10 +471,13 @@ class ShuffledBatches:
                 mapped = is_mapped(c.chunk.buffer)
                 view = memoryview(c.chunk.buffer)
                 pinned = [c.chunk, len(live)] if mapped else None
+                crc_col = self.flat.columns(c.base)[3] if self.recheck else None
                 for p in live.tolist():
                     j = p - c.base
                     o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
-                    crc = int(c.chunk.crcs[j]) if c.chunk.crcs is not None else None
+                    # the CRC its scan checked (the map may show other bytes by the time it is drawn)
+                    crc = int(crc_col[p - self.flat.base]) if crc_col is not None \
+                        else int(c.chunk.crcs[j]) if c.chunk.crcs is not None else None
                     record = view[o: o + n] if mapped else bytes(view[o: o + n])
                     self.survivors[p] = (record, int(c.chunk.positions[j]), c.url, crc, pinned)
                     if mapped:
