@@ -276,3 +276,25 @@ def test_decode_images_instance_runs_fused_into_the_read_tasks(ray_cluster, tmp_
     for i in range(40):
         np.testing.assert_array_equal(rows[i], want[i])
     assert "Readshardfeed.TFRecord->MapBatches(DecodeImages)" in ds.stats()
+
+
+def test_default_blocks_are_larger_for_large_records(ray_cluster, tmp_path, shards):
+    """``block_bytes=None``: 16 MiB blocks for small records; 64 MiB when the first record is
+    8 KiB or more (a decoder's outputs after the read then come in fewer, larger blocks), read
+    from the first frame's length field; a target the user set lower is kept."""
+    big = str(tmp_path / "big.tfrecord")
+    sf.write_records(big, [sf.encode_example({"label": [i], "blob": [bytes(9000)]}) for i in range(3)])
+
+    def target(ds):
+        return (getattr(ds, "context", None) or ds._context).target_max_block_size
+
+    assert target(sfray.read_tfrecord(shards, SPEC)) == int((16 << 20) / sfray.PASS_THROUGH)
+    assert target(sfray.read_tfrecord(big, {"label": sf.FixedLen("int64")})) == int((64 << 20) / sfray.PASS_THROUGH)
+    assert target(sfray.read_tfrecord(big, {"label": sf.FixedLen("int64")}, block_bytes=1 << 20)) == int(
+        (1 << 20) / sfray.PASS_THROUGH)
+    ctx = ray.data.DataContext.get_current()
+    before, ctx.target_max_block_size = ctx.target_max_block_size, 4 << 20
+    try:
+        assert target(sfray.read_tfrecord(big, {"label": sf.FixedLen("int64")})) == 4 << 20
+    finally:
+        ctx.target_max_block_size = before

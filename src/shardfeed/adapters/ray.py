@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..formats.compression import normalize_compression
 from ..formats.native import BytesBuffer
 from ..formats.spec import FeatureSpec, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset
@@ -31,6 +32,7 @@ from ..pipeline.records import TFRecordSource
 from ..pipeline.records import read_tfrecord as _read_tfrecord
 from ..pipeline.sources import from_iterable
 from ..registry import require
+from ..storage import read_bytes
 from ..storage import size as storage_size
 from ..storage.urls import parse_url
 
@@ -38,7 +40,15 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_BYTES = 16 << 20
 """Parsed bytes of one Ray block (a read task's output comes in blocks of about this size:
-a few a CPU for a dataset of a few hundred MB; measured against 64 MiB in docs/ray.md)."""
+a few a CPU for a dataset of a few hundred MB; measured against 32-160 MiB in docs/ray.md)."""
+
+LARGE_RECORD_BYTES = 8 << 10
+"""A dataset whose first record is at least this long (images, audio) gets blocks of
+:data:`LARGE_BLOCK_BYTES` by default: the steps after its read (a decoder's outputs are
+larger still) then work on fewer, larger blocks."""
+
+LARGE_BLOCK_BYTES = 64 << 20
+"""The default ``block_bytes`` for datasets of large records (measured in docs/ray.md)."""
 
 PASS_THROUGH = 1.25
 """A read task's blocks against the ``target_max_block_size`` of the dataset's
@@ -311,18 +321,37 @@ def _datasource_class() -> Any:
     return _CLASS
 
 
+def _first_record_bytes(src: TFRecordSource) -> int | None:
+    """The length of the first record of ``src``'s first file, from its frame's length field
+    (8 bytes: one small read, a ranged GET for an object), or ``None`` (no file list, a
+    compressed file, a read that fails)."""
+    urls = getattr(src.provider, "urls", None)
+    if not urls or normalize_compression(src.options.compression, urls[0]) is not None:
+        return None
+    try:
+        head = read_bytes(urls[0], 0, 8, src.options.storage_options)
+    except OSError:
+        return None
+    return int.from_bytes(head, "little") if len(head) == 8 else None
+
+
 def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: int | None = None,
-                  block_bytes: int = DEFAULT_BLOCK_BYTES, num_parallel_reads: int | None = None,
+                  block_bytes: int | None = None, num_parallel_reads: int | None = None,
                   override_num_blocks: int | None = None, ray_remote_args: Mapping[str, Any] | None = None,
                   **read_args: Any) -> Any:
     """A ``ray.data.Dataset`` of the records of ``source`` parsed with ``spec`` (see
-    :func:`make_datasource` for the arguments). ``override_num_blocks``: read tasks (by
+    :func:`make_datasource` for the arguments; ``block_bytes=None``: 16 MiB, or 64 MiB when
+    the first record is 8 KiB or more). ``override_num_blocks``: read tasks (by
     default one a file, or with ``shuffle="blocks"``/``"global"`` one a CPU of the cluster;
     never more than the files unless a shuffle mode cuts finer). Every
     record is read once per epoch, by one task; with ``shuffle="global"`` the order within
     and across tasks follows the seeded permutation of that mode."""
-    ds = make_datasource(source, spec, batch_size=batch_size, block_bytes=block_bytes,
+    ds = make_datasource(source, spec, batch_size=batch_size, block_bytes=block_bytes or DEFAULT_BLOCK_BYTES,
                          num_parallel_reads=num_parallel_reads, **read_args)
+    if block_bytes is None:
+        first = _first_record_bytes(ds.src)
+        block_bytes = LARGE_BLOCK_BYTES if first is not None and first >= LARGE_RECORD_BYTES else DEFAULT_BLOCK_BYTES
+        ds.block_bytes = block_bytes
     # as many blocks as read tasks: more would have Ray cut every task's blocks into slivers
     # (SplitBlocks), each a round trip through the object store and a batch's fixed costs
     kwargs: dict[str, Any] = {"override_num_blocks": int(override_num_blocks) if override_num_blocks is not None
