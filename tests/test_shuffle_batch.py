@@ -381,3 +381,28 @@ def test_skip_a_record_changed_in_its_file_after_the_scan_is_skipped_not_deliver
     lost = {i for i in changed if i not in drawn}
     assert sorted(got) == sorted(set(range(n)) - lost)
     assert skipped == len(lost)
+
+
+def test_skip_a_batch_handed_to_the_parser_holds_its_own_copy_of_its_records(tmp_path):
+    """Under skip the parser checks each record against the CRC its scan read: the bytes it
+    checks and the bytes it copies values from must be one copy, not the file's map read twice
+    (a file rewritten over and over in place gave records whose numbers came from one version
+    and whose bytes from another). The batch drawn holds its own copy: a write to the file
+    after the draw changes nothing the parser sees."""
+    from shardfeed.pipeline.skipping import parse_skipping
+
+    spec = {"id": sf.FixedLen("int64"), "blob": sf.FixedLen("bytes")}
+    path = str(tmp_path / "d.tfrecord")
+    sf.write_records(path, [sf.encode_example({"id": [i], "blob": [bytes([i]) * 300]}) for i in range(100)])
+    src = sf.read_tfrecord(path, spec=spec, on_corrupt="skip")
+    ds = src.shuffle(100, seed=1).batch(10)
+    producer = ShuffledBatches(src, ds.parent, ds, (), None)
+    try:
+        batch = next(producer)[0]
+        for at in _frame_offsets(path):
+            _flip(path, at + 12 + 100)
+        cols, skipped = parse_skipping(batch, spec, "object")
+    finally:
+        producer.close()
+    assert skipped == []
+    assert [bytes(b) for b in cols["blob"]] == [bytes([i]) * 300 for i in cols["id"].tolist()]

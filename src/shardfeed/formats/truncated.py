@@ -31,6 +31,14 @@ def first_lost(chunk: Any) -> int | None:
     return None if k < 0 else k
 
 
+def lost_in(buffer: Any, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices of the records ``buffer[offsets[k]:][:lengths[k]]`` that :func:`first_lost`
+    would name (one buffer); empty when none (at once while no file has been cut)."""
+    if _native_first_lost is None or not len(offsets):
+        return np.zeros(0, np.int64)
+    return _native_first_lost(buffer, offsets, lengths, True)
+
+
 def lost_records(chunk: Any) -> np.ndarray:
     """The indices of every record of ``chunk`` that :func:`first_lost` would name (records in
     several buffers too); empty when none."""

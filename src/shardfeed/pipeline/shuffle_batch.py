@@ -36,9 +36,9 @@ import numpy as np
 from ..crc import masked_crc32c
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk, is_mapped, release_chunk
-from ..formats.native import Buffers
+from ..formats.native import Buffers, gather
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
-from ..formats.truncated import past_new_end, truncated_detail
+from ..formats.truncated import lost_in, past_new_end, truncated_detail
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
 from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs, trailing_crcs
@@ -433,8 +433,10 @@ class ShuffledBatches:
         urls = self.file_urls
         names = [urls[i] for i in file_id.tolist()]
         if len(bufs) == 1:
-            return FrameChunk(bufs[0], src_off, lens, file_pos, file_id, crcs), names
-        return FrameChunk(Buffers(tuple(bufs), slot), src_off, lens, file_pos, file_id, crcs), names
+            batch = FrameChunk(bufs[0], src_off, lens, file_pos, file_id, crcs)
+        else:
+            batch = FrameChunk(Buffers(tuple(bufs), slot), src_off, lens, file_pos, file_id, crcs)
+        return (_own_copy(batch) if self.recheck else batch), names
 
     def _buffered(self) -> np.ndarray:
         t = self.table
@@ -529,3 +531,33 @@ class ShuffledBatches:
             self.chunks.clear()
             self.survivors.clear()
             self.releases.clear()  # the maps go with their last reference
+
+
+def _own_copy(batch: FrameChunk) -> FrameChunk:
+    """``batch`` with its records copied into one buffer of its own (one native ``memcpy`` a
+    source buffer, the GIL released), for a parser that checks them against the CRCs their
+    scan read: the check and every value the parser copies out later then see the same
+    bytes, whatever another process writes into the file meanwhile (values are read from a
+    file's map long after a check of the map itself: a file rewritten over and over in place
+    gave records whose numbers came from one version and whose bytes from another). A batch
+    with a record past the end of a file cut while it was read (the copy touched every page:
+    the guard has noted it by now) goes on as it was, for the parser to name what was cut."""
+    n = batch.count
+    lens = np.asarray(batch.lengths, np.int64)
+    offsets = np.zeros(n, np.int64)
+    if n > 1:
+        np.cumsum(lens[:-1], out=offsets[1:])
+    own = np.empty(int(lens.sum()), np.uint8)
+    buf = batch.buffer
+    if isinstance(buf, Buffers):  # the records of each source buffer: one sort, not a scan a buffer
+        order = np.argsort(buf.which, kind="stable")
+        which = np.asarray(buf.which)[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(which)) + 1))
+        groups = [(buf.buffers[int(which[a])], sel) for a, sel in zip(starts.tolist(), np.split(order, starts[1:]))]
+    else:
+        groups = [(buf, slice(None))]
+    for b, sel in groups:
+        gather(own, offsets[sel], b, batch.offsets[sel], lens[sel])
+    if any(len(lost_in(b, batch.offsets[sel], lens[sel])) for b, sel in groups):
+        return batch
+    return FrameChunk(own, offsets, lens, batch.positions, batch.sources, batch.crcs)
