@@ -298,3 +298,25 @@ def test_default_blocks_are_larger_for_large_records(ray_cluster, tmp_path, shar
         assert target(sfray.read_tfrecord(big, {"label": sf.FixedLen("int64")})) == 4 << 20
     finally:
         ctx.target_max_block_size = before
+
+
+@pytest.mark.parametrize("mode", ["files", "blocks", "global"])
+def test_each_pass_of_a_shuffled_dataset_is_a_new_epoch(ray_cluster, shards, mode):
+    """Every pass (each ``iter_batches``, each ``to_shardfeed`` epoch) runs the read tasks in
+    fresh copies of the source: each execution is told its epoch, so the n-th pass reads the
+    n-th epoch's order, as the n-th pass in-process does, not the first one again."""
+    kw = {"shuffle": mode, "seed": 11, "block_size": 50, "override_num_blocks": 1}  # one task: its order is the pass's
+    ds = sfray.read_tfrecord(shards, {"label": sf.FixedLen("int64")}, **kw)
+
+    def one_pass(it):
+        return [x for b in it for x in np.asarray(b["label"]).tolist()]
+
+    first, second = (one_pass(ds.iter_batches(batch_size=500, batch_format="numpy")) for _ in range(2))
+    assert sorted(first) == sorted(second) == list(range(FILES * PER_FILE))
+    assert first != second
+    inproc = sf.read_tfrecord(shards, {"label": sf.FixedLen("int64")}, **{k: v for k, v in kw.items()
+                                                                          if k != "override_num_blocks"})
+    batches = inproc.batch(500)  # one dataset, two passes: epochs 0 and 1
+    assert first == one_pass(batches) and second == one_pass(batches)
+    back = sfray.to_shardfeed(sfray.read_tfrecord(shards, {"label": sf.FixedLen("int64")}, **kw), batch_size=500)
+    assert one_pass(back) == first and one_pass(back) == second

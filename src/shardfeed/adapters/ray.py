@@ -164,9 +164,14 @@ class _ReadShare:
     blocks of about ``block_bytes`` parsed bytes, each one Arrow chunk a column."""
 
     def __init__(self, source: TFRecordSource, index: int, count: int, batch_size: int | None,
-                 block_bytes: int) -> None:
+                 block_bytes: int, epoch: int = 0) -> None:
         self.source, self.index, self.count = source, index, count
-        self.batch_size, self.block_bytes = batch_size, block_bytes
+        self.batch_size, self.block_bytes, self.epoch = batch_size, block_bytes, epoch
+
+    def _batched(self, share: TFRecordSource, size: int) -> Dataset:
+        """``share`` in parse batches of ``size``, whose next pass is the execution's epoch (a
+        seeded shuffle's order is that epoch's, as the n-th pass in-process)."""
+        return share.batch(size, bytes_as="buffer")._at_pass(self.epoch)
 
     def __call__(self) -> Iterator[Any]:
         share = self.source._split(self.index, self.count)
@@ -179,7 +184,7 @@ class _ReadShare:
         # a given batch_size: parse batches gathered into blocks
         tables: list[Any] = []
         held = 0
-        with iter(share.batch(self.batch_size or REMOTE_BATCH_ROWS, bytes_as="buffer")) as it:
+        with iter(self._batched(share, self.batch_size or REMOTE_BATCH_ROWS)) as it:
             for batch in it:
                 table = batch_to_arrow(batch)
                 tables.append(table)
@@ -198,7 +203,7 @@ class _ReadShare:
         rest joined to the records that complete its block (one copy of one block: alone, the
         rest would be below Ray's target, and Ray would join it to the next block as a second
         chunk)."""
-        with iter(share.batch(PROBE_ROWS, bytes_as="buffer")) as it:
+        with iter(self._batched(share, PROBE_ROWS)) as it:
             first = next(it, None)
             if first is None:
                 return
@@ -211,7 +216,7 @@ class _ReadShare:
             yield probe.slice(k * size, size)
         rest = probe.slice(whole * size)
         if rest.num_rows:
-            with iter(share.batch(size - rest.num_rows, bytes_as="buffer")) as it:
+            with iter(self._batched(share, size - rest.num_rows)) as it:
                 it.set_state(state)
                 batch = next(it, None)
                 if batch is None:  # the share ends within the block
@@ -219,7 +224,7 @@ class _ReadShare:
                     return
                 yield _one_chunk([rest, batch_to_arrow(batch)])
                 state = it.get_state()
-        with iter(share.batch(size, bytes_as="buffer")) as it:
+        with iter(self._batched(share, size)) as it:
             it.set_state(state)
             for batch in it:
                 yield batch_to_arrow(batch)
@@ -270,6 +275,7 @@ def _datasource_class() -> Any:
 
         def __init__(self, src: TFRecordSource, batch_size: int | None, block_bytes: int) -> None:
             self.src, self.batch_size, self.block_bytes = src, batch_size, block_bytes
+            self.executions = 0  # each execution (a pass: iter_batches, materialize) an epoch
 
         def get_name(self) -> str:
             return "shardfeed.TFRecord"
@@ -309,11 +315,16 @@ def _datasource_class() -> Any:
             # blocks Ray passes through as built: above its target, below 1.5 times it
             target = getattr(data_context, "target_max_block_size", None)
             block_bytes = int(target * PASS_THROUGH) if target else self.block_bytes
+            # Ray asks once when the dataset is made (no context: for its metadata) and once as
+            # each execution starts: the n-th execution reads epoch n's order
+            epoch = self.executions
+            if data_context is not None:
+                self.executions += 1
             tasks = []
             for i in range(count):
                 meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
                                      input_files=files[i::count] if files else None)
-                fn = _ReadShare(self.src, i, count, self.batch_size, block_bytes)
+                fn = _ReadShare(self.src, i, count, self.batch_size, block_bytes, epoch)
                 tasks.append(ray.data.ReadTask(fn, meta, per_task_row_limit=per_task_row_limit))
             return tasks
 

@@ -61,6 +61,13 @@ class Dataset:
             self.__dict__["_passes"] = n + 1
         return n
 
+    def _at_pass(self, n: int) -> "Dataset":
+        """This dataset, its next pass numbered ``n`` (an engine that runs each pass in a fresh
+        copy of it, Ray's read tasks, tells it which epoch it reads). Returns itself."""
+        with _counter_lock:
+            self.__dict__["_passes"] = int(n)
+        return self
+
     def _build(self, b: Build, state: Mapping[str, Any] | None) -> Node:
         """A node for one pass, resumed from ``state`` (``None``: from the start)."""
         if type(self).__iter__ is Dataset.__iter__:
