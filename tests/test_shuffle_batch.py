@@ -406,3 +406,26 @@ def test_skip_a_batch_handed_to_the_parser_holds_its_own_copy_of_its_records(tmp
         producer.close()
     assert skipped == []
     assert [bytes(b) for b in cols["blob"]] == [bytes([i]) * 300 for i in cols["id"].tolist()]
+
+
+@pytest.mark.parametrize("on_corrupt", ["raise", "skip"])
+def test_a_buffer_shuffle_over_a_global_shuffle_delivers_every_record_once(tmp_path, on_corrupt):
+    """A global shuffle hands its records over in their frames, for the parser to check
+    (``IN_FRAME``); a buffer shuffle on top kept that marker as if it were a column of CRCs
+    and failed (``ValueError`` in its table of held records). Each frame's stored CRC is taken
+    instead, flipped where its length field fails, so the parser still checks the frame."""
+    spec = {"id": sf.FixedLen("int64"), "blob": sf.FixedLen("bytes")}
+    files = []
+    for f in range(2):
+        p = str(tmp_path / f"g-{f}.tfrecord")
+        with sf.TFRecordWriter(p, index=True) as w:
+            for i in range(f * 1000, f * 1000 + 1000):
+                w.write(sf.encode_example({"id": [i], "blob": [bytes([i % 251]) * (100 + i % 37)]}))
+        files.append(p)
+    ds = sf.read_tfrecord(files, spec, on_corrupt=on_corrupt, shuffle="global", seed=1).shuffle(300, seed=2).batch(64)
+    got = []
+    for b in ds:
+        for i, blob in zip(b["id"].tolist(), b["blob"].tolist()):
+            assert blob == bytes([i % 251]) * (100 + i % 37)
+            got.append(i)
+    assert sorted(got) == list(range(2000))

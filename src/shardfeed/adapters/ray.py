@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 from ..formats.compression import normalize_compression
 from ..formats.native import BytesBuffer
 from ..formats.spec import FeatureSpec, RaggedColumn, SparseColumn
-from ..pipeline.dataset import Dataset
+from ..pipeline.dataset import Dataset, positive_int
 from ..pipeline.images import DecodeImages as _DecodeImages
 from ..pipeline.records import TFRecordSource
 from ..pipeline.records import read_tfrecord as _read_tfrecord
@@ -275,7 +276,17 @@ def _datasource_class() -> Any:
 
         def __init__(self, src: TFRecordSource, batch_size: int | None, block_bytes: int) -> None:
             self.src, self.batch_size, self.block_bytes = src, batch_size, block_bytes
-            self.executions = 0  # each execution (a pass: iter_batches, materialize) an epoch
+            self.executions = 0  # each execution an epoch
+            self._lock = threading.Lock()
+
+        def __getstate__(self) -> dict:
+            state = dict(self.__dict__)
+            state.pop("_lock", None)
+            return state
+
+        def __setstate__(self, state: dict) -> None:
+            self.__dict__.update(state)
+            self._lock = threading.Lock()
 
         def get_name(self) -> str:
             return "shardfeed.TFRecord"
@@ -316,10 +327,12 @@ def _datasource_class() -> Any:
             target = getattr(data_context, "target_max_block_size", None)
             block_bytes = int(target * PASS_THROUGH) if target else self.block_bytes
             # Ray asks once when the dataset is made (no context: for its metadata) and once as
-            # each execution starts: the n-th execution reads epoch n's order
-            epoch = self.executions
-            if data_context is not None:
-                self.executions += 1
+            # each execution starts (iter_batches, materialize, and also count, schema, take:
+            # Ray tells them apart from a pass in no argument): the n-th execution reads epoch n
+            with self._lock:
+                epoch = self.executions
+                if data_context is not None:
+                    self.executions += 1
             tasks = []
             for i in range(count):
                 meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
@@ -341,7 +354,7 @@ def _first_record_bytes(src: TFRecordSource) -> int | None:
         return None
     try:
         head = read_bytes(urls[0], 0, 8, src.options.storage_options)
-    except OSError:
+    except Exception:  # noqa: BLE001 - a guess at a default: the read itself reports what is wrong
         return None
     return int.from_bytes(head, "little") if len(head) == 8 else None
 
@@ -357,6 +370,7 @@ def read_tfrecord(source: Any, spec: Mapping[str, FeatureSpec], *, batch_size: i
     never more than the files unless a shuffle mode cuts finer). Every
     record is read once per epoch, by one task; with ``shuffle="global"`` the order within
     and across tasks follows the seeded permutation of that mode."""
+    positive_int("block_bytes", block_bytes, allow_none=True)
     ds = make_datasource(source, spec, batch_size=batch_size, block_bytes=block_bytes or DEFAULT_BLOCK_BYTES,
                          num_parallel_reads=num_parallel_reads, **read_args)
     if block_bytes is None:

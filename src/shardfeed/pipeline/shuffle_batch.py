@@ -36,7 +36,7 @@ import numpy as np
 from ..crc import masked_crc32c
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk, is_mapped, release_chunk
-from ..formats.native import Buffers, gather
+from ..formats.native import IN_FRAME, Buffers, frame_crcs, gather
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
 from ..formats.truncated import lost_in, past_new_end, truncated_detail
 from ..storage.urls import mask
@@ -206,10 +206,15 @@ class ShuffledBatches:
             end_state = cursor_state(tag, end, None)
             url = tag.span.url
             file_id = self._file_id(url)
-            crcs = chunk.crcs if chunk.crcs is not None or not self.deferred \
-                else stored_crcs(chunk, np.arange(chunk.count))
-            if self.recheck:
+            crcs = chunk.crcs
+            if crcs is IN_FRAME:  # a global shuffle's records, in their frames, unchecked: each frame's
+                crcs = frame_crcs(*chunk.triple)  # stored CRC (flipped where its length fails)
+                if isinstance(chunk.buffer, Buffers):  # in several files' maps: one buffer of their own
+                    chunk = _copied(chunk._replace(crcs=crcs))
+            elif self.recheck:
                 crcs = trailing_crcs(chunk)
+            elif crcs is None and self.deferred:
+                crcs = stored_crcs(chunk, np.arange(chunk.count))
             self.flat.add(self.read, chunk, crcs if crcs is not None else NO_CRCS, self.serial, file_id)
             self.chunks.append(_Chunk(self.read, chunk, url, self.last_state, end_state, self.serial))
             self.serial += 1
@@ -534,14 +539,27 @@ class ShuffledBatches:
 
 
 def _own_copy(batch: FrameChunk) -> FrameChunk:
+    """``batch`` with its records copied into one buffer of its own (:func:`_copied`), for a
+    parser that checks them against the CRCs their scan read: the check and every value the
+    parser copies out later then see the same bytes, whatever another process writes into the
+    file meanwhile (values are read from a file's map long after a check of the map itself: a
+    file rewritten over and over in place gave records whose numbers came from one version
+    and whose bytes from another). A batch with a record past the end of a file cut while it
+    was read (the copy touched every page: the guard has noted it by now) goes on as it was,
+    for the parser to name what was cut."""
+    own, groups = _copy_groups(batch)
+    if any(len(lost_in(b, batch.offsets[sel], batch.lengths[sel])) for b, sel in groups):
+        return batch
+    return own
+
+
+def _copied(batch: FrameChunk) -> FrameChunk:
     """``batch`` with its records copied into one buffer of its own (one native ``memcpy`` a
-    source buffer, the GIL released), for a parser that checks them against the CRCs their
-    scan read: the check and every value the parser copies out later then see the same
-    bytes, whatever another process writes into the file meanwhile (values are read from a
-    file's map long after a check of the map itself: a file rewritten over and over in place
-    gave records whose numbers came from one version and whose bytes from another). A batch
-    with a record past the end of a file cut while it was read (the copy touched every page:
-    the guard has noted it by now) goes on as it was, for the parser to name what was cut."""
+    source buffer, the GIL released)."""
+    return _copy_groups(batch)[0]
+
+
+def _copy_groups(batch: FrameChunk) -> tuple[FrameChunk, list]:
     n = batch.count
     lens = np.asarray(batch.lengths, np.int64)
     offsets = np.zeros(n, np.int64)
@@ -549,6 +567,7 @@ def _own_copy(batch: FrameChunk) -> FrameChunk:
         np.cumsum(lens[:-1], out=offsets[1:])
     own = np.empty(int(lens.sum()), np.uint8)
     buf = batch.buffer
+    groups: list
     if isinstance(buf, Buffers):  # the records of each source buffer: one sort, not a scan a buffer
         order = np.argsort(buf.which, kind="stable")
         which = np.asarray(buf.which)[order]
@@ -558,6 +577,4 @@ def _own_copy(batch: FrameChunk) -> FrameChunk:
         groups = [(buf, slice(None))]
     for b, sel in groups:
         gather(own, offsets[sel], b, batch.offsets[sel], lens[sel])
-    if any(len(lost_in(b, batch.offsets[sel], lens[sel])) for b, sel in groups):
-        return batch
-    return FrameChunk(own, offsets, lens, batch.positions, batch.sources, batch.crcs)
+    return FrameChunk(own, offsets, lens, batch.positions, batch.sources, batch.crcs), groups
