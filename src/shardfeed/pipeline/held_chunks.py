@@ -1,6 +1,6 @@
 """The bookkeeping of the chunks a fused buffer shuffle holds (:mod:`shardfeed.pipeline.shuffle_batch`):
-where each held record lies, as flat per-record arrays, and the stored CRCs of records whose
-chunk was checked when read."""
+where each held record lies, as flat per-record arrays, the stored CRCs of records whose
+chunk was checked when read, and a drawn batch's records copied into a buffer of its own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import numpy as np
 
 from ..crc import masked_crc32c
 from ..formats.chunks import FrameChunk
+from ..formats.native import Buffers, gather
+from ..formats.truncated import lost_in
 
 NO_CRCS = np.zeros(0, np.uint32)
 """The CRC column of chunks whose CRCs the parser does not check."""
@@ -72,3 +74,45 @@ class Flat:
             self.base += cut
             self.pending = []
         return self.cols
+
+
+def own_copy(batch: FrameChunk) -> FrameChunk:
+    """``batch`` with its records copied into one buffer of its own (:func:`copied`), for a
+    parser that checks them against the CRCs their scan read: the check and every value the
+    parser copies out later then see the same bytes, whatever another process writes into the
+    file meanwhile (values are read from a file's map long after a check of the map itself: a
+    file rewritten over and over in place gave records whose numbers came from one version
+    and whose bytes from another). A batch with a record past the end of a file cut while it
+    was read (the copy touched every page: the guard has noted it by now) goes on as it was,
+    for the parser to name what was cut."""
+    own, groups = _copy_groups(batch)
+    if any(len(lost_in(b, batch.offsets[sel], batch.lengths[sel])) for b, sel in groups):
+        return batch
+    return own
+
+
+def copied(batch: FrameChunk) -> FrameChunk:
+    """``batch`` with its records copied into one buffer of its own (one native ``memcpy`` a
+    source buffer, the GIL released)."""
+    return _copy_groups(batch)[0]
+
+
+def _copy_groups(batch: FrameChunk) -> tuple[FrameChunk, list]:
+    n = batch.count
+    lens = np.asarray(batch.lengths, np.int64)
+    offsets = np.zeros(n, np.int64)
+    if n > 1:
+        np.cumsum(lens[:-1], out=offsets[1:])
+    own = np.empty(int(lens.sum()), np.uint8)
+    buf = batch.buffer
+    groups: list
+    if isinstance(buf, Buffers):  # the records of each source buffer: one sort, not a scan a buffer
+        order = np.argsort(buf.which, kind="stable")
+        which = np.asarray(buf.which)[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(which)) + 1))
+        groups = [(buf.buffers[int(which[a])], sel) for a, sel in zip(starts.tolist(), np.split(order, starts[1:]))]
+    else:
+        groups = [(buf, slice(None))]
+    for b, sel in groups:
+        gather(own, offsets[sel], b, batch.offsets[sel], lens[sel])
+    return FrameChunk(own, offsets, lens, batch.positions, batch.sources, batch.crcs), groups

@@ -36,12 +36,12 @@ import numpy as np
 from ..crc import masked_crc32c
 from ..errors import CorruptRecordError
 from ..formats.chunks import FrameChunk, is_mapped, release_chunk
-from ..formats.native import IN_FRAME, Buffers, frame_crcs, gather
+from ..formats.native import IN_FRAME, Buffers, frame_crcs
 from ..formats.tfrecord import FRAME_OVERHEAD, ReadStats
-from ..formats.truncated import lost_in, past_new_end, truncated_detail
+from ..formats.truncated import past_new_end, truncated_detail
 from ..storage.urls import mask
 from .frames import Frames, chunk_entry, fetch_frames
-from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, stored_crcs, trailing_crcs
+from .held_chunks import NO_CRCS, RELEASE_AFTER, Flat, copied, own_copy, stored_crcs, trailing_crcs
 from .records import TFRecordSource
 from .shuffle import derive_seed, next_draws, slot_positions
 from .span_reader import SpanChunks, close_generator, cursor_state
@@ -210,7 +210,7 @@ class ShuffledBatches:
             if crcs is IN_FRAME:  # a global shuffle's records, in their frames, unchecked: each frame's
                 crcs = frame_crcs(*chunk.triple)  # stored CRC (flipped where its length fails)
                 if isinstance(chunk.buffer, Buffers):  # in several files' maps: one buffer of their own
-                    chunk = _copied(chunk._replace(crcs=crcs))
+                    chunk = copied(chunk._replace(crcs=crcs))
             elif self.recheck:
                 crcs = trailing_crcs(chunk)
             elif crcs is None and self.deferred:
@@ -441,7 +441,7 @@ class ShuffledBatches:
             batch = FrameChunk(bufs[0], src_off, lens, file_pos, file_id, crcs)
         else:
             batch = FrameChunk(Buffers(tuple(bufs), slot), src_off, lens, file_pos, file_id, crcs)
-        return (_own_copy(batch) if self.recheck else batch), names
+        return (own_copy(batch) if self.recheck else batch), names
 
     def _buffered(self) -> np.ndarray:
         t = self.table
@@ -536,45 +536,3 @@ class ShuffledBatches:
             self.chunks.clear()
             self.survivors.clear()
             self.releases.clear()  # the maps go with their last reference
-
-
-def _own_copy(batch: FrameChunk) -> FrameChunk:
-    """``batch`` with its records copied into one buffer of its own (:func:`_copied`), for a
-    parser that checks them against the CRCs their scan read: the check and every value the
-    parser copies out later then see the same bytes, whatever another process writes into the
-    file meanwhile (values are read from a file's map long after a check of the map itself: a
-    file rewritten over and over in place gave records whose numbers came from one version
-    and whose bytes from another). A batch with a record past the end of a file cut while it
-    was read (the copy touched every page: the guard has noted it by now) goes on as it was,
-    for the parser to name what was cut."""
-    own, groups = _copy_groups(batch)
-    if any(len(lost_in(b, batch.offsets[sel], batch.lengths[sel])) for b, sel in groups):
-        return batch
-    return own
-
-
-def _copied(batch: FrameChunk) -> FrameChunk:
-    """``batch`` with its records copied into one buffer of its own (one native ``memcpy`` a
-    source buffer, the GIL released)."""
-    return _copy_groups(batch)[0]
-
-
-def _copy_groups(batch: FrameChunk) -> tuple[FrameChunk, list]:
-    n = batch.count
-    lens = np.asarray(batch.lengths, np.int64)
-    offsets = np.zeros(n, np.int64)
-    if n > 1:
-        np.cumsum(lens[:-1], out=offsets[1:])
-    own = np.empty(int(lens.sum()), np.uint8)
-    buf = batch.buffer
-    groups: list
-    if isinstance(buf, Buffers):  # the records of each source buffer: one sort, not a scan a buffer
-        order = np.argsort(buf.which, kind="stable")
-        which = np.asarray(buf.which)[order]
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(which)) + 1))
-        groups = [(buf.buffers[int(which[a])], sel) for a, sel in zip(starts.tolist(), np.split(order, starts[1:]))]
-    else:
-        groups = [(buf, slice(None))]
-    for b, sel in groups:
-        gather(own, offsets[sel], b, batch.offsets[sel], lens[sel])
-    return FrameChunk(own, offsets, lens, batch.positions, batch.sources, batch.crcs), groups
