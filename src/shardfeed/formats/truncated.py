@@ -46,11 +46,11 @@ def lost_records(chunk: Any) -> np.ndarray:
         return np.zeros(0, np.int64)
     buf = chunk.buffer
     if not isinstance(buf, Buffers):
-        return _native_first_lost(buf, chunk.offsets, chunk.lengths, True)
+        return lost_in(buf, chunk.offsets, chunk.lengths)
     parts = []
     for b in np.unique(buf.which).tolist():
         sel = np.flatnonzero(buf.which == b)
-        parts.append(sel[_native_first_lost(buf.buffers[b], chunk.offsets[sel], chunk.lengths[sel], True)])
+        parts.append(sel[lost_in(buf.buffers[b], chunk.offsets[sel], chunk.lengths[sel])])
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 

@@ -478,13 +478,12 @@ class ShuffledBatches:
                 mapped = is_mapped(c.chunk.buffer)
                 view = memoryview(c.chunk.buffer)
                 pinned = [c.chunk, len(live)] if mapped else None
-                crc_col = self.flat.columns(c.base)[3] if self.recheck else None
+                crc_col = self.flat.columns(c.base)[3]  # empty when the parser checks no CRCs
                 for p in live.tolist():
                     j = p - c.base
                     o, n = int(c.chunk.offsets[j]), int(c.chunk.lengths[j])
                     # the CRC its scan checked (the map may show other bytes by the time it is drawn)
-                    crc = int(crc_col[p - self.flat.base]) if crc_col is not None \
-                        else int(c.chunk.crcs[j]) if c.chunk.crcs is not None else None
+                    crc = int(crc_col[p - self.flat.base]) if len(crc_col) else None
                     record = view[o: o + n] if mapped else bytes(view[o: o + n])
                     self.survivors[p] = (record, int(c.chunk.positions[j]), c.url, crc, pinned)
                     if mapped:
