@@ -286,14 +286,16 @@ def test_image_folder_layouts(tmp_path):
     res = sc.convert(str(tmp_path / "a"), str(tmp_path / "oa"), progress=False)
     assert res.splits["train"]["records"] == 2 and res.splits["test"]["records"] == 2
     assert res.rows_discarded == 1 and "layout" in discards(str(tmp_path / "oa"))[0]["reason"]
+    # The split key holds the image's absolute path, so which images go to test changes with
+    # tmp_path: 40 images leave none in test once in 0.6**40 (1e-9) runs; 10 did once in 170.
     for label in ("x", "y"):
-        for i in range(5):
+        for i in range(20):
             make_jpeg(tmp_path / "b" / label / f"{i}.jpg", w=8, h=8)
     res = sc.convert(str(tmp_path / "b"), str(tmp_path / "ob"), test_ratio=0.4, progress=False)
-    assert res.records_written == 10 and res.manifest["classes"] == ["x", "y"]
+    assert res.records_written == 40 and res.manifest["classes"] == ["x", "y"]
     assert 0 < res.splits["test"]["records"] == sum(
         key_split([os.path.join(str(tmp_path / "b"), label, f"{i}.jpg"), label, {}, None], 0.4, 0) == "test"
-        for label in ("x", "y") for i in range(5))
+        for label in ("x", "y") for i in range(20))
 
 
 def test_resize_options_apply_per_split_and_png_output(tmp_path):
