@@ -742,6 +742,30 @@ def test_subprocess_bytes_columns_become_objects_only_when_read(tmp_path):
     assert elements_equal(list(sf.read_tfrecord(files, spec=BSPEC).batch(4).in_subprocess(buffer_size=1)), want)
 
 
+def test_a_copied_batch_keeps_its_bytes_columns_unmade_until_read(tmp_path):
+    """copy.copy of a batch (what DataLoader's default_convert does to every dict batch) is a
+    batch of its own over the same columns: neither it nor the original makes a bytes column
+    before one of them is read, and each reads the pipeline's object arrays (batches built
+    from a plan's template included: the third on)."""
+    import copy
+
+    files = write_bytes_shards(tmp_path)
+    want = list(sf.read_tfrecord(files, spec=BSPEC).batch(2))
+    with iter(sf.read_tfrecord(files, spec=BSPEC).batch(2).in_subprocess()) as it:
+        for i, b in enumerate(it):
+            c = copy.copy(b)
+            assert type(c) is type(b) and c is not b and list(c) == list(b)
+            assert not isinstance(dict.__getitem__(b, "tok"), np.ndarray)
+            assert not isinstance(dict.__getitem__(c, "tok"), np.ndarray)
+            c["extra"] = 1
+            assert "extra" not in b  # a dict of its own
+            del c["extra"]
+            assert elements_equal(dict(c), want[i])
+            assert not isinstance(dict.__getitem__(b, "tok"), np.ndarray)  # reading the copy made the copy's
+            assert elements_equal(dict(b), want[i])
+    assert i == len(want) - 1 >= 3
+
+
 def test_subprocess_new_pass_reuses_the_child_and_its_slots(tmp_path):
     """A new iter() of the dataset, and each epoch of a repeat() after the stage, asks the
     child that served the last pass for another (same pid, same segments); the child goes

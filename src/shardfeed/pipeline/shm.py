@@ -173,7 +173,8 @@ class LazyBatch(dict):
     first read, so a consumer that never reads one never pays for a Python object per
     value. Every way of reading a value (``b[k]``, ``get``, ``items``, ``values``, ``pop``,
     ``dict(b)``, ``{**b}``, ``==``, ``repr``, pickle, copy) sees the object arrays; only
-    ``dict``'s own methods called on it unbound (``dict.values(b)``) see the buffers."""
+    ``dict``'s own methods called on it unbound (``dict.values(b)``) see the buffers.
+    ``copy.copy`` gives a batch of the same kind whose columns are made when read."""
 
     # set by a Plan: the slot's lease as an array, and the numbers of the layout, for the
     # bytes columns' markers it shares between batches
@@ -218,6 +219,17 @@ class LazyBatch(dict):
 
     def copy(self) -> dict:
         return dict(self.items())
+
+    def __copy__(self) -> "LazyBatch":
+        # copy.copy (DataLoader's default_convert copies every dict batch, then sets each
+        # value read from the original): a batch of its own over the same columns, its
+        # unread ones still unmade, instead of __reduce__'s plain dict with every one made
+        c = LazyBatch()
+        dict.update(c, dict.items(self))  # unbound: the raw values, markers included
+        for name in LazyBatch.__slots__:
+            if hasattr(self, name):
+                setattr(c, name, getattr(self, name))
+        return c
 
     def __reduce__(self) -> Any:  # pickles (and copies) as the plain dict it stands for
         return dict, (dict(self.items()),)
