@@ -139,3 +139,73 @@ def test_a_limit_keeps_the_child_from_having_more_slots_out(block_pair):
     assert child.free_slot(2) is None  # taken and held is still out
     consumer.hand_back(0)
     assert child.free_slot(2) == 0
+
+
+def _flat_batches(n: int) -> list[dict]:
+    """Flat batches of ``n`` rows (one signature for every ``n``): numeric, bytes as objects
+    and as :class:`BytesObjects`, ragged columns of numbers and of bytes, an empty array."""
+    from shardfeed.formats.native import pack_bytes
+
+    toks = np.array([b"t%d" % i * (i % 3) for i in range(n)], object)
+    splits = np.arange(n + 1, dtype=np.int64) * 2
+    return [{"a": np.arange(n * 3, dtype=np.float32).reshape(n, 3), "tok": toks,
+             "buf": shm.BytesObjects(pack_bytes(toks), (n,)),
+             "ids": sf.RaggedColumn(np.arange(2 * n, dtype=np.int64), splits),
+             "tags": sf.RaggedColumn(np.repeat(toks, 2), splits.copy()),
+             "empty": np.zeros((0, 4), np.int16)}]
+
+
+def _encoded(x):
+    structure, arrays, layout, size = shm.encode(x)
+    mapping = np.zeros(max(size, 1), np.uint8)
+    shm.write(memoryview(mapping), arrays, layout)
+    return structure, layout, size, shm.decode(mapping, structure, layout)
+
+
+def _want(x):
+    """``x`` as the consumer reads it (BytesObjects arrive as object arrays)."""
+    def plain(v):
+        if type(v) is shm.BytesObjects:
+            return v.buffer.to_numpy().reshape(v.shape)
+        if isinstance(v, sf.RaggedColumn):
+            return sf.RaggedColumn(plain(v.values), v.row_splits)
+        return v
+    return {k: plain(v) for k, v in x.items()}
+
+
+@pytest.mark.parametrize("rows", [(3, 5), (1, 7), (4, 0)])
+def test_a_flat_batch_of_a_kept_signature_encodes_as_the_pickler_does(rows):
+    """The second batch of a signature skips the pickler: its structure, layout and decoded
+    values are what the pickler gives for it (other row counts: other positions and shapes).
+    With no rows its empty object arrays stay in the pickle: pickled, and the kept structure
+    is left as it was for the batches after it."""
+    shm._flat.clear()
+    first, second, third = (_flat_batches(n)[0] for n in (*rows, 2))
+    got_first = _encoded(first)
+    assert len(shm._flat) == 1
+    got, got_third = _encoded(second), _encoded(third)  # from the kept structure (with rows)
+    for x, g in ((second, got), (third, got_third)):
+        shm._flat.clear()
+        assert g[:3] == _encoded(x)[:3]  # what the pickler gives
+        assert elements_equal(dict(g[3]), _want(x))
+    assert (got[0] == got_first[0]) == (rows[1] > 0) and got_third[0] == got_first[0]
+    assert elements_equal(dict(got_first[3]), _want(first))
+
+
+def test_batches_the_kept_structure_cannot_describe_are_pickled():
+    """A value in two places, an object array that does not pack, a key that is not a
+    string, a ragged column with more attributes: each pickled, and decoded as it was."""
+    shm._flat.clear()
+    base = _flat_batches(2)[0]
+    _encoded(base)
+    shared = np.arange(4)
+    strs = dict(base, tok=np.array(["x", "y"], object))  # the kept signature, but str values
+    extra = sf.RaggedColumn(np.arange(3), np.array([0, 1, 3], np.int64))
+    extra.note = "kept"  # type: ignore[attr-defined]
+    cases = [dict(base, a=shared, b=shared), strs, {1: np.arange(2)}, dict(base, ids=extra),
+             dict(base, ids=sf.RaggedColumn(base["a"], np.array([0, 1, 2], np.int64)))]
+    for x in cases:
+        _, _, _, back = _encoded(x)
+        assert elements_equal(dict(back), _want(x)), x
+    assert getattr(_encoded(cases[3])[3]["ids"], "note", None) == "kept"
+    assert len(shm._flat) == 1  # none of them kept a structure
