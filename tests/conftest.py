@@ -113,7 +113,8 @@ class FaultProxy:
     ``fail_every = n`` answers every n-th request with ``status`` (503 SlowDown by default)
     instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
     ``stall_every = n`` holds every n-th request ``stall_s`` seconds (a stalled connection)
-    before forwarding it; ``max_faults`` caps how many faults are injected in all.
+    before forwarding it; ``truncate_every = n`` forwards every n-th object GET but sends only
+    the first half of its body (the headers promise all of it) and closes the connection; ``max_faults`` caps how many faults are injected in all.
     ``failed`` counts injected faults, ``forwarded`` the requests that reached the target;
     ``log`` holds one ``(method, path, Range header or None, outcome)`` a request, in order.
     ``object_gets`` / ``object_bytes`` count the GETs of objects (not listings) answered
@@ -131,6 +132,8 @@ class FaultProxy:
         self.fail_every = 0
         self.reset_every = 0
         self.stall_every = 0
+        self.truncate_every = 0
+        self.truncated = 0
         self.stall_s = 30.0
         self.status = 503
         self.max_faults: int | None = None
@@ -204,6 +207,21 @@ class FaultProxy:
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
+                listing = self.command == "GET" and ("list-type" in self.path or "delimiter=" in self.path
+                                                     or self.path.split("?", 1)[0].endswith("/"))
+                with proxy._lock:
+                    cut = (proxy.truncate_every and self.command == "GET" and not listing and len(data) > 1
+                           and resp.status in (200, 206) and (proxy.max_faults is None or proxy.failed < proxy.max_faults)
+                           and (proxy.object_gets + proxy.truncated + 1) % proxy.truncate_every == 0)
+                    if cut:
+                        proxy.truncated += 1
+                        proxy.failed += 1
+                if cut:  # half the body, then a clean close (FIN): fewer bytes than Content-Length said
+                    self.wfile.write(data[:len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    conn.close()
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
                 listing = self.command == "GET" and ("list-type" in self.path or "delimiter=" in self.path

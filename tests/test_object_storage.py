@@ -251,6 +251,23 @@ def test_reads_survive_503_resets_and_a_stalled_connection_and_count_each_retry(
     assert storage.retry_stats()["retries"] == st.retries
 
 
+def test_a_body_cut_short_by_a_clean_close_is_retried(shards, fault_proxy, small_parts):
+    """A ranged GET whose body ends (the connection closed cleanly) before the bytes its
+    Content-Length promised is a transport fault, retried like a reset: every record once,
+    in order, and no 'short read ... changed while it was read' error for an object that
+    never changed (found from outside: the pass ended at the first cut body)."""
+    urls, expected, _, _ = shards
+    ds = sf.read_tfrecord(urls, storage_options={"endpoint_url": fault_proxy.url})
+    fault_proxy.truncate_every = 3
+    fault_proxy.max_faults = 6
+    storage.reset_retry_stats()
+    it = iter(ds)
+    assert list(it) == _all(expected, urls)
+    assert fault_proxy.truncated == 6
+    assert it.stats().storage.retries >= 6
+    assert storage.retry_stats()["by_reason"].get("IncompleteRead", 0) >= 6
+
+
 def test_a_refused_or_vanished_object_is_a_clear_error_not_retried(shards, fault_proxy):
     urls, _, _, bucket = shards
     proxied = {"endpoint_url": fault_proxy.url}

@@ -506,6 +506,12 @@ class DirectGet:
                     if not k:
                         break
                     n += k
+            length = resp.getheader("Content-Length") or ""
+            if n < len(buf) and length.isdigit() and n < int(length):
+                # the body ended before the bytes its header promised (the connection closed
+                # early): a transport fault, retried like a reset, not an object that changed
+                conn.close()
+                raise http.client.IncompleteRead(b"", min(int(length), len(buf)) - n)
             if resp.status == 206 and not resp.will_close:
                 resp.read()  # nothing is left of a 206: the connection can serve the next range
                 conns[key] = conn
