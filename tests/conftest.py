@@ -113,7 +113,8 @@ class FaultProxy:
     ``fail_every = n`` answers every n-th request with ``status`` (503 SlowDown by default)
     instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
     ``stall_every = n`` holds every n-th request ``stall_s`` seconds (a stalled connection)
-    before forwarding it; ``truncate_every = n`` forwards every n-th object GET but sends only
+    before forwarding it; ``before(method, path, range)``, when set, runs before each request
+    is forwarded (a test changes the store there); ``truncate_every = n`` forwards every n-th object GET but sends only
     the first half of its body (the headers promise all of it) and closes the connection; ``max_faults`` caps how many faults are injected in all.
     ``failed`` counts injected faults, ``forwarded`` the requests that reached the target;
     ``log`` holds one ``(method, path, Range header or None, outcome)`` a request, in order.
@@ -134,6 +135,7 @@ class FaultProxy:
         self.stall_every = 0
         self.truncate_every = 0
         self.truncated = 0
+        self.before: Any = None
         self.stall_s = 30.0
         self.status = 503
         self.max_faults: int | None = None
@@ -195,6 +197,8 @@ class FaultProxy:
                     if self.command != "HEAD":
                         self.wfile.write(FaultProxy.SLOWDOWN)
                     return
+                if proxy.before is not None:
+                    proxy.before(self.command, self.path, self.headers.get("Range"))
                 conn = http.client.HTTPConnection(proxy.target_host, int(proxy.target_port), timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection")}
                 conn.request(self.command, self.path, body=body, headers=headers)

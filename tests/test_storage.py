@@ -191,6 +191,21 @@ def test_4xx_is_not_retried(s3_bucket, fault_proxy):
     assert fault_proxy.failed == 1
 
 
+def test_a_status_is_read_from_an_error_message_only_as_a_whole_word():
+    """'503' or 'SlowDown' in an error's text makes it transient only as a word of its own:
+    not inside an ETag, a byte offset or a file name (an object that changed while read was
+    retried 13-21 times because its ETag held '503')."""
+    from shardfeed.errors import StorageError
+    from shardfeed.storage.retry import transient_reason
+
+    assert transient_reason(OSError("HTTP 503 Service Unavailable")) == "503"
+    assert transient_reason(OSError("the server said 503")) == "503"
+    assert transient_reason(StorageError("x: reply <Code>SlowDown</Code>")) == "SlowDown"
+    for text in ('s3://b/k: changed (ETag "9a503f1c", was "77")', "short read at byte offset 15030",
+                 "s3://b/part-503x.tfrecord: no index", "MySlowDownHelper failed"):
+        assert transient_reason(StorageError(text)) is None, text
+
+
 def test_missing_bucket_error_says_which_url(s3_endpoint):
     url = "s3://no-such-bucket-sf/key.bin"
     with pytest.raises(FileNotFoundError) as info:

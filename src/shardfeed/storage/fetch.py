@@ -414,6 +414,11 @@ class DirectGet:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self._signed: tuple[str, float] | None = None
         self._lock = threading.Lock()
+        # the version being read: the ETag of the first answer, asked for again by every later
+        # range (If-Match), and the object's size as listed or first answered, checked against
+        # each answer's Content-Range. Ranges of one object never come from two versions.
+        self.etag: str | None = None
+        self.size: int | None = None
 
     @classmethod
     def of(cls, fs: Any, path: str, url: str, storage_options: Mapping[str, Any] | None) -> "DirectGet | None":
@@ -458,6 +463,25 @@ class DirectGet:
         with self._lock:
             self._signed = None
 
+    def _changed(self, why: str) -> StorageError:
+        return _changed_error(self.url, why)
+
+    def _same_version(self, etag: str | None, total: int | None, conn: Any) -> None:
+        """Pin the first answer's version, and raise when an answer is of another (an ETag,
+        or a size, other than the pinned one: a store that ignores If-Match says so too)."""
+        with self._lock:
+            if self.etag is None and etag:
+                self.etag = etag
+            if self.size is None and total is not None:
+                self.size = total
+            pinned, size = self.etag, self.size
+        if etag and pinned is not None and etag != pinned:
+            conn.close()
+            raise self._changed(f"ETag {etag}, where its first bytes came from ETag {pinned}")
+        if total is not None and size is not None and total != size:
+            conn.close()
+            raise self._changed(f"{total} bytes now, {size} when this pass listed or first read it")
+
     def get(self, a: int, b: int, counters: IOCounters, on_total: Any = None) -> bytearray:
         """Bytes ``[a, b)``: fewer when the object ends first, none past its end.
         ``on_total(size)`` is called with the object's size when the answer tells it
@@ -483,12 +507,21 @@ class DirectGet:
             if conn.sock is None:
                 conn.connect()
                 conn.sock.settimeout(self.read_timeout)
-            conn.request("GET", u.path + (f"?{u.query}" if u.query else ""), headers={"Range": f"bytes={a}-{b - 1}"})
+            headers = {"Range": f"bytes={a}-{b - 1}"}
+            pinned = self.etag
+            if pinned is not None:
+                headers["If-Match"] = pinned
+            conn.request("GET", u.path + (f"?{u.query}" if u.query else ""), headers=headers)
             resp = conn.getresponse()
-            if on_total is not None:
-                total = _total_size(resp, a)
-                if total is not None:
-                    on_total(total)
+            total = _total_size(resp, a)
+            if resp.status == 412 and pinned is not None:
+                conn.close()
+                raise self._changed(f"HTTP 412: it is no longer the version of ETag {pinned} whose first bytes "
+                                    "this pass read")
+            if resp.status in (200, 206):
+                self._same_version(resp.getheader("ETag"), total, conn)
+            if on_total is not None and total is not None:
+                on_total(total)
             if resp.status not in (200, 206):
                 body = resp.read(4096)
                 conn.close()
@@ -525,6 +558,14 @@ class DirectGet:
         if n < len(buf):
             del buf[n:]
         return buf
+
+
+def _changed_error(url: str, why: str) -> StorageError:
+    err = StorageError(f"{mask(url)}: the object changed while it was read ({why}); read it again (a new "
+                       "pass) once it is written, and write objects under new names rather than over ones "
+                       "being read", url=mask(url))
+    err.status = 412  # type: ignore[attr-defined]  # a failed precondition: never retried
+    return err
 
 
 def _total_size(resp: Any, start: int) -> int | None:
@@ -606,6 +647,8 @@ class RangeStream(io.RawIOBase):
                 size = size_hint(url)  # seen in the listing a moment ago: no HEAD of its own
             if size is not None:
                 self.end = size
+                if self.direct is not None:
+                    self.direct.size = size
             elif self.direct is not None:
                 # the first ranged GET's answer tells the size (Content-Range): no HEAD
                 self.size_future = Future()

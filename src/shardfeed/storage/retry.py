@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -33,6 +34,7 @@ _TRANSIENT_ERRNOS = {
     errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
     errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETRESET, errno.EAGAIN,
 }
+_TRANSIENT_TEXT = re.compile(r"\b(SlowDown|Service Unavailable|503|InternalError|RequestTimeout)\b")
 _TRANSIENT_NAMES = {
     # by class name, so that optional libraries need not be imported to classify them
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
@@ -153,10 +155,11 @@ def transient_reason(exc: BaseException) -> str | None:
             return type(e).__name__
         if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
             return errno.errorcode.get(e.errno, str(e.errno))
-        text = str(e)
-        for token in ("SlowDown", "Service Unavailable", "503", "InternalError", "RequestTimeout"):
-            if token in text and not isinstance(e, ValueError):
-                return token
+        if not isinstance(e, ValueError):
+            # whole words only: "503" inside an ETag, a byte offset or a file name is no status
+            found = _TRANSIENT_TEXT.search(str(e))
+            if found:
+                return found.group(0)
         e = e.__cause__ or e.__context__
     return None
 
