@@ -325,6 +325,29 @@ def test_an_object_grown_since_its_listing_is_an_error_not_read_at_the_listed_si
     assert done
 
 
+def test_keys_holding_a_question_mark_are_listed_and_read(s3_bucket, tmp_path):
+    """A '?' in a key (legal in S3) is part of the key, not the start of shardfeed's URL
+    parameters (endpoint, host, role_arn): the glob's URLs read, and the URL given itself
+    (found from outside: 'no such file or object' for a key the glob had listed)."""
+    bucket, opts = s3_bucket
+    client = boto3.client("s3", endpoint_url=opts["endpoint_url"])
+    want = {}
+    for i, key in enumerate(("q/a.tfrecord", "q/x?y.tfrecord", "q/p?v=1.tfrecord")):
+        path = tmp_path / f"{i}.tfrecord"
+        want[key] = _records(i, 20 + i)
+        with TFRecordWriter(str(path)) as w:
+            for r in want[key]:
+                w.write(r)
+        client.upload_file(str(path), bucket, key)
+    urls = storage.glob(f"s3://{bucket}/q/*.tfrecord", storage_options=opts)
+    assert sorted(urls) == sorted(f"s3://{bucket}/{k}" for k in want)
+    assert sorted(sf.read_tfrecord(f"s3://{bucket}/q/*.tfrecord", storage_options=opts)) == \
+        sorted(r for v in want.values() for r in v)
+    assert list(sf.read_tfrecord(f"s3://{bucket}/q/p[?]v=1.tfrecord", storage_options=opts)) == want["q/p?v=1.tfrecord"]
+    assert storage.read_bytes(f"s3://{bucket}/q/x?y.tfrecord", storage_options=opts) == (tmp_path / "1.tfrecord").read_bytes()
+    assert storage.parse_url(f"oss://{bucket}/q/a?endpoint=e.example.com").query == (("endpoint", "e.example.com"),)
+
+
 def test_a_refused_or_vanished_object_is_a_clear_error_not_retried(shards, fault_proxy):
     urls, _, _, bucket = shards
     proxied = {"endpoint_url": fault_proxy.url}

@@ -96,11 +96,17 @@ class ParsedURL:
                 f"original={mask(self.original)!r})")
 
 
+URL_PARAMETERS = frozenset({"endpoint", "host", "role_arn"})
+"""The query parameters an object-store URL may carry (``oss://bucket/key?endpoint=...``);
+a ``?`` followed by anything else belongs to the key."""
+
+
 def parse_url(url: str) -> ParsedURL:
     """Split ``url`` into protocol, filesystem path and shardfeed's own query parameters.
 
     Plain paths and ``file://`` URLs are local. Query strings are kept for ``http(s)``
-    (part of the object's address) and parsed for object stores.
+    (part of the object's address) and parsed for object stores when they hold only
+    :data:`URL_PARAMETERS` (a key may hold ``?``).
     """
     if not isinstance(url, str):
         url = str(url)  # os.PathLike
@@ -116,8 +122,13 @@ def parse_url(url: str) -> ParsedURL:
         return ParsedURL("file", rest if rest.startswith("/") else "/" + rest, (), url)
     query: tuple[tuple[str, str], ...] = ()
     if "?" in rest:
-        rest, qs = rest.split("?", 1)
-        query = tuple(parse_qsl(qs, keep_blank_values=True))
+        head, qs = rest.split("?", 1)
+        pairs = tuple(parse_qsl(qs, keep_blank_values=True))
+        # shardfeed's own parameters (and a signature's, kept out of requests and logs);
+        # anything else after a "?" is part of the key (S3 keys may hold "?": a listing
+        # gives such URLs back)
+        if pairs and all(k in URL_PARAMETERS or k.lower() in _SECRET_PARAMS for k, _ in pairs):
+            rest, query = head, pairs
     if protocol == "gcs":
         protocol = "gs"
     if protocol in ("s3", "oss", "gs"):
