@@ -147,6 +147,36 @@ def test_a_nan_float_cell_is_missing_and_out_of_range_discards_alike_from_csv_an
         assert rows[2]["w"] == 0.0, url
 
 
+def test_a_number_written_beyond_float64_is_out_of_range_not_inf(tmp_path):
+    """'1e400' was written as inf (float() of it) while '1e40' was discarded; the text 'inf'
+    and 'Infinity' stay values. In a cell and as a list item (found from outside)."""
+    (tmp_path / "t.csv").write_text("id,w,ws\n1,1e400,1\n2,-1E400,1\n3,Infinity,1;-inf\n4,1,2;1e999\n5, +inf ,0\n")
+    rows, discards = _read(str(tmp_path / "t.csv"), {"id": "int", "w": "float", "ws": "float list"})
+    assert {n: (v["w"], v["ws"]) for n, v in rows.items()} == {3: (math.inf, [1.0, -math.inf]), 5: (math.inf, [0.0])}
+    assert discards == {1: "column 'w': '1e400' is out of float32 range",
+                        2: "column 'w': '-1E400' is out of float32 range",
+                        4: "column 'ws': '1e999' is out of float32 range (item 1)"}
+
+
+def test_a_quoted_cell_never_closed_is_an_error_naming_file_and_line(tmp_path):
+    """An unbalanced quote made the rest of the file one cell: the rows after it vanished
+    into it without a word (found from outside); a quoted cell over two lines still reads."""
+    from shardfeed.convert import api as sc
+    from shardfeed.convert import sources
+
+    (tmp_path / "bad.csv").write_text('id,x,s\n1,1.5,ok\n2,1.5,"abc\n3,2.5,b\n4,3.5,c\n')
+    with pytest.raises(ValueError, match=r"bad\.csv: line 3: a quoted cell opened in this row is never closed.*"
+                                         r"\(3 lines\)"):
+        sources.read_csv(str(tmp_path / "bad.csv"), Schema({"id": "int", "x": "float", "s": "string"}, {}))
+    (tmp_path / "end.csv").write_text('id,x,s\n1,1.5,"ok')  # on the last line, no line break after it
+    with pytest.raises(ValueError, match=r"end\.csv: line 2: .*never closed.*\(1 line\)"):
+        sc.convert(str(tmp_path / "end.csv"), str(tmp_path / "o"), schema={"id": "int", "x": "float", "s": "string"},
+                   test_ratio=0.0, progress=False)
+    (tmp_path / "good.csv").write_text('id,x,s\n1,1.5,"a\nb"\n2,2.5,"c ""d"""')
+    rows, discards = _read(str(tmp_path / "good.csv"), {"id": "int", "x": "float", "s": "string"})
+    assert {n: v["s"] for n, v in rows.items()} == {1: "a\nb", 2: 'c "d"'} and not discards
+
+
 def test_in_a_float_list_nan_stays_a_value(tmp_path):
     (tmp_path / "l.csv").write_text("w\n1;nan\n")
     rows, _ = _read(str(tmp_path / "l.csv"), {"w": "float list"})

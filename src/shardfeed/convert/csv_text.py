@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 from collections.abc import Iterator, Sequence
 
 from .options import Discard
@@ -17,21 +18,44 @@ a cell past it is an error naming the file and line."""
 
 def csv_lines(text: str, origin: str) -> Iterator[list[str]]:
     """The rows of a CSV text, lines of blank cells left out; a row the csv module refuses
-    is a ``ValueError`` naming ``origin`` and the line."""
+    is a ``ValueError`` naming ``origin`` and the line, and so is a quoted cell never closed
+    (the csv module would end it at the end of the text, every row after it inside it)."""
     if csv.field_size_limit() < CSV_FIELD_LIMIT:  # process-wide: only ever raised
         csv.field_size_limit(CSV_FIELD_LIMIT)
     reader = csv.reader(io.StringIO(text, newline=""))
+    before = after = 0  # the lines read before the last row, and with it
+    row: list[str] = []
     try:
-        for ln in reader:
+        for row in reader:
+            before, after = after, reader.line_num
             # a line of blank cells is no row (a cell with anything but whitespace in it makes
             # their join non-blank)
-            if ln and (ln[0].strip() or "".join(ln).strip()):
-                yield ln
+            if row and (row[0].strip() or "".join(row).strip()):
+                yield row
     except csv.Error as exc:
         limit = csv.field_size_limit()
         what = (f"a cell longer than {limit} characters (CSV_FIELD_LIMIT)" if "field limit" in str(exc)
                 else f"not CSV ({exc})")
         raise ValueError(f"{origin}: line {reader.line_num}: {what}") from None
+    # a quote never closed makes the rest of the text one cell: its last row then holds a
+    # line break or the text ends without one (only then are its lines read again)
+    if row and (text[-1] not in "\r\n" or any("\n" in c or "\r" in c for c in row)):
+        last = list(itertools.islice(io.StringIO(text, newline=""), before, None))
+        if _unclosed(last):
+            n = len(last)
+            raise ValueError(f"{origin}: line {before + 1}: a quoted cell opened in this row is never closed, so "
+                             f"everything from there to the end ({n} line{'' if n == 1 else 's'}) would be one "
+                             'cell; close the quote, or write a quote inside a quoted cell as ""')
+
+
+def _unclosed(lines: list[str]) -> bool:
+    """Whether the last row of a text, ``lines``, ends inside a quoted cell."""
+    try:
+        for _ in csv.reader(lines, strict=True):
+            pass
+    except csv.Error as exc:
+        return "unexpected end of data" in str(exc)
+    return False
 
 
 def _shown(cells: Sequence[str]) -> str:

@@ -230,13 +230,18 @@ def _to_any_int(column: str, v: Any) -> int:
         return int(f)
 
 
-def _to_float(column: str, v: Any) -> float:
+def _to_float(column: str, v: Any, item: int | None = None) -> float:
     if isinstance(v, (Mapping, list, tuple)):
         raise _nested(column, v, "a number")
     try:
-        return float(v)
+        f = float(v)
     except (TypeError, ValueError):
         raise Discard(f"column {column!r}: {str(v)[:60]!r} is not a number") from None
+    if math.isinf(f) and isinstance(v, str) and v.strip().lstrip("+-").lower() not in ("inf", "infinity"):
+        # a finite number written beyond even float64's range ("1e400"): out of range, as "1e40"
+        # is, not the inf that float() makes of it
+        raise Discard(f"column {column!r}: {v.strip()[:60]!r} is out of float32 range{_item(item)}")
+    return f
 
 
 def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
@@ -270,7 +275,7 @@ def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
     if t == "int list":
         return [_to_int(column, x, k) for k, x in enumerate(items)]
     if t == "float list":
-        return [_in_float32(column, _to_float(column, x), k) for k, x in enumerate(items)]
+        return [_in_float32(column, _to_float(column, x, k), k) for k, x in enumerate(items)]
     return [_to_text(column, x) for x in items]
 
 
