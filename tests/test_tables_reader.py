@@ -177,6 +177,24 @@ def test_reader_threads_keep_table_order(db, tmp_path, threads, capacity):
     assert [int(v) for b in ds.batch(10) for v in b[0]] == list(range(334, 667))
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_each_pass_reads_the_table_as_it_is_when_the_pass_starts(db, threads):
+    """Rows added between two passes of one dataset are read by the second, with one reader
+    thread or several, in one slice or two (with 3 threads the second pass stopped at the
+    first pass's count without a word; found from outside)."""
+    whole = read_table(f"{db}/s", selected_cols="itemid", num_threads=threads).batch(64)
+    halves = [read_table(f"{db}/s", selected_cols="itemid", num_threads=threads, slice_id=k, slice_count=2).batch(64)
+              for k in range(2)]
+
+    def rows(ds):
+        return [int(v) for b in ds for v in b[0]]
+    assert rows(whole) == list(range(1000)) == sorted(rows(halves[0]) + rows(halves[1]))
+    con = duckdb.connect(db.split("://", 1)[1])
+    con.execute("INSERT INTO s SELECT range, 'n', 0.0, true, 0 FROM range(1000, 1300)")
+    con.close()
+    assert rows(whole) == list(range(1300)) == sorted(rows(halves[0]) + rows(halves[1]))
+
+
 def test_argument_ranges_are_checked(db):
     for kwargs in ({"num_threads": 65}, {"num_threads": -1}, {"capacity": -5}, {"slice_id": 3, "slice_count": 3},
                    {"slice_count": 0}):

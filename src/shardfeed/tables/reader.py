@@ -140,7 +140,8 @@ class TableRecordDataset(SourceDataset):
 
     # -- planning ----------------------------------------------------------------------
     def counts(self) -> list[int]:
-        """Rows of each listed table (queried once per dataset)."""
+        """Rows of each listed table (queried once per pass: :class:`_TableReader` forgets
+        them at a pass's start)."""
         if self._counts is None:
             per: dict[int, int] = {}
             self._counts = [per.setdefault(id(b), per.get(id(b)) or b.num_rows()) for b in self.backends]
@@ -240,6 +241,8 @@ class _TableReader:
         self.row = skip
         self.bytes_read = 0
         self.stop = threading.Event()
+        if skip == 0:  # each pass reads the tables as they are when it starts (rows added since
+            ds._counts = None  # the last pass included), with one reader thread or several
         ranges = ds._ranges(skip)
         per_thread = ds._per_thread_rows()
         batch = ds.batch_size or 1
