@@ -106,6 +106,23 @@ def test_partial_columns_are_null_and_bad_values_are_errors(table):
             w.write(("notanumber",), indices=[2])
 
 
+def test_a_fraction_or_an_int_too_large_for_an_integer_column_is_refused_naming_it(table):
+    """2.9 was written into a BIGINT column as 2 without a word, and 2**70 raised a bare
+    OverflowError naming nothing (found from outside); whole floats (2.0) still go in."""
+    from shardfeed.errors import ShardfeedError
+
+    for bad, why in (([(2.9,)], r"2\.9 for column 'uid' is not a whole number"),
+                     (np.array([[1.0], [-1.5]]), r"-1\.5 for column 'uid' is not a whole number"),
+                     ([(float("nan"),)], r"nan for column 'uid' is not a whole number"),
+                     ([(2 ** 70,)], r"column 'uid' do not fit its type int64")):
+        with pytest.raises(ShardfeedError, match=why):
+            with TableWriter(table, schema=SCHEMA) as w:
+                w.write(bad, indices=[0])
+    with TableWriter(table, schema=SCHEMA) as w:
+        w.write([(2.0,), (np.float64(3.0),)], indices=[0])
+    assert [int(r[0]) for r in read_table(table, selected_cols="uid")] == [2, 3]
+
+
 CRASH = textwrap.dedent("""
     import sys, time
     from shardfeed.tables import TableWriter

@@ -188,13 +188,19 @@ class TableWriter:
 
 def _column(values: list, field: pa.Field, where: str) -> pa.Array:
     values = [v.item() if isinstance(v, np.generic) else v for v in values]
+    if pa.types.is_integer(field.type):
+        # pyarrow makes 2.9 the integer 2 without a word: only whole numbers go to an integer column
+        bad = next((v for v in values if type(v) is float and not v.is_integer()), None)
+        if bad is not None:
+            raise ShardfeedError(f"{where}: value {bad!r} for column {field.name!r} is not a whole number, and the "
+                                 f"column's type is {field.type}")
     try:
         return pa.array(values, type=field.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
         pass
     try:
         return pc.cast(pa.array(values), field.type, safe=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError) as exc:
         raise ShardfeedError(f"{where}: values for column {field.name!r} do not fit its type {field.type}: "
                              f"{exc}") from None
 
