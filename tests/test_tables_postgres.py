@@ -44,6 +44,31 @@ def test_reads_columns_with_types_and_defaults(pg):
     assert amounts[3] == pytest.approx(1.0)
 
 
+def test_numeric_with_a_precision_keeps_every_digit_as_duckdb_does(pg_server, tmp_path):  # noqa: F811
+    """numeric(22, 3) went through float8 (12345678901234567.891 read as 1.2345678901234568e16,
+    without a word, where DuckDB gives the Decimal; found from outside); a numeric without a
+    precision, which no Arrow decimal holds, still reads as float64."""
+    import decimal
+
+    duckdb = pytest.importorskip("duckdb")
+    name = f"n_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name} (v numeric(22, 3), w numeric(5, 2), x numeric)")
+        con.execute(f"INSERT INTO {name} VALUES (12345678901234567.891, -1.25, 0.5), (0.001, 999.99, 2)")
+    path = tmp_path / "d.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE t (v DECIMAL(22, 3), w DECIMAL(5, 2))")
+    con.execute("INSERT INTO t VALUES (12345678901234567.891, -1.25), (0.001, 999.99)")
+    con.close()
+    want = [(decimal.Decimal("12345678901234567.891"), decimal.Decimal("-1.25")),
+            (decimal.Decimal("0.001"), decimal.Decimal("999.99"))]
+    for url in (f"{pg_server}/{name}", f"duckdb://{path}/t"):
+        got = [tuple(r) for r in read_table(url, selected_cols="v,w")]
+        assert got == want and all(type(v) is decimal.Decimal for r in got for v in r), (url, got)
+    xs = [r[0] for r in read_table(f"{pg_server}/{name}", selected_cols="x")]
+    assert xs == [0.5, 2.0] and all(type(x) is np.float64 for x in xs)
+
+
 def test_partition_segments_filter_rows(pg):
     base, name = pg
     got = [int(r[0]) for r in read_table(f"{base}/{name}/pt=3", selected_cols="id")]

@@ -92,6 +92,10 @@ class PostgresBackend(TableBackend):
                 fields = []
                 for d in cur.description:
                     t, cast = _TYPES.get(d.type_code, (pa.string(), "::text"))
+                    if d.type_code == 1700 and d.precision and d.scale is not None and d.precision <= 38:
+                        # numeric(p, s) as decimals, every digit kept (as DuckDB and Parquet give
+                        # them); a numeric without a precision has no Arrow type: float64
+                        t, cast = pa.decimal128(d.precision, d.scale), ""
                     self._casts[d.name] = cast
                     fields.append(pa.field(d.name, t))
                 self._order = self._row_order(con)
