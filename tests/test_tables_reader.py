@@ -219,6 +219,26 @@ def test_resume_from_state_continues_where_it_stopped(db):
     assert got == list(range(1000))
 
 
+def test_a_state_resumes_only_into_the_slice_and_tables_that_saved_it(db, tmp_path):
+    """A state was only {"row": n}: slice 0's state restored into slice 1 skipped slice 1's
+    first rows without a word, and so did one of another table (found from outside)."""
+    mine = read_table(f"{db}/s", selected_cols="itemid", slice_id=0, slice_count=2).batch(10)
+    it = iter(mine)
+    next(it)
+    state = it.get_state()
+    other_slice = read_table(f"{db}/s", selected_cols="itemid", slice_id=1, slice_count=2).batch(10)
+    with pytest.raises(ValueError, match="saved by reader 0 of 2, but this is reader 1 of 2"):
+        next(iter(other_slice.iter_from_state(state)))
+    _parquet_table(str(tmp_path / "pq"), files=1, rows=1000)
+    other_table = read_table(str(tmp_path / "pq"), selected_cols="a", slice_id=0, slice_count=2).batch(10)
+    with pytest.raises(ValueError, match="saved by a reader of other files"):
+        next(iter(other_table.iter_from_state(state)))
+    rest = [int(v) for b in mine.iter_from_state(state) for v in b[0]]
+    assert rest == list(range(10, 500))
+    old = {**state, "root": {"row": state["root"]["row"]}}  # an earlier version's {"row": n}: taken as it is
+    assert [int(v) for b in other_slice.iter_from_state(old) for v in b[0]][:1] == [510]
+
+
 def test_hive_partitioned_parquet_and_partition_pruning(tmp_path):
     root = tmp_path / "sample"
     for pt in (20260101, 20260102):

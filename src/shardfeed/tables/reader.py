@@ -5,7 +5,8 @@ Elements are rows: tuples of numpy scalars in the order of the columns read (dic
 batches are converted column by column to numpy once, then cut into batches of ``n`` rows
 (views, no copy), so ``read_table(...).batch(1024)`` costs about what Arrow's own
 ``iter_batches`` + ``to_numpy`` costs. ``repeat``, ``shuffle``, ``prefetch``, ``map``
-work as on any dataset; a pass resumes from ``{"row": n}``.
+work as on any dataset; a pass resumes from ``{"row": n, ...}`` (the tables and the
+slice that saved it are recorded and checked: another reader's state is a ``ValueError``).
 
 Slicing: the tables, one after another (the same table may be listed twice), form one
 sequence of ``N`` rows; slice ``i`` of ``k`` is the contiguous range that starts at
@@ -35,6 +36,7 @@ import numpy as np
 
 from ..deprecation import renamed_argument
 from ..pipeline.dataset import Dataset, positive_int
+from ..pipeline.identity import check_state, identity, spans_digest
 from ..pipeline.ranges import slice_range
 from ..pipeline.sources import SourceDataset
 from ..pipeline.workers import ChunkQueue, Closed, WorkerPool
@@ -199,7 +201,14 @@ class TableRecordDataset(SourceDataset):
         out.drop_remainder = bool(drop_remainder)
         return out
 
+    def identity(self) -> dict[str, Any]:
+        """What this reader's states carry for a restore to be checked: its tables, in order,
+        and its slice (a row number means the same rows only to the same reader)."""
+        return identity(spans_digest([(u, 0, None) for u in self.urls]), [[self.slice_id, self.slice_count]])
+
     def open(self, state: Mapping[str, Any] | None, raw: bool) -> _TableReader:
+        if state:  # a state of another slice or other tables would resume at another row without a word
+            check_state(state, self.identity())
         return _TableReader(self, int(state["row"]) if state else 0)
 
     def __repr__(self) -> str:
@@ -238,6 +247,7 @@ class _TableReader:
 
     def __init__(self, ds: TableRecordDataset, skip: int) -> None:
         self.ds = ds
+        self.ident = ds.identity()
         self.row = skip
         self.bytes_read = 0
         self.stop = threading.Event()
@@ -318,7 +328,7 @@ class _TableReader:
         return self._out([np.concatenate(parts) for parts in zip(*pieces)])
 
     def get_state(self) -> dict:
-        return {"row": self.row}
+        return {"row": self.row, **self.ident}
 
     def close(self) -> None:
         """Stop the reader threads and join them (idempotent)."""
