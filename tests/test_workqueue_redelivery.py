@@ -452,3 +452,68 @@ def test_a_worker_killed_at_the_end_of_the_work_beside_another_loses_no_records(
                    for v in (tmp_path / f"out-{i}.txt").read_text().split())
     assert not set(ids) - set(seen), f"records lost: {len(set(ids) - set(seen))}"
     assert q.metrics()["drained"]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_consumer_away_longer_than_the_lease_repeats_nothing(tmp_path, backend_url, qname, prefetch):  # noqa: F811
+    """Leases are renewed while the pass holds its items, also while the consumer is away
+    from it (an evaluation, a checkpoint, a step longer than lease_timeout): before, only a
+    call into the pass renewed them, and a worker slower than the lease delivered its own
+    item again and again (59 times, found from outside), or died on a bare KeyError."""
+    paths, records = [], []
+    for i in range(3):
+        p = str(tmp_path / f"part-{i}.tfrecord")
+        recs = [f"f{i}-r{j}".encode() for j in range(12)]
+        sf.write_records(p, recs)
+        paths.append(p)
+        records += recs
+    q = sf.WorkQueue(paths, name=qname, backend=backend_url, seed=3, lease_timeout=0.6, poll_interval=0.05)
+    ds = sf.read_tfrecord(q).batch(5)
+    if prefetch:
+        ds = ds.prefetch(prefetch)
+    got = []
+    for k, batch in enumerate(ds):
+        got += list(batch)
+        if k in (1, 4):
+            time.sleep(1.5)  # away for 2.5 leases
+    assert Counter(got) == Counter(records)
+    m = q.metrics()
+    assert m["expired"] == 0 and m["redelivered"] == 0 and m["drained"], m
+
+
+# A worker reading the queue three times over with repeat() (num_epochs=1), batches of 16
+REPEAT_READER = r"""
+import os, sys, time
+
+import shardfeed as sf
+
+backend, name, works_file, out, worker, start = sys.argv[1:7]
+q = sf.WorkQueue(open(works_file).read().split(), backend=backend, name=name, num_slices=48, lease_timeout=2.0,
+                 poll_interval=0.05, worker_id=worker)
+while not os.path.exists(start):  # both workers begin together
+    time.sleep(0.01)
+fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+for b in sf.read_tfrecord(q, spec={"id": sf.FixedLen("int64")}).batch(16).prefetch(2).repeat(3):
+    os.write(fd, "".join(f"{v}\n" for v in b["id"].tolist()).encode())
+    time.sleep(0.01)
+q.close()
+"""
+
+
+def test_two_workers_reading_a_queue_with_repeat_deliver_each_record_once(tmp_path):
+    """Two workers whose later repetitions waited on each other's earlier ones' last items
+    waited until a lease ran out, and then one item was delivered twice (10 runs of 10, found
+    from outside): now the one whose id sorts first ends, as at the end of a first pass."""
+    paths, ids, works_file, script, env = _reader_setup(tmp_path, 12, 250, REPEAT_READER)
+    for p in paths:
+        sf.build_index(p)
+    backend, start = f"sqlite://{tmp_path}/queue.db", tmp_path / "start"
+    procs = [subprocess.Popen([sys.executable, str(script), backend, "rep", str(works_file),
+                               str(tmp_path / f"out-{w}.txt"), w, str(start)], env=env) for w in ("w-a", "w-b")]
+    time.sleep(1.0)
+    start.write_text("go")
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    seen = Counter(int(v) for w in ("w-a", "w-b") for v in (tmp_path / f"out-{w}.txt").read_text().split())
+    assert seen == Counter(ids)
+    m = sf.WorkQueue(paths, backend=backend, name="rep", num_slices=48).metrics()
+    assert m["drained"] and m["expired"] == 0 and m["redelivered"] == 0, m

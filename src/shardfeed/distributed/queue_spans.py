@@ -97,6 +97,8 @@ class _QueueStream:
         self.id = f"{os.getpid()}.{next(_STREAM_IDS)}"  # finds this stream's part of a pass's state
         self.lock = threading.Lock()  # the consumer's thread acknowledges, a read-ahead thread takes
         self.delivered_before = 0  # the items taken before this ordinal reached the consumer
+        self.renewer: threading.Thread | None = None  # renews the leases while the consumer is away
+        self.stopped = threading.Event()
         self.ctx = building_context()
         if self.ctx is not None:
             self.ctx.on_delivered(self.on_delivered)
@@ -156,9 +158,18 @@ class _QueueStream:
                 if self.closed:
                     return None
                 elsewhere = _finished_here(self.q)
-                if elsewhere and self.q.drained_but([*self.held, *self.finished, *elsewhere]):
+                mine = [*self.held, *self.finished, *elsewhere]
+                if elsewhere and self.q.drained_but(mine):
                     # what is left is what an earlier repetition of this pass finished, waiting for
                     # its records to reach the consumer (repeat() over a queue): this one is done
+                    self.done = True
+                    return None
+                if elsewhere and self.q.may_end(mine):
+                    # a later repetition (no pass context of its own: its source was built after
+                    # the pass) whose earlier one holds finished items, beside another worker
+                    # that holds its own the same way: the one whose id sorts first ends, as at
+                    # the end of a first pass (before, the two waited until a lease ran out, and
+                    # the item was read twice; found from outside)
                     self.done = True
                     return None
         with self.lock:
@@ -166,7 +177,37 @@ class _QueueStream:
             self.taken += 1
             self.held[item.id] = item
             self.renewed[item.id] = time.monotonic()
+            if self.renewer is None:
+                self.renewer = threading.Thread(target=self._renew_while_held, name="shardfeed-queue-leases",
+                                                daemon=True)
+                self.renewer.start()
         return item_span(item, self.storage_options, self.indexes)
+
+    def _renew_while_held(self) -> None:
+        """Renew the due leases of the items this pass holds (read ahead, being read, or read
+        to their end with records still in buffers) while the consumer is away from the pass:
+        an evaluation, a checkpoint or a slow step longer than ``lease_timeout`` between two
+        ``next()`` calls let them expire and another take deliver them again (found from
+        outside: a worker slower than the lease delivered its own item 59 times). Ends with the
+        pass, or when the pass is done and holds nothing."""
+        term = self.q.lease_timeout / 4
+        while not self.stopped.wait(min(term, 1.0)):
+            with self.lock:
+                if (self.closed or self.done) and not self.held and not self.finished:
+                    return
+                now = time.monotonic()
+                due = [it for it in self.held.values() if now - self.renewed.get(it.id, now) > term]
+                for it in due:
+                    self.renewed[it.id] = now
+            try:
+                for it in due:
+                    if not self.q.renew(it):
+                        with self.lock:  # due at once: the reader's next keep() finds it lost and stops it
+                            self.renewed[it.id] = 0.0
+                if self.finished and time.monotonic() >= self.renew_at:
+                    self.renew_finished()
+            except Exception:  # noqa: BLE001 - the next look tries again; a lease may run out meanwhile
+                logger.warning("work queue %r: could not renew leases", self.q.name, exc_info=True)
 
     def get_state(self) -> dict:
         # The queue is the checkpoint (WorkQueue.get_state); a resumed pass takes afresh.
@@ -178,7 +219,9 @@ class _QueueStream:
         with self.lock:
             if self.held.pop(item.id, None) is None:
                 return
-            if self.ctx is not None and self.ordinal[item.id] >= self.delivered_before:
+            # an item taken again by this pass after its lease ran out has no ordinal left (its first
+            # take's went when that one was acknowledged or lost): it waits for the pass's end
+            if self.ctx is not None and self.ordinal.setdefault(item.id, self.taken) >= self.delivered_before:
                 self.finished[item.id] = item  # its last records may still be in buffers above
                 self.renew_at = min(self.renew_at, self.renewed[item.id] + self.q.lease_timeout / 4)
                 _finished_here(self.q, add=[item.id])
@@ -285,6 +328,8 @@ class _QueueStream:
                 _finished_here(self.q, drop=list(self.finished))
                 back += self.finished.values()
                 self.finished = {}
+            if not self.finished:  # finished items of a source that ended before its pass keep
+                self.stopped.set()  # their leases renewed until delivered (repeat(): found from outside)
         for item in back:
             try:
                 self.q.release(item)
