@@ -352,6 +352,9 @@ def test_csv_tables_with_cells_longer_than_a_block_are_read_and_bad_lines_name_t
     (tmp_path / "bad.csv").write_text("id,text\n1,a\n2,b,extra\n")
     with pytest.raises(ShardfeedError, match=r"bad\.csv: .*Expected 2 columns, got 3"):
         list(read_table(str(tmp_path / "bad.csv"), record_defaults=[0, ""]))
+    (tmp_path / "latin.csv").write_bytes(b"id,pr\xefx\n1,2\n")  # a bare UnicodeDecodeError naming no file before
+    with pytest.raises(ShardfeedError, match=r"latin\.csv: the header is not UTF-8 text .* at byte 2 of a column name"):
+        read_table(str(tmp_path / "latin.csv"))
 
 
 def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path):

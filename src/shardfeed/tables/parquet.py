@@ -179,7 +179,11 @@ class FilesBackend(TableBackend):
     def _csv_schema(self, url: str) -> pa.Schema:
         """The columns of a CSV file, typed from its first block."""
         for schema in self._csv_read(url, 1 << 20, None, schema_only=True):
-            names = schema.names
+            try:
+                names = schema.names
+            except UnicodeDecodeError as exc:  # a column name's bytes (pyarrow says no file)
+                raise ShardfeedError(f"{mask(url)}: the header is not UTF-8 text ({exc.reason} at byte {exc.start} "
+                                     "of a column name); save the CSV as UTF-8") from None
             twice = next((n for k, n in enumerate(names) if n in names[:k]), None)
             if twice is not None:  # pyarrow would read one column's cells under both names
                 raise ValueError(f"{mask(url)}: the header names column {twice!r} twice; give each column its "

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..deprecation import renamed_argument
+from ..errors import ShardfeedError, StorageError
 from ..pipeline.dataset import Dataset, positive_int
 from ..pipeline.identity import check_state, identity, spans_digest
 from ..pipeline.ranges import slice_range
@@ -225,13 +226,26 @@ def _read_segments(ds: TableRecordDataset, segments: list, q: ChunkQueue, stop: 
         for ti, start, stop_row in segments:
             b = ds.backends[ti]
             row = start
-            for rb in b.read(ds.columns, start, stop_row, chunk_rows):
-                cols = [to_numpy(rb.column(j), t, b.masked, c, row)
-                        for j, (c, t) in enumerate(zip(ds.columns, ds.types))]
-                row += rb.num_rows
-                q.put((cols, rb.num_rows), 1)
-                if stop.is_set():
-                    return
+            rows = b.read(ds.columns, start, stop_row, chunk_rows)
+            try:
+                for rb in rows:
+                    cols = [to_numpy(rb.column(j), t, b.masked, c, row)
+                            for j, (c, t) in enumerate(zip(ds.columns, ds.types))]
+                    row += rb.num_rows
+                    q.put((cols, rb.num_rows), 1)
+                    if stop.is_set():
+                        return
+            except (ShardfeedError, Closed):
+                raise
+            except Exception as exc:  # a driver's own error (a server gone, a connection cut) names no table
+                raise StorageError(f"{b.masked}: reading the table failed at row {row} ({type(exc).__name__}: "
+                                   f"{str(exc).strip()}); resume from the pass's last get_state()",
+                                   url=b.masked) from exc
+            finally:
+                try:  # here, not when collected: a driver's cleanup on a dead connection raises
+                    rows.close()  # type: ignore[attr-defined]
+                except Exception:  # noqa: BLE001 - the error that ended the read is the one to see
+                    pass
             q.put(_END, 1)
     except Closed:
         return
