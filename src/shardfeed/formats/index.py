@@ -414,7 +414,7 @@ def load_index(url: str, storage_options: Mapping[str, Any] | None = None, build
     idx = index_url_of(url)
     if normalize_compression("auto", url) is not None:
         # an index of a compressed shard counts frames of the inflated stream: no size to check
-        if idx is not None and storage.exists(idx, storage_options):
+        if idx is not None and storage.exists(idx, storage_options, counters):
             return read_index(idx, storage_options, counters)
         if not build:
             return None

@@ -98,14 +98,54 @@ def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: 
     """``(size, etag)`` of a remote object (one HEAD request, counted in ``counters``)."""
     parsed = parse_url(url)
     fs, path = get_filesystem(parsed, storage_options)
-    info = _run("stat", url, lambda: counters.timed_stat(lambda: fs.info(path)) if counters is not None
-                else fs.info(path), counters)
-    if counters is not None:
-        counters.add(stat_requests=1)
+    info = _listed(fs, path)
+    if info is None:
+        info = _run("stat", url, lambda: counters.timed_stat(lambda: fs.info(path)) if counters is not None
+                    else fs.info(path), counters)
+        if counters is not None:
+            counters.add(stat_requests=1)
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{mask(url)}: is a directory, not a file")
     etag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
     return int(info["size"]), (str(etag).strip('"') if etag else None)
+
+
+def _listed(fs: Any, path: str) -> dict | None:
+    """``path``'s entry in a listing ``fs`` made during this build (a glob's, kept until the
+    next dataset lists again; see :func:`_forget_listings`), which ``fs.info`` would answer
+    from without a request: None when there is none. Asked first, so that only a stat
+    that goes to the store is counted as one (found from outside: a blocks shuffle counted
+    20 HEADs the wire never saw)."""
+    try:
+        entries = fs._ls_from_cache(path) if getattr(fs, "dircache", None) else None
+    except Exception:  # noqa: BLE001 - not listed (FileNotFoundError among others): ask the store
+        return None
+    for e in entries or ():
+        if e.get("name", "").rstrip("/") == path.rstrip("/") and "size" in e:
+            return e
+    return None
+
+
+def _sizes_whole_reads(fs: Any) -> bool:
+    """Whether ``fs`` reads a whole object by asking its size first (s3fs with concurrency:
+    a HEAD, unless a listing answers, then one GET, or parallel GETs of ``default_block_size``)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("s3", "s3a", "oss") and (getattr(fs, "max_concurrency", 1) or 1) > 1
+
+
+def _listed_missing(fs: Any, path: str) -> bool:
+    """Whether a listing ``fs`` keeps from this build holds ``path``'s folder and not
+    ``path``: a read of it then fails without asking the store (s3fs answers from that
+    listing)."""
+    if not getattr(fs, "dircache", None):
+        return False
+    try:
+        fs._ls_from_cache(path)
+    except FileNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else: the store is asked
+        return False
+    return False
 
 
 def _missing_object_probe(fs: Any) -> dict[str, int]:
@@ -119,13 +159,21 @@ def _missing_object_probe(fs: Any) -> dict[str, int]:
     return {}
 
 
-def exists(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
-    """Whether a file or object exists at ``url``."""
+def exists(url: str, storage_options: Mapping[str, Any] | None = None, counters: Any = None) -> bool:
+    """Whether a file or object exists at ``url`` (a remote one's HEAD counted in
+    ``counters`` when given; none when a listing of this build already says)."""
     parsed = parse_url(url)
     if parsed.is_local:
         return os.path.exists(parsed.path)
     fs, path = get_filesystem(parsed, storage_options)
-    return bool(_run("exists", url, lambda: fs.exists(path)))
+    if _listed(fs, path) is not None:
+        return True
+    if _listed_missing(fs, path):
+        return False
+    found = bool(_run("exists", url, lambda: fs.exists(path), counters))
+    if counters is not None:
+        counters.add(stat_requests=1)
+    return found
 
 
 def _read_whole_file(path: str) -> bytes:
@@ -173,14 +221,20 @@ def read_bytes(
         return _run("read", url, lambda: fs.cat_file(path, start=start, end=end))
 
     def attempt() -> bytes:
+        known_missing = _listed_missing(fs, path)  # before: a failed read may list the folder itself
+        sized = start is None and end is None and _sizes_whole_reads(fs) and _listed(fs, path) is None
         started = counters.request_started()
         data = b""
         try:
             data = fs.cat_file(path, start=start, end=end)
+            if sized:  # s3fs asked for the object's size first (a HEAD), and read a large one in parts
+                parts = -(-len(data) // max(1, int(getattr(fs, "default_block_size", 0) or len(data) or 1)))
+                counters.add(stat_requests=1, requests=max(0, parts - 1))
             return data
         except FileNotFoundError:
             # no GET crossed the wire for a missing object: what the filesystem asked instead
-            counters.add(**_missing_object_probe(fs))
+            # (nothing, when a listing of this build already said it is not there)
+            counters.add(**({"requests": -1} if known_missing else _missing_object_probe(fs)))
             raise
         finally:
             counters.request_ended(len(data), started)
