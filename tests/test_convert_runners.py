@@ -87,6 +87,26 @@ def test_resume_skips_finished_shards_and_matches_an_uninterrupted_run(tmp_path,
     assert len(converted) == 12
 
 
+@pytest.mark.parametrize("left", ["some", "all"])
+def test_a_resumed_run_removes_the_staging_files_a_killed_run_left(tmp_path, left):
+    """A run killed (kill -9) mid-write leaves a shard's hidden staging file; the resumed
+    run kept it (found from outside, 2 kills of 6), also when every shard was committed."""
+    src = dataset(tmp_path)
+    out = str(tmp_path / "out")
+    sc.convert(src, out, **OPTS)
+    names = sorted(n for n in os.listdir(out) if n.endswith(".tfrecord"))
+    if left == "some":
+        os.remove(os.path.join(out, names[0]))
+    staged = [os.path.join(out, f".{names[0]}.k1ll3d.tmp"), os.path.join(out, f".{names[-1]}.x9.tmp")]
+    for p in staged:
+        pathlib.Path(p).write_bytes(b"half a shard")
+    keep = os.path.join(out, ".notes.tmp")  # not a staging file of this conversion's shards
+    pathlib.Path(keep).write_text("mine")
+    sc.convert(src, out, resume=True, **OPTS)
+    assert not any(os.path.exists(p) for p in staged) and os.path.exists(keep)
+    assert sorted(n for n in os.listdir(out) if n.endswith(".tfrecord")) == names
+
+
 def test_a_failed_write_on_the_writing_thread_stops_the_job_and_leaves_no_shard(tmp_path, monkeypatch):
     src = dataset(tmp_path)
     out = str(tmp_path / "out")

@@ -32,7 +32,7 @@ from ..progress import progress_bar
 from ..storage.urls import parse_url
 from .plan import Plan, Shard
 from .tasks import make_converter
-from .writer import FramedRows, ShardSink, convert_rows, finished_state
+from .writer import FramedRows, ShardSink, convert_rows, finished_state, remove_staging
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,9 @@ def run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | 
 def _run_local(plan: Plan, output_dir: str, storage_options: Mapping[str, Any] | None, resume: bool,
                progress: bool) -> dict[str, dict]:
     todo, states = pending_shards(plan, output_dir, storage_options, resume)
+    removed = remove_staging(plan, output_dir, storage_options)  # before this run stages any
+    if removed:  # found from outside: a run killed mid-write left its hidden .tmp, and the resumed one kept it
+        logger.info("removed %d staging file(s) of shard writes an earlier run did not finish", removed)
     o = plan.options
     total_rows = sum(len(s.rows) for s in todo)
     if not todo:
