@@ -154,6 +154,19 @@ def test_broken_files_are_discarded_by_the_header_check_with_a_reason(name):
 
 
 @needs_native
+@pytest.mark.parametrize("cut", [12, 20])
+def test_the_decode_check_discards_what_the_header_check_does(cut):
+    """A PNG cut in its last chunks (IEND, the last CRC) decodes whole with Pillow: "decode"
+    kept it while "header" discarded it (found from outside); the decode check is the header
+    check and more now."""
+    png = encode(photo(), "PNG")
+    for check in ("header", "decode"):
+        with pytest.raises(Discard, match="PNG truncated"):
+            load_image(png[:-cut], image_format="png", check=check)
+        assert load_image(png, image_format="png", check=check).data == png
+
+
+@needs_native
 def test_structure_errors_name_the_byte_where_they_were_found():
     jpg = encode(photo(), "JPEG")
     with pytest.raises(Discard, match=rf"at byte {len(jpg) - 2}\)"):

@@ -13,8 +13,8 @@ see ``_native/imgcheck.h``) and reads the size from the frame header or IHDR, ab
 times cheaper than a decode; a truncated or garbled file is discarded with what is wrong
 and at which byte. It does not decode the compressed image data, so damage inside a JPEG's
 entropy-coded data (or a PNG's deflate stream behind valid CRCs) passes; ``"decode"``
-decodes every kept image fully, as libjpeg/zlib see it. Any file the header check cannot
-judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
+makes the same structural check and decodes every kept image fully, as libjpeg/zlib see
+it. Any file the header check cannot judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
 orientation other than 1, grey/CMYK/alpha, multi-picture) takes the decode path either way,
 so both give the same features for every image they keep. Pillow releases the GIL while it decodes,
 resizes and encodes, so threads scale; large JPEGs are decoded at reduced size
@@ -167,6 +167,10 @@ def load_image(data: bytes, *, max_size: int | None = None, image_format: str = 
             return kept
     elif check != "decode":
         raise ValueError(f"check must be 'header' or 'decode', got {check!r}")
+    else:  # the decode check is the header check and more: a PNG cut in its last chunks decodes
+        h = _native_image_check(data)  # whole (found from outside), but the file is truncated
+        if h is not None and h.format and h.error is not None:
+            raise Discard(corrupt_reason(h.error, h.error_offset))
     Image, ImageOps = _pil()
     im = _open(data, max_pixels)
     ow, oh = im.size
