@@ -517,3 +517,26 @@ def test_two_workers_reading_a_queue_with_repeat_deliver_each_record_once(tmp_pa
     assert seen == Counter(ids)
     m = sf.WorkQueue(paths, backend=backend, name="rep", num_slices=48).metrics()
     assert m["drained"] and m["expired"] == 0 and m["redelivered"] == 0, m
+
+
+def test_a_pass_that_shows_no_life_for_max_away_lets_its_leases_expire(tmp_path, qname, monkeypatch):
+    """The renewing thread is a heartbeat with a bound: a consumer hung longer than
+    MAX_AWAY_S lets its items expire and go to other workers, as a dead worker's do."""
+    from shardfeed.distributed import queue_spans
+
+    monkeypatch.setattr(queue_spans, "MAX_AWAY_S", 1.0)
+    paths = []
+    for i in range(3):
+        p = str(tmp_path / f"part-{i}.tfrecord")
+        sf.write_records(p, [f"f{i}-r{j}".encode() for j in range(12)])
+        paths.append(p)
+    backend = f"sqlite://{tmp_path}/queue.db"
+    q = sf.WorkQueue(paths, name=qname, backend=backend, seed=3, lease_timeout=0.6, poll_interval=0.05)
+    it = iter(sf.read_tfrecord(q).batch(5))
+    next(it)
+    time.sleep(0.5)  # within MAX_AWAY_S: renewed
+    other = sf.WorkQueue(paths, name=qname, backend=backend, seed=3, lease_timeout=0.6, poll_interval=0.05)
+    assert other.metrics()["expired"] == 0
+    time.sleep(2.5)  # past MAX_AWAY_S and a lease: the items held go back
+    assert other.take(block=False) is not None and other.metrics()["expired"] >= 1
+    it.close()

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TAKE_SLICE_S = 1.0
+MAX_AWAY_S = 3600.0
+"""How long a pass's items keep their leases renewed while the pass shows no sign of life
+(its consumer away: an evaluation, a checkpoint; or hung); past it they expire as a dead
+worker's do."""
 """A blocking take waits this long at a time, then checks whether the pass was closed."""
 ENDING_LOOK_S = 0.05
 """How often a source whose consumer waits on it at the end of the work asks the queue whether
@@ -99,12 +103,14 @@ class _QueueStream:
         self.delivered_before = 0  # the items taken before this ordinal reached the consumer
         self.renewer: threading.Thread | None = None  # renews the leases while the consumer is away
         self.stopped = threading.Event()
+        self.touched = time.monotonic()  # the pass's last sign of life: a take, a read, a delivery
         self.ctx = building_context()
         if self.ctx is not None:
             self.ctx.on_delivered(self.on_delivered)
             self.ctx.on_close(self.close)  # finished items outlive a source that ended before its pass
 
     def next_span(self, block: bool = True) -> Span | None:
+        self.touched = time.monotonic()
         if self.done:
             return None
         item = None
@@ -189,9 +195,17 @@ class _QueueStream:
         an evaluation, a checkpoint or a slow step longer than ``lease_timeout`` between two
         ``next()`` calls let them expire and another take deliver them again (found from
         outside: a worker slower than the lease delivered its own item 59 times). Ends with the
-        pass, or when the pass is done and holds nothing."""
+        pass, when the pass is done and holds nothing, or when the pass has shown no sign of
+        life (a take, a read, a delivery) for :data:`MAX_AWAY_S` (or ``lease_timeout`` if
+        longer): a consumer hung that long lets its items expire and go to other workers, as
+        a dead one does (a heartbeat alone would keep them from the others for ever)."""
         term = self.q.lease_timeout / 4
         while not self.stopped.wait(min(term, 1.0)):
+            if time.monotonic() - self.touched > max(MAX_AWAY_S, self.q.lease_timeout):
+                logger.warning("work queue %r: this worker's pass has taken, read or delivered nothing for %.0f s: "
+                               "its leases are left to run out, and its items go to other workers",
+                               self.q.name, time.monotonic() - self.touched)
+                return
             with self.lock:
                 if (self.closed or self.done) and not self.held and not self.finished:
                     return
@@ -238,6 +252,7 @@ class _QueueStream:
         the pass ended, every element was delivered). Acknowledges the finished items taken
         before the element's item and renews the due leases of the others. Never raises: a
         failed acknowledgement leaves its item to expire and be delivered again."""
+        self.touched = time.monotonic()
         if not self.finished:
             return
         try:
@@ -299,7 +314,7 @@ class _QueueStream:
     def keep(self, span: Span) -> bool:
         """Renews the leases of every held item that is due (items read ahead and finished
         items included); false when ``span``'s item was lost to another worker."""
-        now = time.monotonic()
+        now = self.touched = time.monotonic()
         lost = False
         with self.lock:
             due = [it for it in self.held.values() if now - self.renewed.get(it.id, now) > self.q.lease_timeout / 4]
