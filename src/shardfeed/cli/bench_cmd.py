@@ -69,6 +69,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("pipeline_memory", "--out", (), ("--size-mb", "64", "--files", "4")),
     Benchmark("beside_trainer", "--out", (), ("--steps", "40", "--rounds", "1")),
     Benchmark("subprocess_handover", "--out", (), ("--mb", "8", "--batches", "8", "--rounds", "1")),
+    Benchmark("torch_workers", "--json", (), ("--records", "8000", "--repeat", "2", "--epochs", "2", "--rounds", "1"),
+              "--dir"),
     Benchmark("long_tail", "--json", (), ("--items", "40", "--item-ms", "2", "--repeats", "1")),
     Benchmark("pipeline_images", "--json", (), ("--images", "256", "--rounds", "1"), "--dir"),
     Benchmark("image_scale_quality", "--json", (), ("--images", "8", "--rounds", "1", "--sources", "500x375,800x600")),
