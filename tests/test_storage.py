@@ -218,6 +218,24 @@ def test_an_outage_of_a_few_seconds_is_ridden_out_and_the_deadline_is_what_ends_
     assert storage.retry_stats()["retries"] == len(calls) - 1 >= 3
 
 
+def test_a_read_nobody_waits_for_any_more_is_not_retried():
+    """A range read ahead of a pass that ended went on retrying for the whole deadline against
+    a store that was gone, into the next passes and tests (found by the suite): ``stop()``
+    ends the retries at the next failure."""
+    from shardfeed.storage.retry import call_with_retry
+
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    storage.reset_retry_stats()
+    with pytest.raises(ConnectionResetError):
+        call_with_retry(down, op="read", url="s3://b/k", stop=lambda: len(calls) >= 2)
+    assert len(calls) == 2 and storage.retry_stats()["retries"] == 1
+
+
 def test_a_status_is_read_from_an_error_message_only_as_a_whole_word():
     """'503' or 'SlowDown' in an error's text makes it transient only as a word of its own:
     not inside an ETag, a byte offset or a file name (an object that changed while read was

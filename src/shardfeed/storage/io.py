@@ -67,9 +67,9 @@ def _translate(exc: BaseException, url: str, op: str) -> BaseException:
     return StorageError(f"{where}: {op} failed{extra}: {type(exc).__name__}: {detail}", url=where)
 
 
-def _run(op: str, url: str, fn, counters: Any = None):
+def _run(op: str, url: str, fn, counters: Any = None, stop: Any = None):
     try:
-        return call_with_retry(fn, op=op, url=url, counters=counters)
+        return call_with_retry(fn, op=op, url=url, counters=counters, stop=stop)
     except (ValueError, TypeError, ImportError):
         raise
     except Exception as exc:  # noqa: BLE001 - translated with context

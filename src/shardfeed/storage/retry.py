@@ -175,11 +175,14 @@ def call_with_retry(
     url: str,
     policy: RetryPolicy = DEFAULT_POLICY,
     counters: Any = None,
+    stop: Callable[[], bool] | None = None,
 ) -> T:
     """Run ``fn()``; on a transient error sleep with backoff and try again, up to
     ``policy.max_attempts`` attempts and no later than ``policy.deadline_s`` after the
-    first. Non-transient errors propagate at once. Each retry is counted once, in
-    :func:`retry_stats` and in ``counters`` (an :class:`~.counters.IOCounters`) if given."""
+    first. Non-transient errors propagate at once, and so does any error once ``stop()``
+    says nobody waits for the result (a read ahead of a pass that ended). Each retry is
+    counted once, in :func:`retry_stats` and in ``counters`` (an :class:`~.counters.IOCounters`)
+    if given."""
     attempt = 1
     failed_at: float | None = None  # the deadline counts from the first failure
     while True:
@@ -187,8 +190,8 @@ def call_with_retry(
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
             reason = transient_reason(exc)
-            if reason is None:
-                raise
+            if reason is None or (stop is not None and stop()):
+                raise  # not transient, or nobody waits for it any more (its pass ended)
             delay = policy.delay(attempt, _rng)
             if failed_at is None:
                 failed_at = time.monotonic()
