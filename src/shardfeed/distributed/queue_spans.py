@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TAKE_SLICE_S = 1.0
+"""A blocking take waits this long at a time, then checks whether the pass was closed."""
 MAX_AWAY_S = 3600.0
 """How long a pass's items keep their leases renewed while the pass shows no sign of life
 (its consumer away: an evaluation, a checkpoint; or hung); past it they expire as a dead
 worker's do."""
-"""A blocking take waits this long at a time, then checks whether the pass was closed."""
 ENDING_LOOK_S = 0.05
 """How often a source whose consumer waits on it at the end of the work asks the queue whether
 it may end its pass (:meth:`WorkQueue.may_end`)."""
