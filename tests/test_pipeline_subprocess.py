@@ -852,8 +852,8 @@ def test_subprocess_kept_child_stops_when_no_pass_asks_for_it(monkeypatch):
     assert len(list(ds)) == 6
     pid = ds.stats().stages[-1].extra["child_pid"]
     assert pid in _children()
-    for _ in range(100):
-        if pid not in _children():
+    for _ in range(100):  # the timer's thread reaps the child, then removes its segments' names
+        if pid not in _children() and _segments() == before:
             break
         time.sleep(0.05)
     assert pid not in _children() and _segments() == before

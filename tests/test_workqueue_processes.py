@@ -5,6 +5,7 @@ consumed exactly once by acknowledged items, and the queue finishes."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from shardfeed.distributed import WorkQueue
+from shardfeed.distributed.sqlite import SQLiteBackend
 
 from .test_workqueue_support import make_shards
 
@@ -101,3 +103,29 @@ def test_four_sqlite_workers_one_killed_mid_item(tmp_path):
 
 def test_four_redis_workers_one_killed_mid_item(tmp_path, redis_url):  # noqa: F811
     _run_workers(tmp_path, redis_url, f"procs-{tmp_path.name}")
+
+
+
+
+def _open_queue_files(root: str, runs: int, together, errors) -> None:
+    for run in range(runs):
+        together.wait()  # all six at once, each time
+        try:
+            SQLiteBackend(os.path.join(root, f"q{run}", "queue.db")).close()
+        except Exception as e:  # reported to the test
+            errors.put(repr(e))
+
+
+def test_sqlite_workers_opening_a_new_queue_file_together_all_open_it(tmp_path):
+    """Workers started together on a new queue file: one making the tables while another
+    turned the file to WAL got "database is locked" at once (SQLite does not wait where
+    waiting could deadlock; 3 runs of 20 with 6 processes, and a CI run). Each now waits."""
+    ctx = multiprocessing.get_context("spawn")
+    errors, together = ctx.Queue(), ctx.Barrier(6)
+    procs = [ctx.Process(target=_open_queue_files, args=(str(tmp_path), 30, together, errors)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * 6
+    assert errors.empty(), errors.get()

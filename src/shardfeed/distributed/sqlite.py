@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl
 
@@ -66,8 +67,26 @@ class SQLiteBackend(QueueBackend):
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self._conn().executescript(_SCHEMA)
+        conn = self._conn()
+        self._while_busy(lambda: conn.executescript(_SCHEMA))
         self._migrate()
+
+    def _while_busy(self, op: Callable[[], object]) -> None:
+        """Run ``op`` again while another connection's lock refuses it, for up to ``timeout_s``.
+        SQLite answers "database is locked" at once, without waiting in its busy handler, where
+        waiting could deadlock: a connection that holds a read lock and asks for a write one
+        (``PRAGMA journal_mode=wal`` on a new file while another process makes the tables), so
+        workers started together on a new queue file failed."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                op()
+                return
+            except sqlite3.OperationalError as e:
+                text = str(e).lower()
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(random.uniform(0.005, 0.05))
 
     def _migrate(self) -> None:
         with self._tx() as c:
@@ -80,12 +99,17 @@ class SQLiteBackend(QueueBackend):
         c = getattr(self._local, "conn", None)
         if c is None or self._local.pid != os.getpid():
             c = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
-            c.execute(f"PRAGMA journal_mode={self.journal}")
+            self._while_busy(lambda: self._set_journal(c))
             c.execute("PRAGMA synchronous=NORMAL")
             self._local.conn, self._local.pid = c, os.getpid()
             with self._all_lock:
                 self._all.append(c)
         return c
+
+    def _set_journal(self, c: sqlite3.Connection) -> None:
+        """The file's journal mode (it persists in the file: changed once, by the first to open it)."""
+        if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != self.journal:
+            c.execute(f"PRAGMA journal_mode={self.journal}")
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
