@@ -246,3 +246,35 @@ def test_views_and_partitioned_tables_are_sliced_into_every_row_once(pg_server):
             again = [int(v) for i in range(k) for b in read_table(
                 f"{pg_server}/{table}", selected_cols="id", slice_id=i, slice_count=k).batch(50) for v in b[0]]
             assert again == got, (table, k)  # the same order every time
+
+
+def test_a_value_the_table_refuses_is_an_error_naming_the_table_column_and_row(pg_server):  # noqa: F811
+    """A string past varchar(n) and a None into a NOT NULL column were psycopg's own messages,
+    naming a temporary table or no row and not the table's URL (found from outside): now a
+    ShardfeedError naming the URL, the column and the row of the write, and the table is
+    left as it was."""
+    from shardfeed.errors import ShardfeedError
+
+    name = f"w_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        con.execute(f"CREATE TABLE {name} (id bigint NOT NULL, code varchar(3))")
+        con.execute(f"INSERT INTO {name} VALUES (7, 'old')")
+    url = f"{pg_server}/{name}"
+    rows = [(k, "abc") for k in range(40)]
+    for bad, words in (((40, "toolong"), ["'code'", "row 40", "character varying(3)"]),
+                       ((None, "ok"), ["'id'", "row 40", "null"])):
+        with pytest.raises(ShardfeedError) as err:
+            with TableWriter(url) as w:
+                w.write(rows + [bad] + rows)
+        text = str(err.value)
+        assert url.split("@")[-1] in text and all(word in text for word in words), text
+        with psycopg.connect(pg_server, autocommit=True) as con:
+            assert con.execute(f"SELECT id, code FROM {name}").fetchall() == [(7, "old")]
+    with psycopg.connect(pg_server, autocommit=True) as con:  # a constraint only the commit's insert sees
+        con.execute(f"ALTER TABLE {name} ADD PRIMARY KEY (id)")
+    with pytest.raises(ShardfeedError, match="refused the rows of slice 0 at the commit.*duplicate key") as err:
+        with TableWriter(url) as w:
+            w.write([(1, "a"), (1, "b")])
+    assert url.split("@")[-1] in str(err.value)
+    with psycopg.connect(pg_server, autocommit=True) as con:
+        assert con.execute(f"SELECT id, code FROM {name}").fetchall() == [(7, "old")]

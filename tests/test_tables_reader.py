@@ -377,3 +377,33 @@ def test_slices_of_a_duckdb_view_deliver_every_row_once(tmp_path):
         got = [int(v) for i in range(7) for b in read_table(
             f"duckdb://{path}/v", selected_cols="id", slice_id=i, slice_count=7).batch(1000) for v in b[0]]
         assert sorted(got) == list(range(5000))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_far_larger_than_the_first_ones_do_not_fill_the_read_ahead_with_them(tmp_path, monkeypatch, threads):
+    """The automatic read-ahead sized its chunks (in rows) and its depth (in chunks) from
+    the first 256 rows: rows 256 times larger after them filled the whole depth (16 MB rows
+    after small ones: about 2 GB a thread, found from outside). The queue now counts bytes
+    and the chunks are cut to fit once one comes out too large. Measured with the read-ahead
+    at 64 KB a thread and rows of 8 KB after 300 of 32 bytes: what the reader holds at its
+    peak (numpy arrays and bytes objects, traced), against the chunks of the old plan."""
+    import tracemalloc
+
+    from shardfeed.tables import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "AUTO_BYTES_PER_THREAD", 64 << 10)
+    values = [b"s" * 24] * 300 + [b"b" * 8192 + b"%d" % k for k in range(6000)]
+    pq.write_table(pa.table({"k": np.arange(6300), "v": values}), tmp_path / "skew.parquet", row_group_size=500)
+    ds = read_table(str(tmp_path / "skew.parquet"), num_threads=threads)
+    plan_rows = ds._per_thread_rows()  # the rows of a chunk the first rows give: about 2,000
+    assert plan_rows > 1000
+    tracemalloc.start()
+    try:
+        keys = [int(k) for k, _ in ds]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert keys == list(range(6300))
+    # before: chunks of about 1,800 rows of 8 KB (15 MB), one in the queue, one being made, one
+    # being read (30-37 MB at the peak); now one such chunk, then chunks of 64 KB (12.6 MB)
+    assert peak < 1.5 * plan_rows * 8192, (peak, plan_rows)

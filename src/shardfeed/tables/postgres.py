@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import re
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
+from ..errors import ShardfeedError
 from ..registry import require
 from ..storage.urls import mask
 from .backend import (
@@ -173,6 +175,19 @@ def _shadow(table: str) -> str:
     return quote_ident(shadow_name(table))
 
 
+def _copy_error(exc: Any, first: int, slice_id: int) -> str:
+    """What a COPY of staged rows refused, with the row of the write it was (PostgreSQL
+    names the line of the COPY, and the column, in its context)."""
+    diag = exc.diag
+    what = diag.message_primary or str(exc)
+    got = re.search(r"line (\d+)(?:, column ([^:]+))?", diag.context or "")
+    if got is None:
+        return f"a row written to slice {slice_id} does not fit the table: {what}"
+    row, column = first + int(got.group(1)) - 1, got.group(2)
+    where = f"column {column!r} of row {row}" if column else f"row {row}"
+    return f"{where} written to slice {slice_id} (counted from 0) does not fit the table: {what}"
+
+
 class PostgresSliceWriter(SliceWriter):
     def __init__(self, backend: PostgresBackend, slice_id: int, schema: pa.Schema | None) -> None:
         self.b = backend
@@ -208,16 +223,31 @@ class PostgresSliceWriter(SliceWriter):
         con.execute(f"DROP TABLE IF EXISTS {self.stage_name}")
         con.execute(f"CREATE TEMP TABLE {self.stage_name} AS SELECT t.*, 0::bigint AS _sf_seq "
                     f"FROM {table} t WITH NO DATA")
+        # the stage table has none of the table's constraints: NOT NULL is checked as rows are
+        # staged (naming the row), the others at the commit's insert
+        self.not_null = {r[0] for r in con.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND attnotnull "
+            "AND NOT attisdropped", (table,))}
         self.seq = 0
 
     def stage(self, data: pa.Table) -> None:
         names = data.column_names
+        first = self.seq
+        for name in names:
+            col = data.column(name)
+            if name in self.not_null and col.null_count:
+                row = first + col.is_null().to_pylist().index(True)
+                raise ShardfeedError(f"{self.b.masked}: column {name!r} is NOT NULL, and row {row} written to slice "
+                                     f"{self.slice_id} (counted from 0) has null there (None, or a column left out)")
         cols = ", ".join(quote_column(c) for c in names) + ", _sf_seq"
         pycols = [data.column(i).to_pylist() for i in range(data.num_columns)]
-        with self.con.cursor() as cur, cur.copy(f"COPY {self.stage_name} ({cols}) FROM STDIN") as cp:
-            for row in zip(*pycols):
-                cp.write_row((*row, self.seq))
-                self.seq += 1
+        try:
+            with self.con.cursor() as cur, cur.copy(f"COPY {self.stage_name} ({cols}) FROM STDIN") as cp:
+                for row in zip(*pycols):
+                    cp.write_row((*row, self.seq))
+                    self.seq += 1
+        except self.b.psycopg.errors.DataError as exc:
+            raise ShardfeedError(f"{self.b.masked}: {_copy_error(exc, first, self.slice_id)}") from exc
 
     def commit(self) -> None:
         con, table, k = self.con, self.b.table, int(self.slice_id)
@@ -232,6 +262,11 @@ class PostgresSliceWriter(SliceWriter):
                 con.execute(f"INSERT INTO {shadow} SELECT {cols}, {k}, _sf_seq FROM {self.stage_name}")
                 con.execute(f"DELETE FROM {table}")
                 con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {shadow} ORDER BY _sf_slice, _sf_seq")
+        except (self.b.psycopg.errors.IntegrityError, self.b.psycopg.errors.DataError) as exc:
+            diag = exc.diag
+            raise ShardfeedError(f"{self.b.masked}: the table refused the rows of slice {k} at the commit (nothing "
+                                 f"was written): {diag.message_primary or exc}"
+                                 + (f" ({diag.message_detail})" if diag.message_detail else "")) from exc
         finally:
             self.abort()
 

@@ -15,7 +15,8 @@ Every row is in exactly one slice; sizes differ by at most one row.
 
 Reading ahead: ``num_threads`` threads (1..64; 0: a quarter of the cores, at least one)
 read ranges of rows in turn, each holding up to ``ceil(capacity / num_threads)`` rows
-(``capacity`` 0: about 64 MB per thread, sized from the first 256 rows; a warning when
+(``capacity`` 0: about 64 MB per thread, counted in bytes as the chunks come, in chunks
+sized from the first 256 rows and cut smaller where rows turn out larger; a warning when
 a thread's share is above 1 GB). Results are delivered in table order whatever the
 number of threads. The threads are a pipeline :class:`~shardfeed.pipeline.workers.WorkerPool`,
 each filling its own :class:`~shardfeed.pipeline.workers.ChunkQueue`; an error reaches the
@@ -218,23 +219,41 @@ class TableRecordDataset(SourceDataset):
 
 
 def _read_segments(ds: TableRecordDataset, segments: list, q: ChunkQueue, stop: threading.Event,
-                   chunk_rows: int) -> None:
+                   chunk_rows: int, chunk_bytes: int | None = None) -> None:
     """One reader thread's task: its segments' rows, a chunk of columns at a time, into its
     own queue (each segment closed by ``_END``); an error goes into the queue in its place
-    in the order. Returns when done, when ``stop`` is set or when the queue is closed."""
+    in the order. Returns when done, when ``stop`` is set or when the queue is closed.
+
+    ``chunk_bytes`` (the automatic read-ahead, sized from the first rows): the queue counts
+    bytes, not chunks, and a chunk more than twice that size cuts the chunks of the rest of
+    the segment to fit, read anew from the row it reached (rows far larger than the first
+    ones: 16 MB rows after small ones held about 2 GB a thread, the read-ahead's whole depth
+    of chunks of the first rows' count; now one such chunk, then chunks that fit)."""
     try:
         for ti, start, stop_row in segments:
             b = ds.backends[ti]
             row = start
             rows = b.read(ds.columns, start, stop_row, chunk_rows)
             try:
-                for rb in rows:
+                while True:
+                    rb = next(rows, None)
+                    if rb is None:
+                        break
                     cols = [to_numpy(rb.column(j), t, b.masked, c, row)
                             for j, (c, t) in enumerate(zip(ds.columns, ds.types))]
                     row += rb.num_rows
-                    q.put((cols, rb.num_rows), 1)
+                    q.put((cols, rb.num_rows), 1 if chunk_bytes is None else max(1, rb.nbytes))
                     if stop.is_set():
                         return
+                    if chunk_bytes is None or rb.num_rows == 0 or (stop_row is not None and row >= stop_row):
+                        continue
+                    if rb.nbytes > 2 * chunk_bytes and rb.num_rows > 1:
+                        per_row = rb.nbytes / rb.num_rows
+                        chunk_rows = max(1, int(chunk_bytes / per_row))
+                        logger.debug("read_table: rows of %.0f bytes at row %d of %s: chunks of %d rows now",
+                                     per_row, row, b.masked, chunk_rows)
+                        rows.close()  # type: ignore[attr-defined]
+                        rows = b.read(ds.columns, row, stop_row, chunk_rows)
             except (ShardfeedError, Closed):
                 raise
             except Exception as exc:  # a driver's own error (a server gone, a connection cut) names no table
@@ -284,7 +303,12 @@ class _TableReader:
                     pos += seg_rows
             ranges = segs
         n = max(1, min(n, len(ranges)))
-        depth = max(1, per_thread // max(1, chunk))
+        chunk_bytes = None
+        if ds.capacity:  # rows, as the user counts them
+            depth = max(1, per_thread // max(1, chunk))
+        else:  # bytes: the first rows' size may not hold further on
+            depth = AUTO_BYTES_PER_THREAD
+            chunk_bytes = max(1, int(chunk * ds.bytes_per_row()))
         self.queues = [ChunkQueue(depth) for _ in range(n)]
         self.pool = WorkerPool(n, "table-reader")
         self.nseg = len(ranges)
@@ -293,7 +317,7 @@ class _TableReader:
         self.pos = 0
         self.len = 0
         for i in range(n):
-            self.pool.submit(_read_segments, ds, ranges[i::n], self.queues[i], self.stop, chunk)
+            self.pool.submit(_read_segments, ds, ranges[i::n], self.queues[i], self.stop, chunk, chunk_bytes)
 
     def _load(self) -> bool:
         """Make the next chunk current; False at the end of the pass."""
