@@ -110,42 +110,47 @@ def _remote_info(url: str, storage_options: Mapping[str, Any] | None, counters: 
     return int(info["size"]), (str(etag).strip('"') if etag else None)
 
 
-def _listed(fs: Any, path: str) -> dict | None:
-    """``path``'s entry in a listing ``fs`` made during this build (a glob's, kept until the
-    next dataset lists again; see :func:`_forget_listings`), which ``fs.info`` would answer
-    from without a request: None when there is none. Asked first, so that only a stat
-    that goes to the store is counted as one (found from outside: a blocks shuffle counted
-    20 HEADs the wire never saw)."""
+_NOT_LISTED = "not listed"  # what _listing answers for a path whose folder no listing of this build holds
+
+
+def _listing(fs: Any, path: str) -> dict | None | str:
+    """What a listing ``fs`` made during this build (a glob's, kept until the next dataset
+    lists again; see :func:`_forget_listings`) says of ``path``, which ``fs`` would answer
+    from without a request: its entry; None when the listing holds its folder and not it (a
+    read then fails without asking the store: s3fs answers from that listing);
+    :data:`_NOT_LISTED` when no listing holds its folder. Asked first, so that only a
+    request that goes to the store is counted as one (found from outside: a blocks shuffle
+    counted 20 HEADs the wire never saw)."""
+    if not getattr(fs, "dircache", None):
+        return _NOT_LISTED
     try:
-        entries = fs._ls_from_cache(path) if getattr(fs, "dircache", None) else None
-    except Exception:  # noqa: BLE001 - not listed (FileNotFoundError among others): ask the store
+        entries = fs._ls_from_cache(path)
+    except FileNotFoundError:
         return None
-    for e in entries or ():
+    except Exception:  # noqa: BLE001 - anything else: the store is asked
+        return _NOT_LISTED
+    if entries is None:
+        return _NOT_LISTED
+    for e in entries:
         if e.get("name", "").rstrip("/") == path.rstrip("/") and "size" in e:
             return e
-    return None
+    return _NOT_LISTED
+
+
+def _listed(fs: Any, path: str) -> dict | None:
+    """``path``'s entry in a listing of this build (:func:`_listing`), or None."""
+    got = _listing(fs, path)
+    return got if isinstance(got, dict) else None
+
+
+def _protocol(fs: Any) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
 def _sizes_whole_reads(fs: Any) -> bool:
     """Whether ``fs`` reads a whole object by asking its size first (s3fs with concurrency:
     a HEAD, unless a listing answers, then one GET, or parallel GETs of ``default_block_size``)."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("s3", "s3a", "oss") and (getattr(fs, "max_concurrency", 1) or 1) > 1
-
-
-def _listed_missing(fs: Any, path: str) -> bool:
-    """Whether a listing ``fs`` keeps from this build holds ``path``'s folder and not
-    ``path``: a read of it then fails without asking the store (s3fs answers from that
-    listing)."""
-    if not getattr(fs, "dircache", None):
-        return False
-    try:
-        fs._ls_from_cache(path)
-    except FileNotFoundError:
-        return True
-    except Exception:  # noqa: BLE001 - anything else: the store is asked
-        return False
-    return False
+    return _protocol(fs) in ("s3", "s3a", "oss") and (getattr(fs, "max_concurrency", 1) or 1) > 1
 
 
 def _missing_object_probe(fs: Any) -> dict[str, int]:
@@ -153,8 +158,7 @@ def _missing_object_probe(fs: Any) -> dict[str, int]:
     :meth:`~.counters.IOCounters.request_ended` counts for the attempt: s3fs asks for the
     object's head, then lists its key as a folder (two stat requests, no GET); others (gcsfs)
     try the GET itself."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("s3", "s3a"):
+    if _protocol(fs) in ("s3", "s3a"):
         return {"stat_requests": 2, "requests": -1}
     return {}
 
@@ -166,10 +170,9 @@ def exists(url: str, storage_options: Mapping[str, Any] | None = None, counters:
     if parsed.is_local:
         return os.path.exists(parsed.path)
     fs, path = get_filesystem(parsed, storage_options)
-    if _listed(fs, path) is not None:
-        return True
-    if _listed_missing(fs, path):
-        return False
+    listed = _listing(fs, path)
+    if listed is not _NOT_LISTED:
+        return listed is not None
     found = bool(_run("exists", url, lambda: fs.exists(path), counters))
     if counters is not None:
         counters.add(stat_requests=1)
@@ -221,8 +224,9 @@ def read_bytes(
         return _run("read", url, lambda: fs.cat_file(path, start=start, end=end))
 
     def attempt() -> bytes:
-        known_missing = _listed_missing(fs, path)  # before: a failed read may list the folder itself
-        sized = start is None and end is None and _sizes_whole_reads(fs) and _listed(fs, path) is None
+        listed = _listing(fs, path)  # before the read: a failed one may list the folder itself
+        known_missing = listed is None
+        sized = start is None and end is None and _sizes_whole_reads(fs) and not isinstance(listed, dict)
         started = counters.request_started()
         data = b""
         try:
