@@ -264,3 +264,62 @@ def test_damage_inside_the_entropy_coded_data_passes_the_header_check_as_documen
     damaged = bytes(data)
     assert load_image(damaged, check="header").data == damaged
     assert load_image(damaged, check="decode").data == damaged
+
+
+def _png_half_rows() -> bytes:
+    """A PNG whose deflate stream is whole, CRCs valid, but holds half the rows its header says."""
+    a = np.asarray(photo(96, 64))
+    raw = b"".join(b"\x00" + a[r].tobytes() for r in range(32))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 96, 64, 8, 2, 0, 0, 0))
+            + png_chunk(b"IDAT", zlib.compress(raw)) + png_chunk(b"IEND", b""))
+
+
+def _png_broken_deflate() -> bytes:
+    """A bit flipped inside the deflate stream, the CRC made again: Pillow fails half way."""
+    data = bytearray(encode(photo(96, 64), "PNG"))
+    at = data.index(b"IDAT")
+    length = struct.unpack(">I", data[at - 4:at])[0]
+    data[at + 4 + length // 2] ^= 0x40
+    data[at + 4 + length:at + 8 + length] = struct.pack(">I", zlib.crc32(bytes(data[at:at + 4 + length])))
+    return bytes(data)
+
+
+@needs_native
+@pytest.mark.parametrize("case", ["jpeg frame taller than its scan", "png rows missing", "png deflate broken"])
+def test_the_decode_check_discards_what_a_lenient_decoder_fills_in(case):
+    """Found from outside: image_check="decode" kept the same damaged files as "header" (a
+    JPEG whose scan ends before its frame, stored half grey; a PNG holding half its rows
+    behind valid CRCs, stored half black), and a PNG whose deflate stream breaks half way
+    was stored with garbage rows by both (its EXIF read decoded it, and that failure was
+    taken for a broken EXIF block)."""
+    pytest.importorskip("simplejpeg")
+    if case == "jpeg frame taller than its scan":
+        good = encode(photo(96, 64), "JPEG", quality=90)
+        bad = jpeg_with_size(good, 96, 128)
+    elif case == "png rows missing":
+        bad = _png_half_rows()
+    else:
+        bad = _png_broken_deflate()
+    Image.open(io.BytesIO(bad)).size  # noqa: B018 - it opens: only a decode can tell
+    with pytest.raises(Discard, match="corrupt image"):
+        load_image(bad, check="decode")
+    if case == "png deflate broken":  # re-encoded (PNG to JPEG): decoded either way
+        with pytest.raises(Discard, match="corrupt image"):
+            load_image(bad, check="header", image_format="jpg")
+
+
+@pytest.mark.parametrize("interlace", [0, 1])
+def test_whole_pngs_of_every_kind_hold_all_their_rows(interlace):
+    """The rows check counts the bytes each PNG kind holds (bit depths 1-16, grey, RGB,
+    palette, alpha, Adam7 interlacing): no whole PNG is taken for a short one."""
+    from shardfeed.formats.image_damage import png_short_data
+
+    for mode in ("1", "L", "I;16", "RGB", "P", "LA", "RGBA"):
+        for w, h in ((1, 1), (7, 3), (37, 23), (96, 64)):
+            im = photo(max(w, 2), max(h, 2)).resize((w, h)).convert(mode if mode != "I;16" else "L")
+            if mode == "I;16":
+                im = Image.fromarray(np.asarray(im).astype(np.uint16) * 257)
+            data = encode(im, "PNG", interlace=interlace)
+            assert png_short_data(data) is None, (mode, w, h)
+            assert load_image(data, check="decode").width == w  # kept by the decode check
+    assert "rows are missing" in png_short_data(_png_half_rows())

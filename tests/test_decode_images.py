@@ -420,3 +420,70 @@ def test_decoder_pickles_without_its_thread_buffers():
     first = dec(batch)["image"]  # the decode buffer of this thread now exists
     again = pickle.loads(pickle.dumps(dec))
     np.testing.assert_array_equal(again(batch)["image"], first)
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def damaged_images() -> dict[str, bytes]:
+    """Images a lenient decoder (Pillow, TensorFlow) returns with a part filled in."""
+    import struct
+
+    good = IMAGES["near jpeg"]
+    sof = good.index(b"\xff\xc0")
+    tall = bytearray(good)
+    tall[sof + 5:sof + 7] = struct.pack(">H", 180)  # the frame says 180 rows, the scan holds 90
+    png = IMAGES["png"]
+    at = png.index(b"IDAT")
+    flipped = bytearray(png)
+    flipped[at + 40] ^= 0x10  # a pixel byte changed under the chunk's CRC
+    return {"jpeg frame taller than its scan": bytes(tall), "png with a bad crc": bytes(flipped),
+            "png without its end": png[:png.index(b"IEND") - 4]}
+
+
+@pytest.mark.parametrize("case", ["jpeg frame taller than its scan", "png with a bad crc", "png without its end"])
+def test_an_image_a_lenient_decoder_fills_in_is_an_error_or_a_skip_never_delivered(case, tmp_path):
+    """Found from outside: a JPEG whose scan ends before its frame (simplejpeg refused it,
+    then Pillow decoded it with the missing half grey), a PNG whose bytes changed under
+    their CRC and one without its IEND were all delivered, none counted under skip."""
+    pytest.importorskip("simplejpeg")
+    bad = damaged_images()[case]
+    Image.open(io.BytesIO(bad)).convert("RGB") if case != "png with a bad crc" else None  # Pillow takes them
+    with pytest.raises(sf.ImageDecodeError, match=r"row 1") as info:
+        sf.decode_images(batch_of([IMAGES["png"], bad]), "image", 32)
+    assert any(w in str(info.value) for w in ("corrupt JPEG data", "broken PNG file")), info.value
+    url = write_shard(tmp_path, [IMAGES["png"], bad, IMAGES["small jpeg"]])
+    ds = sf.read_tfrecord(url, SPEC).batch(3).decode_images("image", 32, on_error="skip")
+    with iter(ds) as it:
+        labels = [int(v) for b in it for v in b["label"]]
+        skipped = it.stats().to_dict()["skipped"]["total"]
+    assert labels == [0, 2] and skipped == 1
+
+
+def test_extraneous_bytes_before_the_end_marker_are_decoded_whole_as_every_decoder_does():
+    """'Corrupt JPEG data: N extraneous bytes before marker 0xd9' is common and harmless in
+    real datasets (ImageNet, webcams): the image is whole, and decoded as Pillow decodes it."""
+    sj = pytest.importorskip("simplejpeg")
+    good = IMAGES["near jpeg"]
+    padded = good[:-2] + b"\x00\x17" * 40 + good[-2:]
+    with pytest.raises(ValueError, match="extraneous bytes"):
+        sj.decode_jpeg(padded)
+    out = sf.decode_images(batch_of([padded]), "image", (90, 70))["image"][0]
+    np.testing.assert_array_equal(out, np.asarray(Image.open(io.BytesIO(good)).convert("RGB")))
+
+
+def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped():
+    """A 16-bit grey PNG came out nearly all white (Pillow's clipping conversion), where
+    conversion and TensorFlow scale it (found from outside)."""
+    ramp = (np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 15).astype(np.uint16)
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, "PNG")
+    assert Image.open(io.BytesIO(buf.getvalue())).mode.startswith("I")
+    out = sf.decode_images(batch_of([buf.getvalue()]), "image", 64, channels=1)["image"][0, ..., 0]
+    want = np.round(ramp.astype(np.float64) * 255 / 65535).astype(np.uint8)
+    np.testing.assert_array_equal(out, want)
+    assert (out == 255).mean() < 0.01

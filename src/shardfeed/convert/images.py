@@ -13,8 +13,10 @@ see ``_native/imgcheck.h``) and reads the size from the frame header or IHDR, ab
 times cheaper than a decode; a truncated or garbled file is discarded with what is wrong
 and at which byte. It does not decode the compressed image data, so damage inside a JPEG's
 entropy-coded data (or a PNG's deflate stream behind valid CRCs) passes; ``"decode"``
-makes the same structural check and decodes every kept image fully, as libjpeg/zlib see
-it. Any file the header check cannot judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
+makes the same structural check, then the damage checks of
+:mod:`~shardfeed.formats.image_damage` (a JPEG's scan through libjpeg-turbo, which refuses
+what libjpeg only warns about; a PNG's rows against its header), and decodes every kept
+image fully. Any file the header check cannot judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
 orientation other than 1, grey/CMYK/alpha, multi-picture) takes the decode path either way,
 so both give the same features for every image they keep. Pillow releases the GIL while it decodes,
 resizes and encodes, so threads scale; large JPEGs are decoded at reduced size
@@ -26,7 +28,9 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+from ..formats.image_damage import jpeg_check, png_short_data
 from ..formats.native import image_check as _native_image_check
+from ..pipeline.images import _simplejpeg, gray_to_8_bits
 from .options import Discard
 
 _EXIF_ORIENTATION = 0x0112
@@ -109,12 +113,7 @@ def _to_rgb(im):
         # 16-bit (or 32-bit int) grayscale: scale the full range to 8 bits instead of clipping
         import numpy as np
 
-        a = np.asarray(im)
-        if a.dtype.byteorder == ">" or a.dtype.itemsize != 4:
-            a = a.astype(np.int64)
-        hi = 65535 if mode.startswith("I;16") or (a.size and int(a.max()) > 255) else 255
-        a = (a.astype(np.float64) * (255.0 / hi)).round().clip(0, 255).astype(np.uint8)
-        return Image.fromarray(a, "L").convert("RGB")
+        return Image.fromarray(gray_to_8_bits(np.asarray(im), mode), "L").convert("RGB")
     if mode == "F":
         return im.convert("L").convert("RGB")
     if mode == "P":
@@ -171,10 +170,24 @@ def load_image(data: bytes, *, max_size: int | None = None, image_format: str = 
         h = _native_image_check(data)  # whole (found from outside), but the file is truncated
         if h is not None and h.format and h.error is not None:
             raise Discard(corrupt_reason(h.error, h.error_offset))
+        # and damage a lenient decoder fills in (grey, black) that Pillow's decode does not
+        # report: a JPEG's entropy-coded data cut or garbled, a PNG's rows missing behind
+        # valid CRCs (formats/image_damage.py; found from outside: "decode" kept what
+        # "header" kept)
+        damage = jpeg_check(data, _simplejpeg()) if data[:3] == b"\xff\xd8\xff" else png_short_data(data)
+        if damage is not None:
+            raise Discard(f"corrupt image: {damage[:160]}")
     Image, ImageOps = _pil()
     im = _open(data, max_pixels)
     ow, oh = im.size
     src_format = (im.format or "").upper()
+    if src_format != "JPEG":
+        # decoded now: a PNG's EXIF, read next, decodes it, and a failure there (a broken
+        # deflate stream) was taken for a broken EXIF block, the image kept half decoded
+        try:
+            im.load()
+        except Exception as exc:  # noqa: BLE001
+            raise Discard(f"corrupt image: {type(exc).__name__}: {str(exc)[:120]}") from None
     try:
         orientation = im.getexif().get(_EXIF_ORIENTATION, 1) if src_format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
     except Exception:  # noqa: BLE001 - a broken EXIF block is not worth dropping the image

@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import ImageDecodeError
 from ..formats.bufpool import pass_closed
-from ..formats.native import BytesBuffer
+from ..formats.image_damage import jpeg_damage
+from ..formats.native import BytesBuffer, image_check
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..registry import require
 from .dataset import Dataset, positive_int
@@ -38,6 +39,8 @@ from .workers import WorkerPool
 RESIZE = ("stretch", "crop")
 FILTERS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_GRAY_16 = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 # the native resampler's filter codes (resample.h); "nearest" is Pillow's own, not a convolution
 _NATIVE_FILTERS = {"box": 1, "bilinear": 2, "hamming": 3, "bicubic": 4, "lanczos": 5}
 _KEEP_BUFFER_BYTES = 64 << 20  # a thread's decode buffer is kept up to this size
@@ -71,6 +74,16 @@ def _batch_array(shape: tuple[int, ...]) -> np.ndarray:
     if pool_array is None or n == 0:
         return np.empty(shape, np.uint8)
     return pool_array(n).reshape(shape)
+
+
+def gray_to_8_bits(a: np.ndarray, mode: str) -> np.ndarray:
+    """A 16-bit (or 32-bit int) grey image's values scaled to ``uint8`` over their full
+    range, not clipped (clipped, a 16-bit PNG comes out nearly all white): ``0..65535`` for
+    Pillow's ``I;16`` modes and for ``I`` holding values above 255, else ``0..255``."""
+    if a.dtype.byteorder == ">" or a.dtype.itemsize != 4:
+        a = a.astype(np.int64)
+    hi = 65535 if mode.startswith("I;16") or (a.size and int(a.max()) > 255) else 255
+    return (a.astype(np.float64) * (255.0 / hi)).round().clip(0, 255).astype(np.uint8)
 
 
 def _simplejpeg() -> Any:
@@ -191,7 +204,10 @@ class DecodeImages:
                 return True
             else:
                 arr = sj.decode_jpeg(data, colorspace="GRAY" if gray else "RGB", **kw)
-        except ValueError:
+        except ValueError as exc:
+            if jpeg_damage(str(exc)):  # Pillow would fill the missing part in with grey, without a word
+                raise ValueError(f"corrupt JPEG data (libjpeg-turbo: {exc}); decoded leniently, part of it "
+                                 "would be grey") from exc
             return False  # Pillow gets a second try, and gives the error when it fails too
         if arr.shape[:2] == self.size:
             out[...] = arr.reshape(out.shape)
@@ -232,6 +248,8 @@ class DecodeImages:
                 sh, sw = self._scaled(img.height, img.width)
                 img.draft(mode, (math.ceil(sw), math.ceil(sh)))  # DCT scaling, never below the target
             img.load()
+            if img.mode in _GRAY_16:  # 16-bit grey: the range scaled to 8 bits, not clipped (as conversion)
+                img = Image.fromarray(gray_to_8_bits(np.asarray(img), img.mode), "L")
             if img.mode != mode:
                 if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
                     img = img.convert("RGBA" if mode == "RGB" else "LA")  # alpha dropped, not composited
@@ -247,6 +265,10 @@ class DecodeImages:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"an encoded image must be bytes, got {type(data).__name__}")
         data = bytes(data)
+        if data[:8] == _PNG_MAGIC:  # every chunk's CRC and the IEND, which Pillow does not check
+            h = image_check(data)
+            if h is not None and h.error is not None:
+                raise ValueError(f"broken PNG file at byte {h.error_offset:,}: {h.error}")
         if self._sj is not None and data[:3] == _JPEG_MAGIC and self._jpeg(data, out):
             return out
         self._pillow(data, out)
