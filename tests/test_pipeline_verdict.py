@@ -67,7 +67,10 @@ def test_a_map_over_threads_starving_a_python_step_asks_to_move_it_off_the_train
     assert fix.id == "in_subprocess", st.verdict()
     assert "Dataset.in_subprocess()" in fix.text and ".in_subprocess()" in st.verdict()
     assert st.consumer_cpu_fraction < STARVED_CPU_FRACTION and st.cpu_samples > 10
-    assert st.consumer_lost_to_threads > 0.5  # the map's threads ran while the step had no CPU
+    # the map's threads ran while the step had no CPU: about 1.0 here on a quiet machine (a
+    # step that sleeps: under 0.01, the test below); 0.47-0.49 in 3 runs of 25 with another
+    # process spinning on a core, which also takes CPU from the step
+    assert st.consumer_lost_to_threads > 0.25
     m = fix.measured
     assert m["lost_s"] == pytest.approx(m["own_s"] * (1 - m["cpu_fraction"]))
     assert fix.expected_gain == pytest.approx(m["wall_s"] / (m["wall_s"] - m["lost_s"]))
