@@ -540,3 +540,52 @@ def test_a_pass_that_shows_no_life_for_max_away_lets_its_leases_expire(tmp_path,
     time.sleep(2.5)  # past MAX_AWAY_S and a lease: the items held go back
     assert other.take(block=False) is not None and other.metrics()["expired"] >= 1
     it.close()
+
+
+def test_a_pass_closed_while_redis_is_gone_waits_once_and_leaves_no_renewer(tmp_path):
+    """A pass closed while Redis was gone waited ``reconnect_s`` for each item it held to
+    give it back (10 items: minutes), and its lease renewer, caught renewing, rode out its
+    own ``reconnect_s`` after the pass had ended, into later work (found by a helper's thread
+    watch across the test suite: 3 renewers alive 17-40 s after their test). Now the close
+    waits once, the other items' leases run out, and the pass's end stops a renewal in flight."""
+    import shutil
+    import threading
+
+    from shardfeed.errors import ShardfeedError
+
+    from .test_workqueue_redis_restart import _stop
+
+    def renewers() -> set:
+        return {t for t in threading.enumerate() if t.name == "shardfeed-queue-leases" and t.is_alive()}
+
+    exe, d, port = _redis_with_aof("sf-redis-renewer-")
+    try:
+        url = f"redis://127.0.0.1:{port}/0?reconnect_s=4"
+        paths, _ = _gz_shards(tmp_path)
+        before = renewers()
+        q = sf.WorkQueue(paths, backend=url, name="renewer", seed=1, lease_timeout=0.4)
+        item = q.take()
+        assert item is not None
+        it = iter(sf.read_tfrecord(sf.WorkQueue(paths, backend=url, name="renewer", seed=1, lease_timeout=0.4),
+                                   num_parallel_reads=4))
+        next(it)  # items held, read ahead: the renewer renews every 0.1 s
+        assert renewers() - before
+    finally:
+        _stop(d)  # the server gone: a renewal or a give-back now waits for it to come back
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ShardfeedError, match="given up"):
+            q.renew(item, stop=lambda: True)
+        assert time.monotonic() - t0 < 2
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        it.close()  # one give-back waits reconnect_s (4 s), the others' leases run out
+        closed_s = time.monotonic() - t0
+        for _ in range(40):
+            if not renewers() - before:
+                break
+            time.sleep(0.05)
+        assert not renewers() - before, "a renewer still waits for the server"
+        assert closed_s < 4 + 4, closed_s
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -16,8 +16,9 @@ entropy-coded data (or a PNG's deflate stream behind valid CRCs) passes; ``"deco
 makes the same structural check, then the damage checks of
 :mod:`~shardfeed.formats.image_damage` (a JPEG's scan through libjpeg-turbo, which refuses
 what libjpeg only warns about; a PNG's rows against its header), and decodes every kept
-image fully. Any file the header check cannot judge as plainly keepable (not JPEG/PNG, 12-bit, lossless or arithmetic JPEG, EXIF
-orientation other than 1, grey/CMYK/alpha, multi-picture) takes the decode path either way,
+image fully. Any file the header check cannot judge as plainly keepable (not JPEG/PNG,
+12-bit, lossless or arithmetic JPEG, EXIF orientation other than 1, grey/CMYK/alpha,
+multi-picture) takes the decode path either way,
 so both give the same features for every image they keep. Pillow releases the GIL while it decodes,
 resizes and encodes, so threads scale; large JPEGs are decoded at reduced size
 (``Image.draft``, DCT scaling) when the target is at most half their size.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from ..storage.urls import mask
@@ -70,6 +71,12 @@ class QueueBackend(ABC):
     @abstractmethod
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
         """Push the lease's deadline to now + ``lease_s``; false when it is no longer held."""
+
+    def renew_unless(self, name: str, item_id: str, token: int, lease_s: float, stop: Callable[[], bool]) -> bool:
+        """:meth:`renew`, given up (``ShardfeedError``) instead of waited out once ``stop()``
+        is true, in a backend that waits for a lost server to come back (a pass's lease
+        renewer whose pass has ended, found waiting out Redis's ``reconnect_s`` into later work)."""
+        return self.renew(name, item_id, token, lease_s)
 
     @abstractmethod
     def release(self, name: str, item_id: str, token: int) -> bool:

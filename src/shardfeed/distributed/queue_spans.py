@@ -215,12 +215,16 @@ class _QueueStream:
                     self.renewed[it.id] = now
             try:
                 for it in due:
-                    if not self.q.renew(it):
+                    if self.stopped.is_set():
+                        return  # the pass ended meanwhile: its items went back, or were delivered
+                    if not self.q.renew(it, stop=self.stopped.is_set):
                         with self.lock:  # due at once: the reader's next keep() finds it lost and stops it
                             self.renewed[it.id] = 0.0
                 if self.finished and time.monotonic() >= self.renew_at:
                     self.renew_finished()
             except Exception:  # noqa: BLE001 - the next look tries again; a lease may run out meanwhile
+                if self.stopped.is_set():
+                    return  # a renewal given up as the pass ended (a server gone): nothing left to keep
                 logger.warning("work queue %r: could not renew leases", self.q.name, exc_info=True)
 
     def get_state(self) -> dict:
@@ -301,7 +305,7 @@ class _QueueStream:
                 self.renewed[it.id] = now
             self.renew_at = min((self.renewed[i] + term for i in self.finished), default=float("inf"))
         for it in due:
-            if not self.q.renew(it):
+            if not self.q.renew(it, stop=self.stopped.is_set):
                 logger.warning("work queue %r: lease of item %s (%s) was lost before its last records were "
                                "delivered; the worker that has it now delivers them again", self.q.name, it.id,
                                mask(it.work))
@@ -345,11 +349,16 @@ class _QueueStream:
                 self.finished = {}
             if not self.finished:  # finished items of a source that ended before its pass keep
                 self.stopped.set()  # their leases renewed until delivered (repeat(): found from outside)
-        for item in back:
+        for k, item in enumerate(back):
             try:
                 self.q.release(item)
-            except Exception:  # noqa: BLE001 - closing goes on; the lease expires anyway
-                logger.warning("work queue %r: could not give back item %s", self.q.name, item.id, exc_info=True)
+            except Exception:  # noqa: BLE001 - closing goes on; the leases expire anyway
+                # one wait for a lost server, not one an item (each up to Redis's reconnect_s:
+                # a pass holding 10 items closed in 5 minutes with the server gone)
+                logger.warning("work queue %r: could not give back item %s%s; their leases run out instead",
+                               self.q.name, item.id, f" and {len(back) - k - 1} more" if k + 1 < len(back) else "",
+                               exc_info=True)
+                break
 
 
 _STREAM_IDS = itertools.count()

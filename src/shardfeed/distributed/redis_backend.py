@@ -297,11 +297,12 @@ class RedisBackend(QueueBackend):
     def _keys(self, name: str) -> list[str]:
         return [f"shardfeed:wq:{{{name}}}:{s}" for s in _SUFFIXES]
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], stop: Callable[[], bool] | None = None) -> Any:
         """``fn()``; a lost connection to a server that answered before (it restarted, the
         network blinked) is retried with backoff for ``reconnect_s`` seconds before it
         becomes an error. Leases live on the server, so a worker that reconnects in time
-        keeps its items. A server never reached, or a refused password, fails at once."""
+        keeps its items. A server never reached, or a refused password, fails at once; so
+        does a lost one once ``stop()`` is true."""
         deadline = None
         wait = 0.05
         while True:
@@ -322,13 +323,16 @@ class RedisBackend(QueueBackend):
                 if now + wait > deadline:
                     raise ShardfeedError(f"work queue on {self.url}: {what} failed: the server did not answer "
                                          f"for {self.reconnect_s:.0f} s ({mask(exc)})") from None
+                if stop is not None and stop():
+                    raise ShardfeedError(f"work queue on {self.url}: {what} given up: the server did not answer "
+                                         f"and the caller stopped ({mask(exc)})") from None
                 time.sleep(wait)
                 wait = min(wait * 2, 2.0)
             except self._errors as exc:
                 raise ShardfeedError(f"work queue on {self.url}: {what} failed: {mask(exc)}") from None
 
-    def _run(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return self._call(script, lambda: self._scripts[script](keys=keys, args=args))
+    def _run(self, script: str, keys: list[str], args: list[Any], stop: Callable[[], bool] | None = None) -> Any:
+        return self._call(script, lambda: self._scripts[script](keys=keys, args=args), stop)
 
     def _check_lost(self, name: str, out: dict) -> None:
         status = out["status"]
@@ -412,8 +416,11 @@ class RedisBackend(QueueBackend):
         return bool(out.pop("acked")), out
 
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
+        return self.renew_unless(name, item_id, token, lease_s, lambda: False)
+
+    def renew_unless(self, name: str, item_id: str, token: int, lease_s: float, stop: Callable[[], bool]) -> bool:
         k = self._keys(name)
-        if self._run("renew", [k[3], k[4]], [item_id, token, lease_s]) == 1:
+        if self._run("renew", [k[3], k[4]], [item_id, token, lease_s], stop) == 1:
             return True
         self._check_joined(name)
         return False

@@ -18,7 +18,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from ..errors import ShardfeedError
@@ -251,8 +251,11 @@ class WorkQueue:
             logger.warning("work queue %r: late acknowledgement of item %s (%s) refused; its lease had expired",
                            self.name, item.id, mask(item.work))
 
-    def renew(self, item: WorkItem) -> bool:
-        """Extend ``item``'s lease by ``lease_timeout``; false when it is no longer held."""
+    def renew(self, item: WorkItem, stop: Callable[[], bool] | None = None) -> bool:
+        """Extend ``item``'s lease by ``lease_timeout``; false when it is no longer held.
+        ``stop``: a backend waiting for a lost server gives up once it is true."""
+        if stop is not None:
+            return self.backend.renew_unless(self.name, item.id, item.token, self.lease_timeout, stop)
         return self.backend.renew(self.name, item.id, item.token, self.lease_timeout)
 
     def release(self, item: WorkItem) -> bool:
