@@ -114,7 +114,9 @@ class FaultProxy:
     instead of forwarding it; ``reset_every = n`` closes the connection without an answer;
     ``stall_every = n`` holds every n-th request ``stall_s`` seconds (a stalled connection)
     before forwarding it; ``before(method, path, range)``, when set, runs before each request
-    is forwarded (a test changes the store there); ``truncate_every = n`` forwards every n-th object GET but sends only
+    is forwarded (a test changes the store there, inside ``with proxy.quiesce():`` when no
+    other request may be at the store meanwhile: moto answers a GET racing a PUT of its key
+    with HTTP 500, which real stores never do); ``truncate_every = n`` forwards every n-th object GET but sends only
     the first half of its body (the headers promise all of it) and closes the connection; ``max_faults`` caps how many faults are injected in all.
     ``failed`` counts injected faults, ``forwarded`` the requests that reached the target;
     ``log`` holds one ``(method, path, Range header or None, outcome)`` a request, in order.
@@ -148,6 +150,9 @@ class FaultProxy:
         self.kinds: collections.Counter = collections.Counter()  # requests forwarded: GET, HEAD, LIST, PUT...
         self.log: list[tuple[str, str, str | None, str]] = []
         self._lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._inflight = 0  # requests being forwarded to the target now
+        self._quiet = False  # a quiesce() holds new forwards back
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -199,11 +204,21 @@ class FaultProxy:
                     return
                 if proxy.before is not None:
                     proxy.before(self.command, self.path, self.headers.get("Range"))
-                conn = http.client.HTTPConnection(proxy.target_host, int(proxy.target_port), timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection")}
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
+                with proxy._idle:
+                    while proxy._quiet:
+                        proxy._idle.wait()
+                    proxy._inflight += 1
+                try:
+                    conn = http.client.HTTPConnection(proxy.target_host, int(proxy.target_port), timeout=30)
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() not in ("connection", "proxy-connection")}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    with proxy._idle:
+                        proxy._inflight -= 1
+                        proxy._idle.notify_all()
                 listing = self.command == "GET" and ("list-type" in self.path or "delimiter=" in self.path
                                                      or self.path.split("?", 1)[0].endswith("/"))
                 with proxy._lock:
@@ -249,6 +264,24 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    @contextmanager
+    def quiesce(self):
+        """Hold new forwards back and wait until none is at the target (called from
+        ``before``, whose own request is not forwarded yet): what the block does to the
+        store happens between two requests, never during one."""
+        with self._idle:
+            while self._quiet:
+                self._idle.wait()
+            self._quiet = True
+            while self._inflight:
+                self._idle.wait()
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._quiet = False
+                self._idle.notify_all()
 
     def close(self):
         self.server.shutdown()
