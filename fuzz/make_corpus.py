@@ -15,10 +15,12 @@ import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from shardfeed.formats.crc import masked_crc32c, masked_length_crc  # noqa: E402
 from shardfeed.formats.example import encode_example, encode_sequence_example  # noqa: E402
 from shardfeed.formats.wire import encode_varint  # noqa: E402
+from tests.imagefiles import repeat_scan  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEP = b"\xff\xfe\xfd"
@@ -172,6 +174,10 @@ def imgcheck_seeds() -> dict[str, bytes]:
         "palette-trns.png": enc(im.convert("P"), "PNG", transparency=0),
         "exif.png": enc(im, "PNG", exif=exif.tobytes()),
         "truncated.jpg": enc(im, "JPEG")[:300],
+        # one scan repeated past the scan limit (SF_JPEG_MAX_SCANS), the second with a comment
+        # and bytes that are not a marker before each copy (a lenient decoder skips them)
+        "many-scans.jpg": repeat_scan(enc(im, "JPEG", progressive=True), 101),
+        "many-scans-garbage.jpg": repeat_scan(enc(im, "JPEG", progressive=True), 101, between=b"\xff\xfe\x00\x04sf\x00\x12"),
     }
 
 

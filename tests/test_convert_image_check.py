@@ -23,6 +23,7 @@ from shardfeed.convert.images import load_image
 from shardfeed.convert.options import ConvertOptions, Discard
 from shardfeed.formats.native import image_check, native_available
 from shardfeed.formats.tfrecord import read_records
+from tests.imagefiles import repeat_scan
 
 needs_native = pytest.mark.skipif(not native_available(), reason="the header check is in the native core")
 
@@ -139,6 +140,8 @@ BROKEN = {
     "text file": (b"hello, this is a text file\n" * 10, "not an image"),
     "JPEG zero width": (jpeg_with_size(encode(photo(), "JPEG"), 0, 64), "width 0"),
     "huge JPEG": (jpeg_with_size(encode(photo(), "JPEG"), 65000, 65000), "decompression bomb: 65000x65000"),
+    "JPEG with 101 scans": (repeat_scan(encode(photo(), "JPEG", progressive=True), 101),
+                            "more scans than any encoder writes"),
     "huge PNG": (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0))
                  + png_chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + png_chunk(b"IEND", b""),
                  "decompression bomb: 100000x100000"),
@@ -215,14 +218,14 @@ def _discards(out):
 def test_convert_writes_the_same_records_either_way_and_reports_every_broken_file(tmp_path):
     broken = {f"broken{i}.jpg": BROKEN[name][0] for i, name in enumerate(
         ["JPEG cut inside the image data", "JPEG missing only EOI", "JPEG bad segment length", "empty file",
-         "text file", "huge JPEG"])}
+         "text file", "huge JPEG", "JPEG with 101 scans"])}
     folder = _folder(tmp_path, broken)
     header = convert_api.convert(folder, str(tmp_path / "h"), progress=False, num_samples_per_tfrecord=4)
     decode = convert_api.convert(folder, str(tmp_path / "d"), progress=False, num_samples_per_tfrecord=4,
                                  image_check="decode")
     assert header.manifest["options"]["image_check"] == "header"
     assert decode.manifest["options"]["image_check"] == "decode"
-    assert header.records_written == 12 and header.rows_discarded == 6
+    assert header.records_written == 12 and header.rows_discarded == 7
     # every good image: byte for byte the same records (same bytes, same height/width)
     assert _records(str(tmp_path / "h")) == _records(str(tmp_path / "d"))
     reasons = _discards(str(tmp_path / "h"))
@@ -232,6 +235,7 @@ def test_convert_writes_the_same_records_either_way_and_reports_every_broken_fil
     assert reasons["broken3.jpg"].startswith("empty file")
     assert reasons["broken4.jpg"].startswith("not an image")
     assert reasons["broken5.jpg"].startswith("decompression bomb")
+    assert "more scans than any encoder writes" in reasons["broken6.jpg"]
 
 
 def test_image_check_option_is_validated():
@@ -323,3 +327,24 @@ def test_whole_pngs_of_every_kind_hold_all_their_rows(interlace):
             assert png_short_data(data) is None, (mode, w, h)
             assert load_image(data, check="decode").width == w  # kept by the decode check
     assert "rows are missing" in png_short_data(_png_half_rows())
+
+
+@needs_native
+def test_the_scan_limit_is_100_in_the_check_and_in_the_lenient_count():
+    """The structural check refuses a JPEG's 101st scan (each costs a decoder a pass over the
+    whole image: a few KB repeating one took seconds); the lenient count decode_images uses
+    (bytes that are not a marker skipped, as libjpeg skips them) agrees with it on whole files
+    and stops counting past its limit."""
+    from shardfeed.formats.image_damage import MAX_JPEG_SCANS
+    from shardfeed.formats.native import jpeg_scans
+
+    base = encode(photo(), "JPEG", progressive=True)
+    assert jpeg_scans(base, 100) == (10, 96, 64) == (10, image_check(base).width, image_check(base).height)
+    at, over = repeat_scan(base, MAX_JPEG_SCANS), repeat_scan(base, MAX_JPEG_SCANS + 1)
+    assert image_check(at).error is None and jpeg_scans(at, MAX_JPEG_SCANS)[0] == 100
+    assert "more scans" in image_check(over).error and jpeg_scans(over, MAX_JPEG_SCANS)[0] == 101
+    assert jpeg_scans(repeat_scan(base, 5000), 7)[0] == 8  # stops at its limit + 1
+    junk = repeat_scan(base, 101, b"\xff\xfe\x00\x04sf\x00\x12")
+    assert image_check(junk).error.startswith("JPEG garbled") and jpeg_scans(junk, 1000)[0] == 101
+    for cut in (0, 1, 3, 100, len(base) - 1):  # never more than the file holds
+        assert jpeg_scans(base[:cut], 100)[0] <= 10

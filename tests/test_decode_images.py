@@ -487,3 +487,76 @@ def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped():
     want = np.round(ramp.astype(np.float64) * 255 / 65535).astype(np.uint8)
     np.testing.assert_array_equal(out, want)
     assert (out == 255).mean() < 0.01
+
+
+# -- hostile headers: more scans or pixels than a real image has ------------------------------
+def _progressive(h: int = 96, w: int = 128) -> bytes:
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(encode(h, w))).save(buf, "JPEG", progressive=True, quality=90)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("between", [b"", b"\xff\xfe\x00\x04sf\x00\x12"], ids=["scans", "scans-and-junk"])
+def test_a_jpeg_repeating_a_scan_past_100_is_refused_before_any_decoder(between, tmp_path):
+    """Found from outside: a 50 KB progressive JPEG repeating one scan 2,000 times took 16 s
+    (each scan is a pass over the whole image; simplejpeg refused the one with junk between
+    scans as 'extraneous bytes', and Pillow then decoded every scan and delivered it). Encoders
+    write 1 to about 20 scans: over 100 is an error (a skip under on_error='skip'), at 100 the
+    image is decoded as before."""
+    from tests.imagefiles import repeat_scan
+
+    base = _progressive()
+    hostile = repeat_scan(base, 101, between)
+    with pytest.raises(sf.ImageDecodeError, match=r"row 1.*more than 100 scans"):
+        sf.decode_images(batch_of([base, hostile]), "image", 32)
+    url = write_shard(tmp_path, [base, hostile, IMAGES["small jpeg"]])
+    ds = sf.read_tfrecord(url, SPEC).batch(3).decode_images("image", 32, on_error="skip")
+    with iter(ds) as it:
+        labels = [int(v) for b in it for v in b["label"]]
+        skipped = it.stats().to_dict()["skipped"]["total"]
+    assert labels == [0, 2] and skipped == 1
+    if between:  # at the limit: decoded as Pillow decodes it (simplejpeg refuses the junk)
+        at_limit = repeat_scan(base, 100, between)
+        want = pillow_reference(at_limit, (32, 32))
+        got = sf.decode_images(batch_of([at_limit]), "image", 32)["image"][0]
+        assert np.abs(got.astype(int) - want.astype(int)).mean() < 6  # DCT-domain scaling: a few levels
+
+
+def _gif(h: int, w: int) -> bytes:
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(encode(h, w, fmt="PNG"))).convert("P").save(buf, "GIF")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF"])
+def test_max_image_pixels_refuses_larger_images_before_decoding(fmt):
+    """decode_images had no pixel limit: 2 KB progressive JPEGs declaring 13000x13000 cost
+    1 GB and 4 s each before failing (libjpeg's coefficient buffer), where conversion refuses
+    anything over max_image_pixels (Pillow's 89,478,485). The same limit, the same words."""
+    data = _gif(80, 100) if fmt == "GIF" else encode(80, 100, fmt=fmt)
+    with pytest.raises(sf.ImageDecodeError, match=r"decompression bomb: 100x80 = 8,000 pixels exceeds "
+                                                  r"max_image_pixels=7,999"):
+        sf.decode_images(batch_of([data]), "image", 16, max_image_pixels=7999)
+    for limit in (8000, None):
+        out = sf.decode_images(batch_of([data]), "image", 16, max_image_pixels=limit)["image"]
+        assert out.shape == (1, 16, 16, 3)
+
+
+def test_the_default_pixel_limit_is_pillows_and_reaches_every_form(tmp_path):
+    import struct
+
+    from shardfeed.formats.image_damage import MAX_IMAGE_PIXELS
+
+    assert MAX_IMAGE_PIXELS == Image.MAX_IMAGE_PIXELS
+    good = _progressive()
+    sof = good.index(b"\xff\xc2")
+    huge = good[:sof + 5] + struct.pack(">HH", 13000, 13000) + good[sof + 9:]
+    with pytest.raises(sf.ImageDecodeError, match=r"decompression bomb: 13000x13000 = 169,000,000 pixels"):
+        sf.decode_images(batch_of([huge]), "image", 32)
+    assert sf.DecodeImages("image", 32, max_image_pixels=10).max_image_pixels == 10
+    url = write_shard(tmp_path, [good])
+    with pytest.raises(sf.ImageDecodeError, match=r"exceeds max_image_pixels=100"):
+        list(sf.read_tfrecord(url, SPEC).batch(1).decode_images("image", 32, max_image_pixels=100))
+    for bad in (0, -1, 2.5, "many"):
+        with pytest.raises((ValueError, TypeError), match="max_image_pixels"):
+            sf.DecodeImages("image", 32, max_image_pixels=bad)

@@ -88,6 +88,20 @@ static int tiff_orientation(const uint8_t *t, size_t m, int *orientation) {
         return (msg);               \
     } while (0)
 
+/* The end of the entropy-coded data that starts at i: the offset of the next marker that
+ * is not a stuffed 0xFF00 or an RSTn, or n when the data ends first. */
+static size_t scan_end(const uint8_t *p, size_t n, size_t i) {
+    for (;;) {
+        const uint8_t *q = i < n ? memchr(p + i, 0xFF, n - i) : NULL;
+        if (q == NULL || (size_t)(q - p) + 1 >= n) return n;
+        size_t at = (size_t)(q - p);
+        uint8_t b = p[at + 1];
+        if (b == 0x00 || (b >= 0xD0 && b <= 0xD7)) i = at + 2;
+        else if (b == 0xFF) i = at + 1;
+        else return at;
+    }
+}
+
 static const char *check_jpeg(const uint8_t *p, size_t n, sf_imginfo *info) {
     uint8_t comp_ids[4];
     int ncomp = 0, sof_seen = 0, sos_seen = 0, exif_seen = 0;
@@ -192,23 +206,44 @@ static const char *check_jpeg(const uint8_t *p, size_t n, sf_imginfo *info) {
                 if (!ok && ncomp == info->components) FAIL("JPEG garbled: a scan names a component the frame lacks", mpos);
             }
             sos_seen = 1;
-            size_t i = next;
-            for (;;) {
-                const uint8_t *q = i < n ? memchr(p + i, 0xFF, n - i) : NULL;
-                if (q == NULL || (size_t)(q - p) + 1 >= n)
-                    FAIL("JPEG truncated: the data ends inside the image data (no EOI marker)", n);
-                size_t at = (size_t)(q - p);
-                uint8_t b = p[at + 1];
-                if (b == 0x00 || (b >= 0xD0 && b <= 0xD7)) i = at + 2;
-                else if (b == 0xFF) i = at + 1;
-                else {
-                    next = at;
-                    break;
-                }
-            }
+            if (++info->scans > SF_JPEG_MAX_SCANS)
+                FAIL("JPEG with more scans than any encoder writes (over 100): each costs a decoder a pass over "
+                     "the whole image",
+                     mpos);
+            next = scan_end(p, n, next);
+            if (next >= n) FAIL("JPEG truncated: the data ends inside the image data (no EOI marker)", n);
         }
         pos = next;
     }
+}
+
+int sf_jpeg_scans(const uint8_t *p, size_t n, int stop_after, uint32_t *width, uint32_t *height) {
+    int scans = 0;
+    size_t pos = 2;
+    *width = *height = 0;
+    while (pos < n && scans <= stop_after) {
+        const uint8_t *q = memchr(p + pos, 0xFF, n - pos); /* garbage before a marker: skipped */
+        if (q == NULL) break;
+        pos = (size_t)(q - p);
+        while (pos < n && p[pos] == 0xFF) pos++;
+        if (pos >= n) break;
+        uint8_t m = p[pos++];
+        if (m == 0xD9) break;                                                   /* EOI */
+        if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) continue; /* no length */
+        if (n - pos < 2) break;
+        size_t len = be16(p + pos);
+        if (len < 2 || n - pos < len) break;
+        if ((m >= 0xC0 && m <= 0xCF) && m != 0xC4 && m != 0xC8 && m != 0xCC && len >= 7 && *width == 0) {
+            *height = be16(p + pos + 3);
+            *width = be16(p + pos + 5);
+        }
+        pos += len;
+        if (m == 0xDA) {
+            scans++;
+            pos = scan_end(p, n, pos);
+        }
+    }
+    return scans;
 }
 
 static const char *check_png(const uint8_t *p, size_t n, sf_imginfo *info) {

@@ -25,6 +25,13 @@ enum { SF_IMG_UNKNOWN = 0, SF_IMG_JPEG = 1, SF_IMG_PNG = 2 };
                                      (malformed EXIF, XMP tiff:Orientation, PNG text-chunk EXIF) */
 #define SF_IMGF_ALPHA 0x08        /* PNG with tRNS */
 
+/* The most scans a JPEG may have: every encoder writes one scan (sequential) to a few dozen
+ * (progressive: libjpeg's default script 10, mozjpeg's optimized ones about 20), while each
+ * scan costs a decoder a pass over the whole image's coefficients, so a small file that
+ * repeats a scan thousands of times takes seconds to decode (libjpeg-turbo's advice: limit
+ * them, its TJPARAM_SCANLIMIT / djpeg -maxscans). */
+#define SF_JPEG_MAX_SCANS 100
+
 typedef struct {
     int format;          /* SF_IMG_JPEG, SF_IMG_PNG, or SF_IMG_UNKNOWN (not a JPEG/PNG signature) */
     uint32_t width, height;
@@ -33,6 +40,7 @@ typedef struct {
     int bit_depth;       /* JPEG sample precision; PNG bit depth */
     int orientation;     /* EXIF orientation tag value, 0 when there is none */
     int flags;           /* SF_IMGF_* */
+    int scans;           /* JPEG: scans (SOS markers) walked */
     size_t error_offset; /* where the error was found (bytes from the start) */
 } sf_imginfo;
 
@@ -42,5 +50,11 @@ void sf_imgcheck_init(void);
  * static string saying what is wrong (info->error_offset says where). A file that is
  * neither JPEG nor PNG returns NULL with info->format == SF_IMG_UNKNOWN. */
 const char *sf_image_check(const uint8_t *p, size_t n, sf_imginfo *info);
+
+/* A JPEG's scans as a lenient decoder finds them (libjpeg skips bytes that are not a marker
+ * where one should be, with a warning), counted up to stop_after + 1; *width and *height from
+ * its frame header (0 when it has none). Walks the markers and each scan's entropy-coded data
+ * (no decoding); p[0..n) need not be a whole or valid JPEG. */
+int sf_jpeg_scans(const uint8_t *p, size_t n, int stop_after, uint32_t *width, uint32_t *height);
 
 #endif

@@ -2040,6 +2040,22 @@ static PyObject *py_image_check(PyObject *self, PyObject *arg) {
                          (Py_ssize_t)info.error_offset);
 }
 
+static PyObject *py_jpeg_scans(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    int stop_after;
+    if (!PyArg_ParseTuple(args, "y*i:jpeg_scans", &view, &stop_after)) return NULL;
+    uint32_t w, h;
+    int scans;
+    if (view.len >= GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS scans = sf_jpeg_scans(view.buf, (size_t)view.len, stop_after, &w, &h);
+        Py_END_ALLOW_THREADS
+    } else {
+        scans = sf_jpeg_scans(view.buf, (size_t)view.len, stop_after, &w, &h);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(ikk)", scans, (unsigned long)w, (unsigned long)h);
+}
+
 /* ------------------------------------------------------------------ image-folder rows */
 
 /* image_rows(paths, tails, max_sizes, want, max_pixels) -> (frames, results): the rows of a
@@ -2290,6 +2306,9 @@ static PyMethodDef methods[] = {
      "the next would be (-1.0: none held), blocks behind live arrays"},
     {"pool_array", py_pool_array, METH_O,
      "pool_array(nbytes) -> uint8 array, uninitialised; large ones backed by a recycled block"},
+    {"jpeg_scans", py_jpeg_scans, METH_VARARGS,
+     "jpeg_scans(data, stop_after) -> (scans, width, height): a JPEG's scans as a lenient decoder finds them, "
+     "counted up to stop_after + 1, and its frame's size (imgcheck.h)"},
     {"image_check", py_image_check, METH_O,
      "image_check(data) -> (format, width, height, components, color_type, bit_depth, orientation, flags, error, "
      "error_offset): the structural check of a JPEG or PNG file (imgcheck.h)"},

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.compression import normalize_compression
+from ..formats.image_damage import MAX_IMAGE_PIXELS
 from ..formats.native import BytesBuffer
 from ..formats.spec import FeatureSpec, RaggedColumn, SparseColumn
 from ..pipeline.dataset import Dataset, positive_int
@@ -410,10 +411,11 @@ class DecodeImages:
 
     def __init__(self, feature: str, size: Any, resize: str = "stretch", channels: int = 3,
                  filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
-                 on_error: str = "raise") -> None:
+                 on_error: str = "raise", max_image_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.decoder = _DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample)
+        self.decoder = _DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample,
+                                     max_image_pixels)
         self.on_error = on_error
         self.skipped = 0
 

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from ..formats.image_damage import MAX_IMAGE_PIXELS
 from ..storage.urls import mask
 
 _ANNOTATION_TYPES = ("DETECTION", "SEGMENTATION", "INSTANCE_SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION",
@@ -114,7 +115,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
               "chunks and CRCs without decoding; 'decode' decodes each fully (slower; also catches damage "
               "inside the compressed data)")
     _opt(sp, "jpeg_quality", type=int, default=90)
-    _opt(sp, "max_image_pixels", type=int, default=89_478_485, help="decompression-bomb limit (pixels)")
+    _opt(sp, "max_image_pixels", type=int, default=MAX_IMAGE_PIXELS, help="decompression-bomb limit (pixels)")
     _opt(sp, "read_parallel_num", type=int, default=2, help="conversion workers (default 2)")
     _opt(sp, "write_parallel_num", type=int, default=1, help="shard committers (default 1)")
     _opt(sp, "num_samples_per_tfrecord", type=int, default=256, help="input rows per shard (default 256)")

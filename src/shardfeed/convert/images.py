@@ -29,7 +29,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from ..formats.image_damage import jpeg_check, png_short_data
+from ..formats.image_damage import MAX_IMAGE_PIXELS, jpeg_check, png_short_data
 from ..formats.native import image_check as _native_image_check
 from ..pipeline.images import _simplejpeg, gray_to_8_bits
 from .options import Discard
@@ -150,7 +150,7 @@ def _kept_by_header(data: bytes, max_size: int | None, want: str, max_pixels: in
 
 
 def load_image(data: bytes, *, max_size: int | None = None, image_format: str = "jpg",
-               jpeg_quality: int = 90, max_pixels: int = 89_478_485, check: str = "decode") -> EncodedImage:
+               jpeg_quality: int = 90, max_pixels: int = MAX_IMAGE_PIXELS, check: str = "decode") -> EncodedImage:
     """Turn the bytes of an image file into stored bytes (see the module docstring).
 
     ``check``: how bytes that are kept as they are get verified, ``"decode"`` (a full
@@ -226,12 +226,12 @@ def load_image(data: bytes, *, max_size: int | None = None, image_format: str = 
     return EncodedImage(out.getvalue(), want, th, tw, uh, uw)
 
 
-def image_size(data: bytes, max_pixels: int = 89_478_485) -> tuple[int, int]:
+def image_size(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
     """(width, height) from the header; raises :class:`Discard` for a non-image."""
     return _open(data, max_pixels).size
 
 
-def load_mask(data: bytes, size: tuple[int, int], *, channel: int = 2, max_pixels: int = 89_478_485) -> bytes:
+def load_mask(data: bytes, size: tuple[int, int], *, channel: int = 2, max_pixels: int = MAX_IMAGE_PIXELS) -> bytes:
     """A segmentation mask as a single-channel PNG of ``size`` (width, height).
 
     PAI masks keep the class in channel ``channel`` (0-based) of a colour PNG; a

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..formats.image_damage import MAX_IMAGE_PIXELS
+
 MODEL_TYPES = (
     "CLASSIFICATION", "DETECTION", "SEGMENTATION", "TEXT_RECOGNITION", "TEXT_DETECTION",
     "TEXT_END2END", "INSTANCE_SEGMENTATION", "VIDEO_CLASSIFICATION", "SELF_DEFINED",
@@ -105,7 +107,7 @@ class ConvertOptions:
     image_format: str = "jpg"
     image_check: str = "header"
     jpeg_quality: int = 90
-    max_image_pixels: int = 89_478_485  # Pillow's own default bomb limit
+    max_image_pixels: int = MAX_IMAGE_PIXELS  # Pillow's own default bomb limit (formats.image_damage)
     read_parallel_num: int = 2
     write_parallel_num: int = 1
     num_samples_per_tfrecord: int = 256

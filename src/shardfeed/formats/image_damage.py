@@ -22,6 +22,14 @@ import struct
 import zlib
 from typing import Any
 
+MAX_IMAGE_PIXELS = 89_478_485
+"""The most pixels an image's header may declare by default (Pillow's ``Image.MAX_IMAGE_PIXELS``):
+conversion's ``max_image_pixels`` and ``decode_images``' refuse larger ones before decoding."""
+
+MAX_JPEG_SCANS = 100
+"""The most scans a JPEG may have (``SF_JPEG_MAX_SCANS`` in ``_native/imgcheck.h``): encoders
+write 1 to about 20, and each costs a decoder a pass over the whole image."""
+
 JPEG_DAMAGE = ("premature end", "bad huffman code", "bad arithmetic code", "instead of rst")
 """Words of libjpeg's messages that mean pixels are missing or wrong (matched lower-case)."""
 

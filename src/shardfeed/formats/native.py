@@ -766,6 +766,17 @@ def image_check(data: Any) -> ImageHeader | None:
                        bool(flags & 0x04), err, off)
 
 
+def jpeg_scans(data: Any, stop_after: int) -> tuple[int, int, int] | None:
+    """``(scans, width, height)`` of a JPEG as a lenient decoder walks it (bytes where a
+    marker should be skipped, as libjpeg does): its scans (SOS markers) counted up to
+    ``stop_after + 1``, and its frame header's size (0 without one). A walk of the markers
+    and the entropy-coded data, no decoding (about 4 us for 100 KB). ``None`` when the
+    native core is not built."""
+    if _ext is None or not hasattr(_ext, "jpeg_scans"):
+        return None
+    return _ext.jpeg_scans(data, stop_after)
+
+
 def image_rows(paths: list, tails: list, max_sizes: list, want: str, max_pixels: int) -> tuple[Any, list] | None:
     """Rows of an image-folder conversion read, judged and framed by the native core, the
     GIL released (``_native/imgrows.h``): ``paths[i]`` the local file of row ``i`` (also its

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..formats.image_damage import MAX_IMAGE_PIXELS
 from .node import AUTOTUNE, Build, Node
 
 if TYPE_CHECKING:
@@ -158,7 +159,8 @@ class Dataset:
 
     def decode_images(self, feature: str, size: Any, *, resize: str = "stretch", channels: int = 3,
                       filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
-                      num_parallel_calls: int | None = AUTOTUNE, on_error: Any = "raise") -> "Dataset":
+                      num_parallel_calls: int | None = AUTOTUNE, on_error: Any = "raise",
+                      max_image_pixels: int | None = MAX_IMAGE_PIXELS) -> "Dataset":
         """Decode the encoded images of batches' ``feature`` column (one per row, as
         ``read_tfrecord(files, spec).batch(n)`` gives a FixedLen bytes feature) into one
         contiguous ``(n, H, W, channels)`` uint8 array; other columns pass through.
@@ -171,10 +173,13 @@ class Dataset:
         decoded in ``num_parallel_calls`` threads (``AUTOTUNE``: one per core) as a parallel
         ``map``. ``on_error``: ``"raise"`` (:class:`ImageDecodeError` naming the feature and the
         row), ``"skip"`` (that row dropped from every column, counted in ``stats()``; a batch
-        that lost every row is dropped) or ``handler(exc, context)``. Needs Pillow."""
+        that lost every row is dropped) or ``handler(exc, context)``. ``max_image_pixels``: an
+        image declaring more pixels is refused before it is decoded (default Pillow's limit,
+        89,478,485, as conversion; ``None``: no limit); a JPEG with more than 100 scans too.
+        Needs Pillow."""
         from .images import DecodeImages, DecodeImagesDataset  # noqa: PLC0415
 
-        decoder = DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample)
+        decoder = DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample, max_image_pixels)
         return DecodeImagesDataset(self, decoder, num_parallel_calls, on_error)
 
     def filter(self, predicate: Callable[[Any], bool]) -> "Dataset":

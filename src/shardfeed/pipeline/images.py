@@ -26,8 +26,8 @@ import numpy as np
 
 from ..errors import ImageDecodeError
 from ..formats.bufpool import pass_closed
-from ..formats.image_damage import jpeg_damage
-from ..formats.native import BytesBuffer, image_check
+from ..formats.image_damage import MAX_IMAGE_PIXELS, MAX_JPEG_SCANS, jpeg_damage
+from ..formats.native import BytesBuffer, image_check, jpeg_scans
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..registry import require
 from .dataset import Dataset, positive_int
@@ -108,6 +108,12 @@ class DecodeImages:
     ``fast_dct`` / ``fast_upsample``: libjpeg-turbo's fast integer DCT and its fast chroma
     upsampling (each about 4-5% faster; pixel values change by about 1 on average, up to a
     few units at sharp edges and colour borders); JPEGs through simplejpeg only.
+    ``max_image_pixels``: an image whose header declares more pixels is refused before it is
+    decoded (a decompression bomb: a file of a few KB can declare 13000x13000, whose progressive
+    decode needs 1 GB); the default is Pillow's ``Image.MAX_IMAGE_PIXELS`` (89,478,485), as in
+    conversion; ``None`` for no limit. A JPEG with more than 100 scans is refused too (encoders
+    write 1 to about 20; each costs a pass over the whole image, so a small file repeating one
+    thousands of times would take seconds).
 
     ``__call__(batch)`` returns the batch with the column replaced and raises
     :class:`ImageDecodeError` naming the feature and row at the first bad image;
@@ -115,7 +121,8 @@ class DecodeImages:
     """
 
     def __init__(self, feature: str, size: Any, resize: str = "stretch", channels: int = 3,
-                 filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False) -> None:
+                 filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
+                 max_image_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
         if not isinstance(feature, str) or not feature:
             raise TypeError(f"feature must be a column name (str), got {feature!r}")
         if resize not in RESIZE:
@@ -131,6 +138,9 @@ class DecodeImages:
         self.filter = filter
         self.fast_dct = bool(fast_dct)
         self.fast_upsample = bool(fast_upsample)
+        if max_image_pixels is not None:
+            max_image_pixels = positive_int("max_image_pixels", max_image_pixels)
+        self.max_image_pixels = max_image_pixels
         self._load()
 
     def _load(self) -> None:
@@ -148,7 +158,14 @@ class DecodeImages:
 
     def __repr__(self) -> str:
         return (f"DecodeImages({self.feature!r}, size={self.size}, resize={self.resize!r}, channels={self.channels}, "
-                f"filter={self.filter!r})")
+                f"filter={self.filter!r}, max_image_pixels={self.max_image_pixels})")
+
+    def _bomb(self, width: int, height: int) -> None:
+        """Raise when ``width x height`` is over ``max_image_pixels``."""
+        limit = self.max_image_pixels
+        if limit is not None and width * height > limit:
+            raise ValueError(f"decompression bomb: {width}x{height} = {width * height:,} pixels exceeds "
+                             f"max_image_pixels={limit:,}")
 
     # -- one image -------------------------------------------------------------------
     def _scaled(self, h: int, w: int) -> tuple[int, int]:
@@ -242,7 +259,8 @@ class DecodeImages:
 
     def _pillow(self, data: bytes, out: np.ndarray) -> None:
         Image = self.Image
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data)) as img:  # reads the header only
+            self._bomb(img.width, img.height)
             mode = "RGB" if self.channels == 3 else "L"
             if img.format == "JPEG":
                 sh, sw = self._scaled(img.height, img.width)
@@ -265,10 +283,20 @@ class DecodeImages:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"an encoded image must be bytes, got {type(data).__name__}")
         data = bytes(data)
-        if data[:8] == _PNG_MAGIC:  # every chunk's CRC and the IEND, which Pillow does not check
+        if data[:3] == _JPEG_MAGIC:  # its frame's size and its scans, before any decoder sees it
+            walked = jpeg_scans(data, MAX_JPEG_SCANS)
+            if walked is not None:
+                scans, width, height = walked
+                self._bomb(width, height)
+                if scans > MAX_JPEG_SCANS:
+                    raise ValueError(f"a JPEG with more than {MAX_JPEG_SCANS} scans (encoders write 1 to about 20; "
+                                     "each costs a pass over the whole image): refused as hostile")
+        elif data[:8] == _PNG_MAGIC:  # every chunk's CRC and the IEND, which Pillow does not check
             h = image_check(data)
             if h is not None and h.error is not None:
                 raise ValueError(f"broken PNG file at byte {h.error_offset:,}: {h.error}")
+            if h is not None:
+                self._bomb(h.width, h.height)
         if self._sj is not None and data[:3] == _JPEG_MAGIC and self._jpeg(data, out):
             return out
         self._pillow(data, out)
@@ -395,12 +423,13 @@ def take_rows(col: Any, keep: np.ndarray, n: int, name: str = "") -> Any:
 
 
 def decode_images(batch: Mapping[str, Any], feature: str, size: Any, resize: str = "stretch", channels: int = 3,
-                  filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False) -> dict[str, Any]:
+                  filter: str = "bilinear", fast_dct: bool = False, fast_upsample: bool = False,
+                  max_image_pixels: int | None = MAX_IMAGE_PIXELS) -> dict[str, Any]:
     """The function form of :meth:`Dataset.decode_images` for one batch: ``batch`` with
     ``feature`` decoded to one ``(n, H, W, channels)`` uint8 array. Raises
     :class:`ImageDecodeError` naming the feature and the row of the first bad image.
     Arguments as :class:`DecodeImages`."""
-    return DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample)(batch)
+    return DecodeImages(feature, size, resize, channels, filter, fast_dct, fast_upsample, max_image_pixels)(batch)
 
 
 class DecodeImagesDataset(MapDataset):
