@@ -117,7 +117,8 @@ def test_csv_cells_past_pythons_default_limit_are_read_and_past_ours_are_an_erro
         tmp_path, monkeypatch):
     import csv
 
-    from shardfeed.convert import csv_text, sources
+    from shardfeed.convert import sources
+    from shardfeed.pipeline import csv as pipeline_csv
 
     big = "a" * 300_000  # Python's csv stops at 131072 characters
     (tmp_path / "t.csv").write_text(f"split,image_uri,label\nTRAIN,x.jpg,cat\nTRAIN,y.jpg,{big}\n")
@@ -125,7 +126,7 @@ def test_csv_cells_past_pythons_default_limit_are_read_and_past_ours_are_an_erro
     assert [r.label for r in rows] == ["cat", big] and not discards
     saved = csv.field_size_limit()
     try:
-        monkeypatch.setattr(csv_text, "CSV_FIELD_LIMIT", 100_000)
+        monkeypatch.setattr(pipeline_csv, "CSV_FIELD_LIMIT", 100_000)  # the limit conversion and read_csv raise to
         csv.field_size_limit(100_000)
         with pytest.raises(ValueError, match=r"t\.csv: line 3: .*longer than 100000 characters"):
             sources.read_csv(str(tmp_path / "t.csv"), None)

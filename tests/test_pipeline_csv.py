@@ -3,10 +3,14 @@ that name file, line and column."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
+import shardfeed as sf
 from shardfeed.pipeline import CsvError, read_csv
+from shardfeed.pipeline.text import TextStreamError
 
 
 def write(tmp_path, text, name="t.csv"):
@@ -107,3 +111,74 @@ def test_none_in_read_csv_and_decode_csv_warns_naming_the_entry_and_the_spelling
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the spellings that stay say the same without a warning
         assert list(read_csv(p, [0, str])) == list(read_csv(p, [0, []])) == [(1, "x")]
+
+
+# -- found from outside (the ninth round) -------------------------------------------------------
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_line_breaks_inside_a_quoted_field_come_back_as_written(tmp_path, gz):
+    """A CRLF inside a quoted field came back as LF (the lines were joined with '\\n'):
+    the field's bytes changed. Python's csv and TensorFlow's CsvDataset keep it."""
+    import csv as pycsv
+    import gzip
+
+    text = b'"multi\r\nline",x\r\n"lone\rcr",y\n"two\nbreaks\r\nmixed",z'
+    path = tmp_path / ("t.csv.gz" if gz else "t.csv")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    want = [tuple(r) for r in pycsv.reader(io.StringIO(text.decode(), newline=""))]
+    assert list(sf.read_csv(str(path), ["", ""])) == want
+    assert want[0][0] == "multi\r\nline" and want[2][0] == "two\nbreaks\r\nmixed"
+
+
+def test_fields_past_pythons_csv_limit_are_read(tmp_path):
+    """read_csv refused any field over 131,072 characters (the csv module's default limit)
+    where read_table and conversion read them."""
+    big = "a" * 300_000
+    (tmp_path / "t.csv").write_text(f'1,"{big}"\n2,b\n')
+    assert list(sf.read_csv(str(tmp_path / "t.csv"), [0, ""])) == [(1, big), (2, "b")]
+    assert sf.decode_csv([f'1,"{big}"'], [0, ""])[1][0] == big
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbled"])
+def test_a_damaged_gzip_file_names_the_file_line_and_offset(tmp_path, damage):
+    """A cut or garbled .gz read by read_text or read_csv raised a bare EOFError / zlib error
+    naming no file (with several files, which one?); the lines before it were right."""
+    import gzip
+
+    rows = [f"{i},{'v' * (i % 50)}" for i in range(20000)]
+    good = tmp_path / "a.csv.gz"
+    good.write_bytes(gzip.compress("\n".join(rows[:100]).encode() + b"\n"))
+    data = bytearray(gzip.compress("\n".join(rows).encode() + b"\n"))
+    if damage == "cut":
+        data = data[:len(data) // 2]
+    else:  # the trailer's CRC-32: every line inflates, the check at the end fails
+        data[-8] ^= 0xFF
+    bad = tmp_path / "b.csv.gz"
+    bad.write_bytes(bytes(data))
+    got = []
+    with pytest.raises(sf.CsvError, match=r"b\.csv\.gz, line \d+: damaged compressed file at byte [\d,]+") as info:
+        for r in sf.read_csv([str(good), str(bad)], [0, ""]):
+            got.append(r)
+    assert info.value.url.endswith("b.csv.gz") and info.value.line == len(got) - 100 + 1
+    assert [f"{a},{b}" for a, b in got] == rows[:100] + rows[:len(got) - 100]
+    lines = []
+    with pytest.raises(TextStreamError, match=r"b\.csv\.gz, line \d+ \(byte [\d,]+ of the uncompressed text\)") as info:
+        for line in sf.read_text([str(good), str(bad)]):
+            lines.append(line)
+    assert info.value.line == len(lines) - 100 + 1 and info.value.offset > 0
+    assert lines[:100] == rows[:100] and lines[100:] == rows[:len(lines) - 100]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "cp037"])
+def test_an_encoding_that_does_not_write_line_breaks_as_ascii_is_refused_at_once(tmp_path, encoding):
+    """A valid UTF-16 file failed on its second line (split on the byte 0x0A before decoding):
+    such encodings are refused when the dataset is made, saying what to do."""
+    path = tmp_path / "t.txt"
+    path.write_bytes("ab\ncd\n".encode(encoding))
+    for make in (lambda: sf.read_text(str(path), encoding=encoding),
+                 lambda: sf.read_csv(str(path), [""], encoding=encoding)):
+        with pytest.raises(ValueError, match=r"does not write line breaks as ASCII bytes.*utf-8"):
+            make()
+    for ok in ("latin-1", "cp1252", "gbk", "shift_jis", "UTF8"):
+        sf.read_text(str(path), encoding=ok)
+    with pytest.raises(LookupError, match="unknown encoding"):
+        sf.read_text(str(path), encoding="no-such-codec")

@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and IDEs; at run time
         PipelineIterator,
         PipelineStats,
         SourceDataset,
+        TextStreamError,
         TFRecordDataset,
         decode_csv,
         decode_images,
@@ -120,8 +121,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "pai": ("PaiFlags", "pai_flags"),
     "pipeline": (
         "AUTOTUNE", "CsvError", "Dataset", "DecodeImages", "PipelineIterator", "PipelineStats", "SourceDataset",
-        "TFRecordDataset", "decode_csv", "decode_images", "from_iterable", "from_list", "mix", "read_csv",
-        "read_text", "read_tfrecord"
+        "TextStreamError", "TFRecordDataset", "decode_csv", "decode_images", "from_iterable", "from_list", "mix",
+        "read_csv", "read_text", "read_tfrecord"
     ),
     "pipeline.telemetry": ("otel_metrics", "serve_metrics"),
     "storage": ("retry_stats",),
@@ -174,7 +175,8 @@ __all__ = [
     "FixedLen", "VarLen", "Sparse", "RaggedColumn", "SparseColumn", "ReadStats", "TFRecordReader",
     "TFRecordWriter", "read_records", "write_records", "Dataset", "TFRecordDataset", "read_tfrecord",
     "AUTOTUNE", "CsvError", "PipelineIterator", "PipelineStats", "SourceDataset", "from_iterable", "from_list",
-    "mix", "decode_csv", "read_csv", "read_text", "PaiFlags", "pai_flags", "TableRecordReader", "WorkItem",
+    "mix", "decode_csv", "read_csv", "read_text", "TextStreamError", "PaiFlags", "pai_flags", "TableRecordReader",
+    "WorkItem",
     "WorkQueue", "WorkQueueMismatchError", "plan_shards", "read_queue",
     "read_shard", "resolve_slice", "shard_works", "TableRecordDataset", "TableTypeError", "TableWriter",
     "WriterConflictError", "read_table", "csv_id2dense", "csv_id2sparse", "csv_kv2dense", "csv_kv2sparse",

@@ -8,20 +8,16 @@ import io
 import itertools
 from collections.abc import Iterator, Sequence
 
+from ..pipeline.csv import CSV_FIELD_LIMIT, allow_long_fields
 from .options import Discard
 from .schema import AUTOML_COLUMNS, Schema, header_matches_automl, normalize_split
-
-CSV_FIELD_LIMIT = 1 << 30
-"""The longest CSV cell read, in characters (1 Gi; Python's csv module stops at 128 Ki):
-a cell past it is an error naming the file and line."""
 
 
 def csv_lines(text: str, origin: str) -> Iterator[list[str]]:
     """The rows of a CSV text, lines of blank cells left out; a row the csv module refuses
     is a ``ValueError`` naming ``origin`` and the line, and so is a quoted cell never closed
     (the csv module would end it at the end of the text, every row after it inside it)."""
-    if csv.field_size_limit() < CSV_FIELD_LIMIT:  # process-wide: only ever raised
-        csv.field_size_limit(CSV_FIELD_LIMIT)
+    allow_long_fields()
     reader = csv.reader(io.StringIO(text, newline=""))
     before = after = 0  # the lines read before the last row, and with it
     row: list[str] = []

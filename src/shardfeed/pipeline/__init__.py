@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .state import check_resume_everywhere
     from .stats import PipelineStats, StageStats
     from .telemetry import MetricsServer, OtelMetrics, otel_metrics, serve_metrics
-    from .text import read_text
+    from .text import TextStreamError, read_text
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "csv": ("CsvError", "decode_csv", "read_csv"),
@@ -42,7 +42,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "state": ("check_resume_everywhere",),
     "stats": ("PipelineStats", "StageStats"),
     "telemetry": ("MetricsServer", "OtelMetrics", "otel_metrics", "serve_metrics"),
-    "text": ("read_text",),
+    "text": ("TextStreamError", "read_text"),
 }
 __getattr__, __dir__ = lazy_names(__name__, _MODULES, globals())
 
@@ -51,6 +51,7 @@ __all__ = [
     "StageStats", "TFRecordDataset", "TFRecordSource", "ReadOptions", "Span", "SpanProvider", "SpanStream",
     "StaticSpans", "split_spans", "check_resume_everywhere", "from_iterable", "from_list", "mix", "decode_csv",
     "read_csv",
-    "read_text", "read_tfrecord", "DecodeImages", "decode_images", "Remedy", "MetricsServer", "OtelMetrics",
+    "read_text", "TextStreamError", "read_tfrecord", "DecodeImages", "decode_images", "Remedy", "MetricsServer",
+    "OtelMetrics",
     "otel_metrics", "serve_metrics",
 ]

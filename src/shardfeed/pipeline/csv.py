@@ -27,7 +27,18 @@ from ..errors import ShardfeedError
 from ..formats.tfrecord import normalize_compression
 from ..storage.cache import get_cache
 from .sources import SourceDataset
-from .text import LineReader
+from .text import LineReader, check_encoding
+
+CSV_FIELD_LIMIT = 1 << 30
+"""The longest CSV field read, in characters (1 Gi; Python's csv module stops at 128 Ki):
+a field past it is an error naming the file and line."""
+
+
+def allow_long_fields() -> None:
+    """Raise the csv module's field limit (process-wide, only ever raised) to
+    :data:`CSV_FIELD_LIMIT`."""
+    if _csv.field_size_limit() < CSV_FIELD_LIMIT:
+        _csv.field_size_limit(CSV_FIELD_LIMIT)
 
 
 class CsvError(ShardfeedError, ValueError):
@@ -167,6 +178,7 @@ def decode_csv(records: Any, record_defaults: Sequence[Any], field_delim: str = 
     if not isinstance(field_delim, str) or len(field_delim) != 1:
         raise ValueError(f"field_delim must be one character, got {field_delim!r}")
     columns = _columns_of(record_defaults, "decode_csv")
+    allow_long_fields()
     cols = _check_select_cols(select_cols, len(columns))
     arr = np.asarray(records, dtype=object)
     flat = arr.reshape(-1)
@@ -210,19 +222,23 @@ class _CsvReader(LineReader):
         url = self.url
         text = self._decode(raw, url)
         while text.count(ds.quote) % 2 and ds.quote:  # a quoted field goes on to the next line
-            fi = self.fi
+            fi, ending = self.fi, self.ending.decode("ascii")
             try:
                 more = LineReader.__next__(self)
             except StopIteration:
                 more = None
             if more is None or self.fi != fi:
                 raise CsvError("quoted field is not closed before the end of the file", storage.mask(url), start)
-            text += "\n" + self._decode(more, url)
+            text += ending + self._decode(more, url)  # the field holds the line break as written
         try:
             fields = next(_csv.reader([text], delimiter=ds.field_delim, quotechar=ds.quote or None, strict=True))
         except _csv.Error as exc:
             raise CsvError(f"malformed CSV: {exc}", storage.mask(url), start) from None
         return typed_row(fields, ds.columns, ds.select_cols, ds.na_value, storage.mask(url), start)
+
+    def stream_error(self, why: str) -> Exception:
+        return CsvError(f"damaged compressed file at byte {self.offset:,} of its uncompressed text: {why}",
+                        storage.mask(self.url), self.line + 1)
 
     def _decode(self, raw: bytes, url: str) -> str:
         try:
@@ -248,6 +264,8 @@ class CsvDataset(SourceDataset):
         self.columns = _columns_of(record_defaults, "read_csv")
         self.select_cols: list[int] | None = _check_select_cols(select_cols, len(self.columns))
         normalize_compression(compression)
+        check_encoding(encoding)
+        allow_long_fields()
         self.files = storage.expand(files, storage_options)
         self.field_delim = field_delim
         self.header = bool(header)

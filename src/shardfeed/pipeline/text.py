@@ -3,20 +3,60 @@
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import storage
 from ..deprecation import renamed_argument
+from ..errors import ShardfeedError
 from ..formats.tfrecord import normalize_compression, open_stream
 from ..storage.cache import cacheable, get_cache
 from .sources import SourceDataset
 
 
+class TextStreamError(ShardfeedError, ValueError):
+    """A compressed text file (GZIP, ZLIB) that is cut short or damaged: ``url`` (masked),
+    ``line`` (the first line not delivered) and ``offset`` (its byte offset in the
+    uncompressed text). The lines before it were delivered."""
+
+    def __init__(self, message: str, url: str, line: int, offset: int) -> None:
+        super().__init__(message)
+        self.url, self.line, self.offset = url, line, offset
+
+    def __reduce__(self):  # pickles (process pools) with its custom init
+        return (type(self), (str(self), self.url, self.line, self.offset), self.__dict__)
+
+
+def check_encoding(encoding: str | None) -> None:
+    """Refuse an encoding lines cannot be split in as bytes: one that does not write line
+    breaks, quotes and delimiters as their ASCII bytes (UTF-16, UTF-32, EBCDIC code pages),
+    whose files would be cut inside characters."""
+    if encoding is None:
+        return
+    import codecs  # noqa: PLC0415
+
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise LookupError(f"unknown encoding {encoding!r}") from None
+    sample = "\n\r,;\t|\"'ab09"
+    try:
+        ok = sample.encode(encoding) == sample.encode("ascii")
+    except UnicodeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"encoding {encoding!r} does not write line breaks as ASCII bytes (as UTF-16 and UTF-32 "
+                         "do not): lines are split as bytes before they are decoded, so use an ASCII-compatible "
+                         "encoding (utf-8, latin-1, cp1252, gbk, shift_jis, ...) or convert the file "
+                         "(iconv -f utf-16 -t utf-8)")
+
+
 class LineReader:
     """Lines (``bytes``, newline stripped) of a list of files, resumable by byte offset.
 
-    ``line`` is the 1-based number of the last line returned, ``url`` its file.
+    ``line`` is the 1-based number of the last line returned, ``url`` its file, ``ending``
+    the line break it had (``b"\n"``, ``b"\r\n"``, or ``b""`` for a last line without one).
     """
 
     def __init__(self, files: list[str], compression: str | None, storage_options: Mapping[str, Any] | None,
@@ -31,6 +71,7 @@ class LineReader:
         self.line = int(state["line"]) if state else 0
         self.stream: Any = None
         self.bytes_read = 0
+        self.ending = b""
 
     @property
     def url(self) -> str:
@@ -56,7 +97,10 @@ class LineReader:
                 if self.fi >= len(self.files):
                     raise StopIteration
                 self._open()
-            raw = self.stream.readline()
+            try:
+                raw = self.stream.readline()
+            except (EOFError, zlib.error) as exc:  # the inflater: a cut or damaged GZIP/ZLIB file
+                raise self.stream_error(str(exc)) from None
             if not raw:
                 self.close()
                 self.fi += 1
@@ -66,9 +110,17 @@ class LineReader:
             self.offset += len(raw)
             self.bytes_read += len(raw)
             self.line += 1
+            self.ending = b""
             if raw.endswith(b"\n"):
-                raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+                self.ending = b"\r\n" if raw.endswith(b"\r\n") else b"\n"
+                raw = raw[:-len(self.ending)]
             return raw
+
+    def stream_error(self, why: str) -> Exception:
+        """The error for a compressed file cut short or damaged before the next line."""
+        url, line = storage.mask(self.url), self.line + 1
+        return TextStreamError(f"{url}, line {line} (byte {self.offset:,} of the uncompressed text): {why}", url,
+                               line, self.offset)
 
     def get_state(self) -> dict:
         return {"file": self.fi, "offset": self.offset, "line": self.line}
@@ -104,6 +156,7 @@ class TextLineDataset(SourceDataset):
                  storage_options: Mapping[str, Any] | None = None, cache_dir: str | None = None,
                  cache_limit: int | str | None = None) -> None:
         normalize_compression(compression)
+        check_encoding(encoding)
         self.files = storage.expand(files, storage_options)
         self.compression = compression
         self.encoding = encoding
@@ -125,7 +178,9 @@ def read_text(source: str | os.PathLike | Iterable[str | os.PathLike], compressi
 
     Lines are ``str`` decoded with ``encoding`` (``None``: ``bytes``). ``compression`` as
     for :func:`read_tfrecord`. Resumes by byte offset. Raises ``FileNotFoundError`` when a
-    path or glob matches nothing, ``UnicodeDecodeError`` naming file and line for bad text.
+    path or glob matches nothing, ``UnicodeDecodeError`` naming file and line for bad text,
+    :class:`TextStreamError` naming file, line and offset for a cut or damaged compressed file,
+    ``ValueError`` for an encoding that does not write line breaks as ASCII bytes (UTF-16).
     Remote files are fetched in parallel ranged GETs; ``cache_dir``/``cache_limit`` keep
     them on local disk as :func:`read_tfrecord` does.
     """
