@@ -33,6 +33,7 @@ def sources(ds) -> list[int]:
     ([-1.0, 1.0], ValueError, r"weights\[0\] must be positive"),
     ([float("nan"), 1.0], ValueError, "positive and finite"),
     ([1.0, float("inf")], ValueError, "positive and finite"),
+    ([2**1100, 1], ValueError, r"weights\[0\] must be positive and finite"),  # was an OverflowError
     ([1.0, "2"], TypeError, r"weights\[1\] must be a number"),
     ([True, 1.0], TypeError, r"weights\[0\] must be a number"),
     ("ab", TypeError, "sequence of 2 positive numbers"),
@@ -95,6 +96,19 @@ def test_shares_are_within_four_standard_deviations_of_the_weights():
             p = pj * pk
             sd = math.sqrt((n - 1) * p * (1 - p))
             assert abs(pairs[(j, k)] - (n - 1) * p) < 5 * sd, ((j, k), pairs[(j, k)], (n - 1) * p)
+
+
+@pytest.mark.parametrize("scale", [1e308, 5e-324, 1e-300, 1e200])
+def test_weights_at_the_ends_of_the_float_range_keep_their_ratio(scale):
+    """Found from outside: weights [1e308, 1e308] drew input 1 every time (their sum is inf),
+    [5e-324, 5e-324] about 25/75 (subnormals lose their ratio); the documented share is
+    weights[k] / sum(weights) whatever their scale."""
+    n = 20_000
+    got = collections.Counter(sources(sf.mix([tagged(0, n), tagged(1, n)], [scale, scale], seed=5).take(n)))
+    sd = math.sqrt(n * 0.25)
+    assert abs(got[0] - n / 2) < 4 * sd and abs(got[1] - n / 2) < 4 * sd, got
+    same = sf.mix([tagged(0, n), tagged(1, n)], [1.0, 1.0], seed=5).take(n)
+    assert sources(sf.mix([tagged(0, n), tagged(1, n)], [scale, scale], seed=5).take(n)) == sources(same)
 
 
 def test_choices_depend_on_the_seed_and_draw_not_on_the_data():

@@ -182,3 +182,13 @@ def test_an_encoding_that_does_not_write_line_breaks_as_ascii_is_refused_at_once
         sf.read_text(str(path), encoding=ok)
     with pytest.raises(LookupError, match="unknown encoding"):
         sf.read_text(str(path), encoding="no-such-codec")
+
+
+@pytest.mark.parametrize("cell", ["1_000", "\u0661\u0662", "\uff11\uff12"])
+def test_numbers_are_ascii_digits_without_separators_as_tensorflow_reads_them(tmp_path, cell):
+    """'1_000' and other scripts' digits were read as numbers (Python's int and float take
+    them); TensorFlow's CsvDataset refuses them ('not a valid int64')."""
+    with pytest.raises(CsvError, match=rf"line 2, column 0: cannot parse '{cell}' as int64"):
+        list(read_csv(write(tmp_path, f"1,2.5\n{cell},0.5\n"), [0, 0.0]))
+    with pytest.raises(CsvError, match=rf"line 2, column 1: cannot parse '{cell}' as float32"):
+        list(read_csv(write(tmp_path, f"1,2.5\n2,{cell}\n", "f.csv"), [0, 0.0]))

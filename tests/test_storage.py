@@ -99,6 +99,22 @@ def test_missing_file_error_names_the_url(root):
         storage.expand(f"{base}/nothing-*.bin", opts)
 
 
+def test_a_directory_with_no_files_is_an_error_as_a_glob_matching_nothing(root):
+    """An empty directory (here, only a hidden file in it) read as a pass over nothing,
+    where a glob matching nothing raises (found from outside: a wrong mount trains on nothing)."""
+    import shardfeed as sf
+
+    base, opts = root
+    storage.write_bytes(f"{base}/empty/.keep", b"", opts)
+    with pytest.raises(FileNotFoundError, match="empty.*a directory with no files in it"):
+        storage.expand(f"{base}/empty", opts)
+    for make in (lambda: sf.read_text(f"{base}/empty", storage_options=opts),
+                 lambda: sf.read_csv(f"{base}/empty", [0], storage_options=opts),
+                 lambda: sf.read_tfrecord(f"{base}/empty", storage_options=opts)):
+        with pytest.raises(FileNotFoundError, match="a directory with no files in it"):
+            list(make())
+
+
 def test_failed_atomic_write_leaves_nothing(root):
     base, opts = root
     url = f"{base}/atomic/out.bin"

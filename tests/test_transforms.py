@@ -172,3 +172,32 @@ def test_sparse_output_converts_to_tf_sparse_tensor():
     sp = csv_id2sparse(["2,10", "7", "0,8"], 20)
     t = sparse_to_tf(sp)
     np.testing.assert_array_equal(tf.sparse.to_dense(t).numpy(), sparse_to_dense(sp))
+
+
+# -- found from outside (the ninth round) -------------------------------------------------------
+@pytest.mark.parametrize("fn", [csv_id2sparse, csv_id2dense, csv_kv2sparse, csv_kv2dense])
+def test_an_id_or_key_past_int64_is_an_error_naming_the_row(fn):
+    """An id past int64 gave 'cannot parse ids', naming no row (Python's int took it)."""
+    big = "99999999999999999999"
+    kv = fn in (csv_kv2sparse, csv_kv2dense)
+    with pytest.raises(ValueError, match=rf"row 1: (id|key) '{big}' is not a valid number \(an integer in the int64"):
+        fn(["1:1" if kv else "1", f"{big}:1" if kv else big], 5)
+
+
+@pytest.mark.parametrize("token", ["1_000", "1_0", "\u0661\u0662", "\uff11\uff12"])
+def test_numbers_are_ascii_digits_as_in_csv_files_not_pythons_int_syntax(token):
+    """'1_000', Arabic-Indic and full-width digits were taken as numbers (Python's int and
+    float take them; TensorFlow's CSV parsers and a CSV file's readers do not)."""
+    with pytest.raises(ValueError, match=rf"row 0: id '{token}' is not a valid number"):
+        csv_id2sparse([token], 2000)
+    with pytest.raises(ValueError, match=rf"row 0: value '{token}' is not a valid number"):
+        csv_to_dense([token], 3)
+    with pytest.raises(ValueError, match=rf"row 0: value '{token}' is not a valid number"):
+        csv_kv2dense([f"1:{token}"], 3)
+
+
+def test_max_id_past_int64_is_a_value_error():
+    """max_id=2**63 was a bare OverflowError (the docs: a positive int, a ValueError)."""
+    for fn in (csv_id2sparse, csv_id2dense, csv_to_dense):
+        with pytest.raises(ValueError, match="max_id must be a positive int below 2\\*\\*63"):
+            fn(["1"], 2**63)

@@ -64,6 +64,13 @@ def _rebuild(text: str, url: str, line: int, column: int | None) -> CsvError:
     return err
 
 
+def plain_number(text: str) -> bool:
+    """Whether ``text`` is written as numbers are in CSV files (TensorFlow's parsers): ASCII,
+    without the ``_`` digit separators Python's ``int``/``float`` also take (``1_000``, and
+    other scripts' digits, ``١٢`` or full-width ``１２``, are not numbers there)."""
+    return text.isascii() and "_" not in text
+
+
 @dataclass(frozen=True)
 class Column:
     dtype: np.dtype | type  # str or bytes for text columns
@@ -74,6 +81,8 @@ class Column:
             return field
         if self.dtype is bytes:
             return field.encode("utf-8")
+        if not plain_number(field):
+            raise ValueError(field)
         if self.dtype.kind in "iu":
             return self.dtype.type(int(field.strip()))
         if self.dtype.kind == "b":

@@ -52,10 +52,14 @@ def _check_weights(weights: Any, n: int) -> list[float]:
     for i, w in enumerate(list(weights)):
         if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)):
             raise TypeError(f"mix weights[{i}] must be a number, got {w!r}")
-        if not math.isfinite(float(w)) or float(w) <= 0:
+        try:
+            f = float(w)
+        except OverflowError:  # an int past the largest float
+            f = math.inf
+        if not math.isfinite(f) or f <= 0:
             raise ValueError(f"mix weights[{i}] must be positive and finite, got {w!r}; "
                              "leave a dataset out of the list to give it no share")
-        out.append(float(w))
+        out.append(f)
     if len(out) != n:
         raise ValueError(f"mix got {n} datasets but {len(out)} weights: give one weight per dataset "
                          "(or none, for equal shares)")
@@ -209,7 +213,10 @@ class _MixNode(Node):
         if not live:
             self.choices = []
             return
-        cum = np.cumsum([self.ds.weights[k] for k in live])
+        w = np.array([self.ds.weights[k] for k in live])
+        # scaled to the largest first: weights near the float maximum would sum to inf and
+        # subnormal ones lose their ratio (found from outside: 1e308 and 1e308 gave 0/100%)
+        cum = np.cumsum(w / w.max())
         picks = np.searchsorted(cum, self.block[di:] * cum[-1], side="right")
         np.minimum(picks, len(live) - 1, out=picks)  # rounding at the top of the last slice
         self.choices = [0] * di + np.asarray(live)[picks].tolist()

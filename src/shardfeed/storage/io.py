@@ -627,7 +627,8 @@ def expand(
     files left out); plain URLs keep the order given. Names ending in one of
     ``skip_suffixes`` are left out of glob and directory expansions (index files beside
     shards, say), never out of names given explicitly. Raises ``FileNotFoundError`` for a
-    glob that matches nothing or a plain URL with nothing there, naming it.
+    glob that matches nothing, a directory that holds no such files, or a plain URL with
+    nothing there, naming it.
     """
     def keep(u: str) -> bool:
         name = u.split("?", 1)[0]
@@ -650,9 +651,11 @@ def expand(
         parsed = parse_url(item)
         if parsed.is_local:
             if os.path.isdir(parsed.path):
-                out.extend(sorted(os.path.join(parsed.path, n) for n in os.listdir(parsed.path)
-                                  if not n.startswith(".") and os.path.isfile(os.path.join(parsed.path, n))
-                                  and keep(n)))
+                files = sorted(os.path.join(parsed.path, n) for n in os.listdir(parsed.path)
+                               if not n.startswith(".") and os.path.isfile(os.path.join(parsed.path, n)) and keep(n))
+                if not files:  # as a glob that matches nothing: a pass over nothing is a mistake
+                    raise FileNotFoundError(f"{mask(item)}: a directory with no files in it")
+                out.extend(files)
             elif not os.path.exists(parsed.path):
                 raise FileNotFoundError(f"{mask(item)}: no such file or object")
             else:
@@ -670,8 +673,11 @@ def expand(
             fs, path = get_filesystem(item, storage_options)
             info = _run("stat", item, lambda: fs.info(path))
             if info.get("type") == "directory":
-                return [u for u in list_dir(item, storage_options)
-                        if not u.rsplit("/", 1)[-1].startswith(".") and keep(u)]
+                files = [u for u in list_dir(item, storage_options)
+                         if not u.rsplit("/", 1)[-1].startswith(".") and keep(u)]
+                if not files:
+                    raise FileNotFoundError(f"{mask(item)}: a directory with no files in it")
+                return files
             note_size(item, info)
             return [item]
 

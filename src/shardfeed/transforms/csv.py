@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.spec import SparseColumn
+from ..pipeline.csv import plain_number
 
 _FORBIDDEN = set("0123456789+-eE.")
 _SPACES = re.compile(" +")
@@ -54,8 +55,8 @@ def _check_delim(field_delim: Any, kv: bool = False) -> str:
 
 
 def _check_max_id(max_id: Any) -> int:
-    if isinstance(max_id, (bool, np.bool_)) or not isinstance(max_id, (int, np.integer)) or max_id < 1:
-        raise ValueError(f"max_id must be a positive int (the number of output columns), got {max_id!r}")
+    if isinstance(max_id, (bool, np.bool_)) or not isinstance(max_id, (int, np.integer)) or not 1 <= max_id < 2**63:
+        raise ValueError(f"max_id must be a positive int below 2**63 (the number of output columns), got {max_id!r}")
     return int(max_id)
 
 
@@ -91,31 +92,52 @@ def _split(records: Any, delim: str) -> tuple[list[str], np.ndarray, int]:
     return tokens, np.repeat(np.arange(len(rows), dtype=np.int64), counts), len(rows)
 
 
+def _int64(token: str) -> int:
+    """``token`` as an int64 (a ``ValueError`` otherwise: not an integer, or out of range)."""
+    if not plain_number(token):
+        raise ValueError(token)
+    v = int(token)
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(token)
+    return v
+
+
+def _float(token: str) -> float:
+    if not plain_number(token):
+        raise ValueError(token)
+    return float(token)
+
+
 def _first_bad(tokens: list[str], row_of: np.ndarray, conv: Any, what: str) -> ValueError:
     for k, t in enumerate(tokens):
         try:
             conv(t)
-        except ValueError:
-            return ValueError(f"row {int(row_of[k])}: {what} {t!r} is not a valid number")
-    return ValueError(f"cannot parse {what}s")  # not reached: numpy and Python agree
+        except (ValueError, OverflowError):
+            hint = " (an integer in the int64 range)" if conv is _int64 else ""
+            return ValueError(f"row {int(row_of[k])}: {what} {t!r} is not a valid number{hint}")
+    return ValueError(f"cannot parse {what}s")  # not reached: numpy and these converters agree
 
 
 def _to_int(tokens: list[str], row_of: np.ndarray, what: str = "id") -> np.ndarray:
     if not tokens:
         return np.zeros(0, np.int64)
     try:
+        if not plain_number("".join(tokens)):  # one pass over every token: numpy takes what int() takes
+            raise ValueError
         return np.array(tokens).astype(np.int64)
     except (ValueError, OverflowError):
-        raise _first_bad(tokens, row_of, int, what) from None
+        raise _first_bad(tokens, row_of, _int64, what) from None
 
 
 def _to_float(tokens: list[str], row_of: np.ndarray, what: str = "value") -> np.ndarray:
     if not tokens:
         return np.zeros(0, np.float32)
     try:
+        if not plain_number("".join(tokens)):
+            raise ValueError
         return np.array(tokens).astype(np.float32)
     except ValueError:
-        raise _first_bad(tokens, row_of, float, what) from None
+        raise _first_bad(tokens, row_of, _float, what) from None
 
 
 def _check_range(ids: np.ndarray, row_of: np.ndarray, max_id: int) -> None:
