@@ -65,6 +65,23 @@ def test_index_writes_idx_files(shards, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "20"
 
 
+def test_an_empty_index_suffix_is_refused_and_the_shard_kept(shards, capsys):
+    """`shardfeed index --suffix ""` wrote each index over its shard: the records gone,
+    exit 0 (found from outside)."""
+    before = (shards / "part-0.tfrecord").read_bytes()
+    assert main(["index", "--suffix", "", str(shards / "part-0.tfrecord")]) != 0
+    assert "--suffix must not be empty" in capsys.readouterr().err
+    assert (shards / "part-0.tfrecord").read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [["head", "-n", "-1"], ["inspect", "--sample", "0"]])
+def test_negative_counts_are_usage_errors(shards, argv, capsys):
+    """`shardfeed head -n -1` printed nothing and exited 0 (found from outside)."""
+    with pytest.raises(SystemExit) as info:
+        main([*argv, str(shards)])
+    assert info.value.code == 2 and "must be at least" in capsys.readouterr().err
+
+
 def test_inspect_reports_kinds_and_suggests_specs(shards, capsys):
     assert main(["inspect", "--json", str(shards)]) == 0
     report = json.loads(capsys.readouterr().out)

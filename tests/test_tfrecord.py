@@ -537,3 +537,34 @@ def test_write_frames_rejects_lengths_that_do_not_add_up(tmp_path):
             w.write_frames(frame_records([b"abcdef"]), [5])
         w.write(b"x")
     assert [bytes(r) for r in tfr.read_records(str(tmp_path / "a.tfrecord"))] == [b"x"]
+
+
+def test_an_index_over_its_own_shard_is_refused_and_the_shard_kept(tmp_path):
+    """build_index(url, url) and TFRecordWriter(url, index=url) replaced the records with
+    their index, without an error (found from outside); also through another spelling of the
+    same path."""
+    from shardfeed.formats.index import build_index
+
+    url = str(tmp_path / "a.tfrecord")
+    recs = [sf.encode_example({"id": [i]}) for i in range(20)]
+    sf.write_records(url, recs)
+    before = open(url, "rb").read()
+    for same in (url, str(tmp_path / "." / "a.tfrecord"), "file://" + url):
+        with pytest.raises(ValueError, match="would be the shard itself"):
+            build_index(url, same)
+        assert open(url, "rb").read() == before
+    other = str(tmp_path / "b.tfrecord")
+    with pytest.raises(ValueError, match="would be the shard itself"):
+        sf.TFRecordWriter(other, index=other)
+    assert list(sf.read_records(url)) == recs
+
+
+@pytest.mark.parametrize("compression, level", [("GZIP", 10), ("GZIP", -1), ("ZLIB", -5), ("ZLIB", 10),
+                                                ("GZIP", "6"), ("ZLIB", 2.5)])
+def test_a_compression_level_out_of_range_names_the_argument_and_the_file(tmp_path, compression, level):
+    """zlib said "Invalid initialization option" about a hidden temporary file (found from
+    outside); nothing is written."""
+    url = str(tmp_path / "x.tfrecord")
+    with pytest.raises(ValueError, match=rf"x\.tfrecord: compression_level for {compression} must be an int"):
+        sf.TFRecordWriter(url, compression=compression, compression_level=level)
+    assert os.listdir(tmp_path) == []

@@ -144,7 +144,22 @@ def cmd_verify(args) -> int:
     return 1 if stats.corrupt else 0
 
 
+def _count(low: int):
+    """An argparse type: an int of at least ``low`` (a usage error otherwise, before any work)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {v}")
+        return v
+    return parse
+
+
 def cmd_index(args) -> int:
+    if not args.suffix:
+        raise ValueError("--suffix must not be empty: the index file would be written over its shard")
     urls = _record_files(args)
     for url in progress_bar(urls, desc="index", unit="file", disable=args.quiet or len(urls) < 2):
         idx = build_index(url, (url + args.suffix))
@@ -203,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = files(sub.add_parser("head", help="print the first N records decoded, as JSON lines"))
-    sp.add_argument("-n", type=int, default=5, help="how many records (default 5)")
+    sp.add_argument("-n", type=_count(0), default=5, help="how many records (default 5)")
     sp.add_argument("--raw", action="store_true", help="print records as base64 instead of decoding them")
     sp.set_defaults(func=cmd_head)
 
@@ -224,10 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = files(sub.add_parser("inspect", help="feature names, kinds and lengths seen in a sample; for a converted "
                                               "folder (shardfeed's or TFRecorder's), sample images with boxes and "
                                               "masks drawn, and a CSV"))
-    sp.add_argument("--sample", type=int, default=1000, help="records to sample (default 1000)")
+    sp.add_argument("--sample", type=_count(1), default=1000, help="records to sample (default 1000)")
     sp.add_argument("--out", default="inspect-out", help="for a converted folder: where sample images and "
                                                          "samples.csv go (default ./inspect-out)")
-    sp.add_argument("--images", type=int, default=8, help="for a converted folder: sample images to draw")
+    sp.add_argument("--images", type=_count(0), default=8, help="for a converted folder: sample images to draw")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=cmd_inspect)
 
@@ -242,8 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo", help="draw a labeled image set, convert it to shards, train on it through the "
                                       "pipeline from a WorkQueue, compare with naive feeding")
     sp.add_argument("--out", default="demo-out", help="output directory (default ./demo-out)")
-    sp.add_argument("--images", type=int, default=2000, help="images to draw (default 2000)")
-    sp.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
+    sp.add_argument("--images", type=_count(1), default=2000, help="images to draw (default 2000)")
+    sp.add_argument("--epochs", type=_count(1), default=6, help="training epochs (default 6)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--step-ms", type=float, default=25.0,
                     help="simulated accelerator time per batch of 32, the host CPU free meanwhile (default 25)")

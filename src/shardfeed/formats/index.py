@@ -21,7 +21,7 @@ from .. import storage
 from ..errors import CorruptRecordError, ShardfeedError
 from ..storage.urls import mask, parse_url
 from .crc import masked_crc32c, masked_length_crc
-from .tfrecord import ReadStats, TFRecordReader, format_index, normalize_compression
+from .tfrecord import ReadStats, TFRecordReader, check_index_url, format_index, normalize_compression
 
 try:
     from .._native import parse_index as _native_parse_index  # type: ignore[attr-defined]
@@ -180,11 +180,13 @@ def build_index(
 
     if normalize_compression("auto", url) is not None:
         raise ValueError(f"{mask(url)}: index files address uncompressed TFRecord files only")
+    index_url = index_url or os.fspath(url) + ".idx"
+    check_index_url(url, index_url)
     entries = []
     with TFRecordReader(url, compression=None, verify_crc=verify_crc, storage_options=storage_options) as reader:
         for record in reader:
             entries.append((reader.offset, len(record) + 16))
-    storage.write_bytes(index_url or os.fspath(url) + ".idx", format_index(entries), storage_options)
+    storage.write_bytes(index_url, format_index(entries), storage_options)
     return np.array(entries, dtype=np.int64).reshape(-1, 2)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from .. import storage
 from ..deprecation import renamed_argument
 from ..errors import CorruptRecordError, warn_skipped
-from ..storage.urls import has_magic, mask
+from ..storage.urls import has_magic, mask, parse_url
 from .compression import normalize_compression, open_stream
 from .crc import masked_crc32c, masked_length_crc
 
@@ -365,6 +365,9 @@ class TFRecordWriter:
         if index and self.compression is not None:
             raise ValueError("index files address uncompressed TFRecord files; use compression=None with index")
         self.index_url = (self.url + ".idx" if index is True else index) or None
+        if self.index_url:
+            check_index_url(self.url, self.index_url)
+        check_compression_level(self.compression, compression_level, self.url)
         self._storage_options = storage_options
         self._raw = storage.open_output(self.url, storage_options)
         self._zobj = None
@@ -481,6 +484,31 @@ def write_records(url: str, records: Iterable[bytes], compression: str | None = 
     with TFRecordWriter(url, compression, index, storage_options) as w:
         w.write_many(records)
     return w.records
+
+
+def check_index_url(url: str, index_url: str) -> None:
+    """Refuse an index file that would be written over its own shard (found from outside:
+    ``index=url``, ``build_index(url, url)`` and ``shardfeed index --suffix ""`` replaced the
+    records with their index, without a word)."""
+    a, b = parse_url(os.fspath(url)), parse_url(os.fspath(index_url))
+    if a.is_local and b.is_local:
+        same = os.path.realpath(a.path) == os.path.realpath(b.path)
+    else:
+        same = (a.protocol, a.path) == (b.protocol, b.path)
+    if same:
+        raise ValueError(f"the index file of {mask(os.fspath(url))} would be the shard itself: give the index "
+                         "another name (the default adds .idx)")
+
+
+def check_compression_level(compression: str | None, level: Any, url: str) -> None:
+    """Refuse a ``compression_level`` zlib would refuse, naming the argument and the file
+    (zlib's own words were "Invalid initialization option", about a temporary file)."""
+    if compression is None:
+        return
+    low = 0 if compression == "GZIP" else -1
+    if isinstance(level, bool) or not isinstance(level, int) or not low <= level <= 9:
+        raise ValueError(f"{mask(url)}: compression_level for {compression} must be an int from {low} to 9, "
+                         f"got {level!r}")
 
 
 def format_index(entries: Iterable[tuple[int, int]]) -> bytes:
