@@ -151,6 +151,8 @@ class ShardSink:
         self.writer.close()
         state = {"plan_digest": self.plan.plan_digest, "file": self.plan.shard_name(self.shard),
                  "split": self.shard.split, "rows": len(self.shard.rows), "records": self.writer.records,
+                 # its size as written: a reader of the manifest tells a shard cut or changed since
+                 "bytes": storage.size(self.url, self.storage_options),
                  "discards": [[d.row, d.source, d.reason] for d in self.discards], **self.extra_state}
         storage.write_bytes(state_url(self.output_dir, self.plan, self.shard),
                             json.dumps(state, ensure_ascii=False).encode(), self.storage_options)
@@ -218,7 +220,8 @@ def finalize(plan: Plan, output_dir: str, states: Mapping[str, dict[str, Any]],
         st = states[plan.shard_name(shard)]
         discards.extend(st["discards"])
         sp = splits.setdefault(shard.split, {"shards": [], "records": 0, "rows": 0})
-        sp["shards"].append({"file": st["file"], "records": st["records"], "rows": st["rows"]})
+        sp["shards"].append({"file": st["file"], "records": st["records"], "rows": st["rows"],
+                             **({"bytes": st["bytes"]} if "bytes" in st else {})})  # states of older versions lack it
         sp["records"] += st["records"]
         sp["rows"] += st["rows"]
     discards.sort(key=lambda d: d[0])
