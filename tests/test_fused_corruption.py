@@ -373,3 +373,34 @@ def test_each_slice_of_a_static_split_agrees(tmp_path, count):
                 got, err, stats = _read(lambda: make(True), batch)
                 assert _what(err) == _what(ref_err) and _skips(stats) == _skips(ref_stats)
                 assert got == (ref if ref_err is None else ref[: len(ref) // batch * batch])
+
+
+@pytest.mark.parametrize("bad", ["not an example", "wrong type"])
+@pytest.mark.parametrize("skip", [False, True], ids=["raise", "skip"])
+def test_a_bad_record_in_a_batch_spanning_two_files_is_named_in_its_own_file(tmp_path, bad, skip):
+    """A record that is not an Example (or does not fit the spec) in a batch whose last
+    records come from the next file was reported in the next file, at an offset that file
+    does not have, with ``url`` None (found from outside)."""
+    spec = {"id": sf.FixedLen("int64")}
+    wrong = b"\x08\x01\xff\xff not an Example" if bad == "not an example" else encode_example({"id": [b"text"]})
+    a = [encode_example({"id": [i]}) for i in range(69)] + [wrong]
+    b = [encode_example({"id": [100 + i]}) for i in range(10)]
+    sf.write_records(str(tmp_path / "a.tfrecord"), a)
+    sf.write_records(str(tmp_path / "b.tfrecord"), b)
+    at = sum(16 + len(r) for r in a[:69])
+    ds = sf.read_tfrecord([str(tmp_path / "a.tfrecord"), str(tmp_path / "b.tfrecord")], spec,
+                          on_error="skip" if skip else None).batch(64)
+    if skip:
+        with iter(ds) as it:
+            got = [int(v) for batch in it for v in batch["id"]]
+            errors = it.stats().to_dict()["skipped"]
+        assert got == list(range(69)) + list(range(100, 110))
+        (example,) = errors["examples"]
+        assert example["offset"] == at and example["where"].endswith("a.tfrecord (record #5 of its batch)")
+        return
+    with pytest.raises((sf.DecodeError, sf.ParseError)) as info:
+        list(ds)
+    exc = info.value
+    assert exc.url.endswith("a.tfrecord") and exc.offset == at
+    assert any(f"byte offset {at} of " in n and n.endswith("a.tfrecord (record #5 of its batch)")
+               for n in exc.__notes__), exc.__notes__

@@ -108,9 +108,9 @@ class _PlainBatches:
         tag = pieces[-1].tag
         offset = int(batch.positions[-1] + batch.lengths[-1]) + FRAME_OVERHEAD if batch.count else 0
 
-        def where(k: int) -> str:
-            return (f"byte offset {int(batch.positions[k])} of {mask(tag.span.url)} "
-                    "(or the span before it, for a batch spanning two)")
+        def where(k: int) -> str:  # the file of the piece record k is in (a batch may span files)
+            url = next((p.tag.span.url for p in pieces if p.start <= k < p.start + p.chunk.count), tag.span.url)
+            return f"byte offset {int(batch.positions[k])} of {mask(url)} (record #{k} of its batch)"
 
         return batch, where, cursor_state(tag, offset, None, self.replayable), _Token(tag.seq, offset, pieces)
 
@@ -354,6 +354,7 @@ class SourceBatchNode(Node):
             if self.unchecked:
                 self._unchecked_cut(batch, token, None)  # a record past a cut file's end, read as zeros
             if exc.record_index is not None and 0 <= exc.record_index < batch.count:
+                self._locate_decode(exc, batch, token, exc.record_index)
                 exc.add_note(f"in record at {where(exc.record_index)}")
             raise
         if self.unchecked:
@@ -373,6 +374,8 @@ class SourceBatchNode(Node):
             for k, exc in skipped:  # each put to the policy: a handler may stop here
                 if isinstance(exc, CorruptRecordError):
                     exc = self._located(exc, batch, token, k)
+                else:
+                    self._locate_decode(exc, batch, token, k)
                 exc.add_note(f"in record at {where(k)}")
                 self.policy.handle(exc, {"stage": "parse", "offset": int(batch.positions[k]), "where": where(k),
                                          "record_index": k}, self.errors)
@@ -418,6 +421,15 @@ class SourceBatchNode(Node):
         if exc.url is not None or url_of is None:
             return exc
         return CorruptRecordError(exc.check, url_of(token, k), int(batch.positions[k]), None, exc.detail)
+
+    def _locate_decode(self, exc: Exception, batch: FrameChunk, token: Any, k: int) -> None:
+        """Set a decode error's ``url`` and ``offset`` (record ``k`` of ``batch``) where the
+        parser, which sees only the batch, left them unset (found from outside: ``url`` None)."""
+        url_of = getattr(self.producer, "url_of", None)
+        if getattr(exc, "url", None) is None and url_of is not None:
+            exc.url = url_of(token, k)  # type: ignore[attr-defined]
+        if getattr(exc, "offset", None) is None:
+            exc.offset = int(batch.positions[k])  # type: ignore[attr-defined]
 
     def _handoff_at(self, token: Any) -> int | None:
         at = getattr(self.producer, "handoff_at", None)
