@@ -6,6 +6,19 @@ acknowledgement here, against 20 ms with the rollback journal's fsyncs); WAL nee
 memory, which a network filesystem does not give, so for a file that hosts share give
 ``sqlite:///shared/queue.db?journal=delete``. Each thread (and each process after a fork)
 opens its own connection.
+
+A take or an acknowledgement costs the same however many items the queue holds: each
+statement finds its rows through an index, and a queue's meta (its item list: megabytes
+for 100,000 items) lives in ``wq_meta``, apart from the ``wq_queues`` row of counters that
+every take and acknowledgement rewrites (files made before keep working: their meta is
+moved there when they are opened).
+
+A file that cannot be used (not a SQLite database, read-only here) is reported as a
+:class:`~shardfeed.errors.ShardfeedError` naming the file, the queue and what is wrong, by
+the first call that names a queue (``WorkQueue(...)`` itself). A file deleted or replaced
+under a worker stops it (:class:`~shardfeed.errors.WorkQueueLostError`) at its next take,
+acknowledgement or renewal, instead of going on with the deleted file while later workers
+make the queue afresh in a new one.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qsl
 
-from ..errors import WorkQueueLostError
+from ..errors import ShardfeedError, WorkQueueLostError
 from .backend import COUNTERS, QueueBackend, gone
 
 _SCHEMA = """
@@ -34,6 +47,9 @@ CREATE TABLE IF NOT EXISTS wq_items (
     name TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, worker TEXT, token INTEGER, deadline REAL,
     returned INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (name, id));
 CREATE INDEX IF NOT EXISTS wq_items_order ON wq_items (name, worker, seq);
+CREATE INDEX IF NOT EXISTS wq_items_seq ON wq_items (name, seq);
+CREATE INDEX IF NOT EXISTS wq_items_deadline ON wq_items (name, deadline) WHERE deadline IS NOT NULL;
+CREATE TABLE IF NOT EXISTS wq_meta (name TEXT PRIMARY KEY, meta TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS wq_epochs (name TEXT NOT NULL, epoch INTEGER NOT NULL, done INTEGER NOT NULL,
     PRIMARY KEY (name, epoch));
 CREATE TABLE IF NOT EXISTS wq_workers (name TEXT NOT NULL, worker TEXT NOT NULL, taken INTEGER NOT NULL,
@@ -43,6 +59,20 @@ CREATE TABLE IF NOT EXISTS wq_workers (name TEXT NOT NULL, worker TEXT NOT NULL,
 # columns added since the first release, added to a file made before them
 _ADDED = (("wq_queues", "redelivered", "INTEGER NOT NULL DEFAULT 0"),
           ("wq_items", "returned", "INTEGER NOT NULL DEFAULT 0"))
+
+# what is wrong with the file, by SQLite's error name (the primary code: extended ones such
+# as SQLITE_READONLY_DIRECTORY start with it)
+_WHY = (("SQLITE_NOTADB", "{path} is not a SQLite database (another file at that path, or an encrypted one)"),
+        ("SQLITE_CORRUPT", "{path} is damaged (its pages do not hold a valid SQLite database)"),
+        ("SQLITE_READONLY", "{path} is read-only here (its permissions, an immutable flag, or a read-only "
+                            "filesystem; or its directory, where the -wal, -shm or -journal file beside it is "
+                            "made), and a work queue writes it at every take and acknowledgement"),
+        ("SQLITE_CANTOPEN", "{path} cannot be opened (or the -wal, -shm or -journal file beside it: is its "
+                            "directory there and writable?)"),
+        ("SQLITE_FULL", "the disk holding {path} is full"),
+        ("SQLITE_IOERR", "reading or writing {path} failed (a disk or network filesystem error)"),
+        ("SQLITE_BUSY", "{path} stayed locked by another connection for the whole timeout ({timeout:.0f} s)"),
+        ("SQLITE_LOCKED", "{path} stayed locked by another connection for the whole timeout ({timeout:.0f} s)"))
 
 
 class SQLiteBackend(QueueBackend):
@@ -66,10 +96,33 @@ class SQLiteBackend(QueueBackend):
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file the connections have open
+        self._joined: dict[str, tuple[int, int]] = {}  # queue name -> the file this worker joined it in
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with self._errors(None, "open"):
+            try:
+                self._open_file()
+            except sqlite3.Error as e:
+                if (getattr(e, "sqlite_errorname", "") or "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+                    raise
+                # the file is unusable (not a database, read-only...): the first call, which
+                # names a queue (WorkQueue's constructor), says so with the queue's name (_tx)
+
+    def _open_file(self) -> None:
+        """Make the tables (and indexes) if missing, move metas out of ``wq_queues``, check
+        the file can be written, and remember which file it is."""
         conn = self._conn()
         self._while_busy(lambda: conn.executescript(_SCHEMA))
         self._migrate()
+        self._file = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        """The (device, inode) of the file at ``path`` now; ``None`` when there is none."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
 
     def _while_busy(self, op: Callable[[], object]) -> None:
         """Run ``op`` again while another connection's lock refuses it, for up to ``timeout_s``.
@@ -89,18 +142,29 @@ class SQLiteBackend(QueueBackend):
             time.sleep(random.uniform(0.005, 0.05))
 
     def _migrate(self) -> None:
-        with self._tx() as c:
+        with self._begin() as c:
             for table, column, decl in _ADDED:
                 have = {row[1] for row in c.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     c.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            # metas written into wq_queues (by earlier versions) move to wq_meta: every take
+            # and acknowledgement rewrites the wq_queues row, and read its columns past the meta
+            c.execute("INSERT OR REPLACE INTO wq_meta (name, meta) SELECT name, meta FROM wq_queues WHERE meta<>''")
+            c.execute("UPDATE wq_queues SET meta='' WHERE meta<>''")
+            # a write that changes nothing, still refused by a read-only file: so such a file
+            # is reported when the queue is opened, not at the first take
+            c.execute("UPDATE wq_queues SET name=name WHERE 0")
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or self._local.pid != os.getpid():
             c = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
-            self._while_busy(lambda: self._set_journal(c))
-            c.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._while_busy(lambda: self._set_journal(c))
+                c.execute("PRAGMA synchronous=NORMAL")
+            except BaseException:
+                c.close()
+                raise
             self._local.conn, self._local.pid = c, os.getpid()
             with self._all_lock:
                 self._all.append(c)
@@ -112,7 +176,7 @@ class SQLiteBackend(QueueBackend):
             c.execute(f"PRAGMA journal_mode={self.journal}")
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _begin(self) -> Iterator[sqlite3.Connection]:
         c = self._conn()
         c.execute("BEGIN IMMEDIATE")
         try:
@@ -121,6 +185,46 @@ class SQLiteBackend(QueueBackend):
             c.execute("ROLLBACK")
             raise
         c.execute("COMMIT")
+
+    @contextmanager
+    def _errors(self, name: str | None, what: str) -> Iterator[None]:
+        """SQLite's errors as :class:`ShardfeedError`, naming the queue, the file and what is wrong."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            code = getattr(e, "sqlite_errorname", "") or ""
+            why = next((text for prefix, text in _WHY if code.startswith(prefix)), "{path}: SQLite failed")
+            whose = f"work queue {name!r}" if name is not None else "work queues"
+            raise ShardfeedError(f"{whose} on {self.url}: {what} failed: the queue file "
+                                 f"{why.format(path=self.path, timeout=self.timeout_s)} ({code or type(e).__name__}: "
+                                 f"{e})") from e
+
+    @contextmanager
+    def _tx(self, name: str | None, what: str, joined: bool = False) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction for an operation on queue ``name`` (``None``:
+        on the file). The file is opened first if it could not be before. ``joined``: the
+        operation works on the queue this worker joined (a take, an acknowledgement, a
+        renewal...): when the file at ``path`` is no longer the one it was joined in (deleted,
+        or replaced), it raises :class:`WorkQueueLostError`. The other operations (open,
+        restore, reset, list) follow the path to whatever file is there now."""
+        with self._errors(name, "open" if self._file is None else what):
+            if self._file is None:
+                self._open_file()
+            now = self._stat()
+            if now != self._file or (name is not None and self._joined.get(name, now) != now):
+                if joined and name in self._joined:
+                    how = "was deleted" if now is None else "was replaced by another file"
+                    raise WorkQueueLostError(f"{gone(name, self.url)} (here: the queue file {self.path} {how} "
+                                             "since this worker joined the queue)")
+                self.close()  # the connections have the old file open: open the one at the path now
+                self._open_file()
+        with self._errors(name, what), self._begin() as c:
+            yield c
+
+    def _join(self, name: str) -> None:
+        """Remember that this worker joined queue ``name`` in the file open now."""
+        if self._file is not None:
+            self._joined[name] = self._file
 
     def close(self) -> None:
         with self._all_lock:
@@ -134,17 +238,35 @@ class SQLiteBackend(QueueBackend):
 
     # -- queues ------------------------------------------------------------------------
     def open(self, name: str, meta: dict) -> tuple[dict, bool]:
-        with self._tx() as c:
-            row = c.execute("SELECT meta FROM wq_queues WHERE name=?", (name,)).fetchone()
-            if row is not None:
-                return json.loads(row[0]), False
-            c.execute("INSERT INTO wq_queues (name, meta, num_epochs) VALUES (?, ?, ?)",
-                      (name, json.dumps(meta), meta.get("num_epochs")))
+        with self._tx(name, "open") as c:
+            got = self._meta(c, name)
+            if got is not None:
+                self._join(name)
+                return got[0], False
+            c.execute("INSERT INTO wq_queues (name, meta, num_epochs) VALUES (?, '', ?)",
+                      (name, meta.get("num_epochs")))
+            c.execute("INSERT OR REPLACE INTO wq_meta (name, meta) VALUES (?, ?)", (name, json.dumps(meta)))
+            self._join(name)
             return meta, True
 
+    @staticmethod
+    def _meta(c: sqlite3.Connection, name: str) -> tuple[dict, str | None] | None:
+        """``(meta, restore_id)`` of queue ``name``, or ``None``; the meta in ``wq_meta``, or
+        in ``wq_queues`` where an earlier version wrote it after this file was opened (its
+        reset left the ``wq_meta`` row, stale: the one in ``wq_queues`` comes first)."""
+        row = c.execute("SELECT q.restore_id, q.meta, m.meta FROM wq_queues q LEFT JOIN wq_meta m ON m.name=q.name "
+                        "WHERE q.name=?", (name,)).fetchone()
+        if row is None:
+            return None
+        return json.loads(row[1] or row[2]), row[0]
+
     def get_meta(self, name: str) -> dict | None:
-        row = self._conn().execute("SELECT meta, restore_id FROM wq_queues WHERE name=?", (name,)).fetchone()
-        return None if row is None else dict(json.loads(row[0]), restore_id=row[1])
+        with self._tx(name, "open") as c:
+            got = self._meta(c, name)
+        if got is None:
+            return None
+        self._join(name)  # the queue this worker joins
+        return dict(got[0], restore_id=got[1])
 
     def _queue(self, c: sqlite3.Connection, name: str) -> tuple:
         row = c.execute("SELECT num_epochs, next_epoch, token FROM wq_queues WHERE name=?", (name,)).fetchone()
@@ -153,11 +275,13 @@ class SQLiteBackend(QueueBackend):
         return row
 
     def take(self, name: str, worker: str, lease_s: float) -> dict:
-        with self._tx() as c:
+        with self._tx(name, "take", joined=True) as c:
             num_epochs, next_epoch, token = self._queue(c, name)
             now = time.time()
-            expired = c.execute("SELECT id FROM wq_items WHERE name=? AND worker IS NOT NULL AND deadline<=? "
-                                "ORDER BY seq DESC", (name, now)).fetchall()
+            # a lease has a deadline exactly while it is out (worker set): the index of the
+            # leases' (name, deadline) finds the expired ones without visiting the others
+            expired = c.execute("SELECT id FROM wq_items WHERE name=? AND deadline<=? ORDER BY seq DESC",
+                                (name, now)).fetchall()
             if expired:
                 (low,) = c.execute("SELECT MIN(seq) FROM wq_items WHERE name=?", (name,)).fetchone()
                 for k, (item_id,) in enumerate(expired, 1):
@@ -178,13 +302,14 @@ class SQLiteBackend(QueueBackend):
                 return {"status": "item", "id": row[0], "token": token, "deadline": deadline}
             if num_epochs is None or next_epoch < num_epochs:
                 return {"status": "need_epoch", "epoch": next_epoch}
-            (soonest,) = c.execute("SELECT MIN(deadline) FROM wq_items WHERE name=?", (name,)).fetchone()
+            (soonest,) = c.execute("SELECT MIN(deadline) FROM wq_items WHERE name=? AND deadline IS NOT NULL",
+                                   (name,)).fetchone()
             if soonest is not None:
                 return {"status": "wait", "retry_s": max(0.0, soonest - now)}
             return {"status": "drained"}
 
     def fill_epoch(self, name: str, epoch: int, order: list[int]) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "fill_epoch", joined=True) as c:
             _, next_epoch, _ = self._queue(c, name)
             if next_epoch != epoch:
                 return False
@@ -196,7 +321,7 @@ class SQLiteBackend(QueueBackend):
             return True
 
     def ack(self, name: str, item_id: str, token: int, worker: str) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "ack", joined=True) as c:
             self._queue(c, name)
             cur = c.execute("DELETE FROM wq_items WHERE name=? AND id=? AND token=? AND worker IS NOT NULL",
                             (name, item_id, token))
@@ -213,7 +338,7 @@ class SQLiteBackend(QueueBackend):
             return True
 
     def renew(self, name: str, item_id: str, token: int, lease_s: float) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "renew", joined=True) as c:
             cur = c.execute("UPDATE wq_items SET deadline=? WHERE name=? AND id=? AND token=? AND worker IS NOT NULL",
                             (time.time() + lease_s, name, item_id, token))
             if cur.rowcount != 1:
@@ -221,7 +346,7 @@ class SQLiteBackend(QueueBackend):
             return cur.rowcount == 1
 
     def release(self, name: str, item_id: str, token: int) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "release", joined=True) as c:
             (low,) = c.execute("SELECT MIN(seq) FROM wq_items WHERE name=?", (name,)).fetchone()
             cur = c.execute("UPDATE wq_items SET worker=NULL, token=NULL, deadline=NULL, returned=1, seq=? "
                             "WHERE name=? AND id=? AND token=? AND worker IS NOT NULL",
@@ -231,7 +356,7 @@ class SQLiteBackend(QueueBackend):
             return cur.rowcount == 1
 
     def snapshot(self, name: str) -> dict | None:
-        with self._tx() as c:
+        with self._tx(name, "snapshot", joined=True) as c:
             row = c.execute("SELECT next_epoch, num_epochs, " + ", ".join(COUNTERS) + " FROM wq_queues WHERE name=?",
                             (name,)).fetchone()
             if row is None:
@@ -253,17 +378,18 @@ class SQLiteBackend(QueueBackend):
         }
 
     def restore(self, name: str, meta: dict, state: dict, restore_id: str) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "restore") as c:
             row = c.execute("SELECT restore_id, token FROM wq_queues WHERE name=?", (name,)).fetchone()
+            self._join(name)  # the restored queue is the one this worker now works on
             if row is not None and row[0] == restore_id:
                 return False
             token = row[1] if row is not None else 0
             self._delete(c, name)
             counters = {k: int(state.get("counters", {}).get(k, 0)) for k in COUNTERS}
             c.execute("INSERT INTO wq_queues (name, meta, num_epochs, next_epoch, token, restore_id, "
-                      + ", ".join(COUNTERS) + ") VALUES (?, ?, ?, ?, ?, ?" + ", ?" * len(COUNTERS) + ")",
-                      (name, json.dumps(meta), meta.get("num_epochs"), int(state["next_epoch"]), token, restore_id,
-                       *counters.values()))
+                      + ", ".join(COUNTERS) + ") VALUES (?, '', ?, ?, ?, ?" + ", ?" * len(COUNTERS) + ")",
+                      (name, meta.get("num_epochs"), int(state["next_epoch"]), token, restore_id, *counters.values()))
+            c.execute("INSERT INTO wq_meta (name, meta) VALUES (?, ?)", (name, json.dumps(meta)))
             c.executemany("INSERT INTO wq_items (name, id, seq) VALUES (?, ?, ?)",
                           ((name, i, k) for k, i in enumerate(state["pending"])))
             c.executemany("INSERT INTO wq_epochs (name, epoch, done) VALUES (?, ?, ?)",
@@ -271,7 +397,7 @@ class SQLiteBackend(QueueBackend):
             return True
 
     def drain(self, name: str) -> int:
-        with self._tx() as c:
+        with self._tx(name, "drain", joined=True) as c:
             _, next_epoch, _ = self._queue(c, name)
             n = c.execute("DELETE FROM wq_items WHERE name=? AND worker IS NULL", (name,)).rowcount
             c.execute("UPDATE wq_queues SET num_epochs=? WHERE name=?", (next_epoch, name))
@@ -280,13 +406,14 @@ class SQLiteBackend(QueueBackend):
     @staticmethod
     def _delete(c: sqlite3.Connection, name: str) -> int:
         n = c.execute("DELETE FROM wq_queues WHERE name=?", (name,)).rowcount
-        for table in ("wq_items", "wq_epochs", "wq_workers"):
+        for table in ("wq_meta", "wq_items", "wq_epochs", "wq_workers"):
             c.execute(f"DELETE FROM {table} WHERE name=?", (name,))  # noqa: S608 - fixed table names
         return n
 
     def reset(self, name: str) -> bool:
-        with self._tx() as c:
+        with self._tx(name, "reset") as c:
             return self._delete(c, name) > 0
 
     def names(self) -> list[str]:
-        return [r[0] for r in self._conn().execute("SELECT name FROM wq_queues ORDER BY name").fetchall()]
+        with self._tx(None, "list") as c:
+            return [r[0] for r in c.execute("SELECT name FROM wq_queues ORDER BY name").fetchall()]
