@@ -16,19 +16,27 @@ runs here as::
 (``"<table>:<row>"``, the row counted in its table), ``values`` hold the row's fields
 joined by ``csv_delimiter`` (a NULL is an empty field; numbers as their shortest decimal
 text, so ``decode_csv`` gets back the same values). Fewer than ``num_records`` rows come
-back only at the end of the input, and empty arrays after it. Reading a typed table with
-:func:`~shardfeed.tables.reader.read_table` is faster (no joining and splitting); this
-reader exists so that PAI scripts run as written.
+back only at the end of the input, and empty arrays after it. The reader keeps a place per
+input, named by its value: the same table URL (an equal string, built anew for each call
+or not) or list of URLs reads on, so ``read`` ends with ``EOFError``; another table or list
+is read from its own start, the first keeping its place; a ``WorkQueue``, its producer or
+an iterator is named by the object. Threads of a reader not closed that still read ahead
+when the interpreter exits are stopped and waited for first (an ``atexit`` hook): one left
+inside pyarrow's or DuckDB's C++ code as the interpreter finalizes can abort it. Reading a
+typed table with :func:`~shardfeed.tables.reader.read_table` is faster (no joining and
+splitting); this reader exists so that PAI scripts run as written.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 _END = object()
 BATCH_ROWS = 4096
+EXIT_WAIT_S = 5.0  # how long interpreter exit waits for read-ahead threads to stop
+
+_open_inputs: "weakref.WeakSet[_Input]" = weakref.WeakSet()  # inputs not closed, for exit
 
 
 class _Item:
@@ -86,7 +97,7 @@ class TableRecordReader:
         self.num_threads = num_threads or 1
         self.capacity = capacity or 8 * BATCH_ROWS
         self.storage_options = dict(storage_options or {})
-        self._inputs: dict[int, _Input] = {}
+        self._inputs: dict[tuple[str, Any], _Input] = {}
         self._lock = threading.Lock()
 
     @renamed_argument("tables", "source")
@@ -135,13 +146,33 @@ class TableRecordReader:
         self.close()
 
     def _input(self, tables: Any) -> "_Input":
-        key = id(tables)
+        key = _input_key(tables)
         with self._lock:
             inp = self._inputs.get(key)
-            if inp is None or inp.source is not tables:
+            if inp is None or (key[0] == "object" and inp.source is not tables):
                 inp = _Input(self, tables)
                 self._inputs[key] = inp
             return inp
+
+
+def _is_url(x: Any) -> bool:
+    return isinstance(x, (str, os.PathLike))
+
+
+def _url_text(x: Any) -> str:
+    return os.fsdecode(os.fspath(x))
+
+
+def _input_key(source: Any) -> tuple[str, Any]:
+    """What names an input of a reader: a table URL by its text, a list or tuple of them by
+    their texts in order (an equal string built for each call reads on, as the same object
+    does); anything else (a WorkQueue, its producer, an iterator) by identity, which the
+    ``_Input`` holding it keeps from being reused."""
+    if _is_url(source):
+        return ("table", _url_text(source))
+    if isinstance(source, (list, tuple)) and all(_is_url(s) for s in source):
+        return ("tables", tuple(_url_text(s) for s in source))
+    return ("object", id(source))
 
 
 class _Input:
@@ -155,7 +186,9 @@ class _Input:
         self.queue = source if hasattr(source, "take") and hasattr(source, "ack") else getattr(source, "queue", None)
         self.works: Iterator[Any] | None = None
         if self.queue is None:
-            self.works = iter([os.fspath(source)]) if isinstance(source, (str, os.PathLike)) else iter(source)
+            key = _input_key(source)
+            # the URLs as named by the key (a list is read as it was when first given)
+            self.works = iter([key[1]] if key[0] == "table" else key[1] if key[0] == "tables" else source)
         self.ahead: collections.deque[_Item] = collections.deque()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -166,6 +199,7 @@ class _Input:
         per_item = max(1, reader.capacity // reader.num_threads)
         self.piece_rows = max(1, min(BATCH_ROWS, per_item))
         self.depth = max(1, per_item // self.piece_rows)
+        _open_inputs.add(self)
 
     # -- items --------------------------------------------------------------------------------
     def _take(self) -> _Item | None:
@@ -197,7 +231,7 @@ class _Input:
 
     def _fill_ahead(self) -> None:
         self.threads = [t for t in self.threads if t.is_alive()]
-        while len(self.ahead) < self.reader.num_threads and not self.done:
+        while len(self.ahead) < self.reader.num_threads and not self.done and not self.stop.is_set():
             item = self._take()
             if item is None:
                 break
@@ -305,6 +339,7 @@ class _Input:
 
     def close(self) -> None:
         self.stop.set()
+        _open_inputs.discard(self)
         for t in self.threads:
             t.join()
         if self.queue is not None:
@@ -312,6 +347,31 @@ class _Input:
                 if item.work is not None:
                     self.queue.release(item.work)
         self.ahead.clear()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Stop the read-ahead threads of the readers not closed, and wait for them (up to
+    ``EXIT_WAIT_S`` in all), before the interpreter finalizes. They are daemon threads: one
+    still inside pyarrow's or DuckDB's C++ code (a record batch reader being torn down at the
+    end of a table, a query) when finalization starts is ended by ``pthread_exit`` the moment
+    it takes the GIL again, unwinding through C++ frames that may not be unwound, and the
+    process dies of SIGABRT ("terminate called without an active exception"). A thread
+    sees the stop between pieces, so each ends within one piece's read. The leases of work
+    queue items held are not given back here (the queue's backend may be gone already):
+    they expire as when a worker is killed."""
+    inputs = list(_open_inputs)
+    for inp in inputs:
+        inp.stop.set()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    left = 0
+    for inp in inputs:
+        for t in list(inp.threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+            left += t.is_alive()
+    if left:
+        logger.warning("TableRecordReader: %d read-ahead thread(s) still reading after %.0f s at interpreter exit; "
+                       "close() readers before exiting", left, EXIT_WAIT_S)
 
 
 def _joined(rb: Any, delimiter: str) -> np.ndarray:
