@@ -34,6 +34,17 @@ def test_status_drain_reset_list(tmp_path, capsys):
     assert "no queue named" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["status", "--name", "train"], ["list"], ["drain", "--name", "train"],
+                                     ["reset", "--name", "train"]])
+def test_looking_at_a_missing_sqlite_queue_file_makes_nothing(tmp_path, capsys, command):
+    """`queue status` and `queue list` on a mistyped path made its directory and an empty
+    40 KB database (found from outside): now an error naming the path, nothing made."""
+    backend = f"sqlite://{tmp_path}/no/such/q.db"
+    assert queue_cmd.main([command[0], "--backend", backend, *command[1:]]) == 2
+    assert "no SQLite queue file there" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_redis_password_masked_in_cli_errors(capsys):
     pytest.importorskip("redis")
     url = "redis://:hunter2-secret@127.0.0.1:1/0"  # nothing listens on port 1

@@ -13,9 +13,15 @@ from ..storage.urls import mask
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from ..distributed.backend import open_queue_backend  # noqa: PLC0415
+    import os  # noqa: PLC0415
 
-    return open_queue_backend(args.backend)
+    from ..distributed.backend import default_backend_url, open_queue_backend, sqlite_file_of  # noqa: PLC0415
+
+    url = os.fspath(args.backend) if args.backend is not None else default_backend_url()
+    path = sqlite_file_of(url)
+    if path is not None and not os.path.exists(path):  # looking at a queue never makes its file
+        raise FileNotFoundError(f"{path}: no SQLite queue file there (check --backend)")
+    return open_queue_backend(url)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -119,6 +119,15 @@ def default_backend_url() -> str:
     return "sqlite://" + os.path.join(base, "shardfeed", "workqueue.sqlite3")
 
 
+def sqlite_file_of(url: str) -> str | None:
+    """The file a SQLite backend URL names (its options left out), or None for another backend."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "sqlite" or (not scheme and url.endswith((".db", ".sqlite", ".sqlite3"))):
+        path = url.split("://", 1)[1] if scheme else url
+        return os.path.abspath(os.path.expanduser(path.split("?", 1)[0]))
+    return None
+
+
 def open_queue_backend(backend: "str | QueueBackend | None") -> QueueBackend:
     """A backend from a URL: ``"memory"`` (threads of this process), ``"sqlite:///path"``
     or a path ending in ``.db``/``.sqlite``/``.sqlite3`` (processes on one host or a
