@@ -178,8 +178,12 @@ def test_an_encoding_that_does_not_write_line_breaks_as_ascii_is_refused_at_once
                  lambda: sf.read_csv(str(path), [""], encoding=encoding)):
         with pytest.raises(ValueError, match=r"does not write line breaks as ASCII bytes.*utf-8"):
             make()
-    for ok in ("latin-1", "cp1252", "gbk", "shift_jis", "UTF8"):
+    for ok in ("latin-1", "cp1252", "gbk", "shift_jis", "UTF8", "utf-8-sig"):
         sf.read_text(str(path), encoding=ok)
+    bom = tmp_path / "bom.csv"  # Excel's UTF-8 with a byte-order mark: read, the mark dropped
+    bom.write_bytes("id,name\n1,a\n".encode("utf-8-sig"))
+    assert list(sf.read_csv(str(bom), [0, ""], header=True, encoding="utf-8-sig")) == [(1, "a")]
+    assert list(sf.read_text(str(bom), encoding="utf-8-sig")) == ["id,name", "1,a"]
     with pytest.raises(LookupError, match="unknown encoding"):
         sf.read_text(str(path), encoding="no-such-codec")
 

@@ -42,7 +42,9 @@ def check_encoding(encoding: str | None) -> None:
         raise LookupError(f"unknown encoding {encoding!r}") from None
     sample = "\n\r,;\t|\"'ab09"
     try:
-        ok = sample.encode(encoding) == sample.encode("ascii")
+        encoder = codecs.getincrementalencoder(encoding)()
+        encoder.encode("a")  # a byte-order mark, if the codec writes one first (utf-8-sig), goes here
+        ok = encoder.encode(sample) == sample.encode("ascii")
     except UnicodeError:
         ok = False
     if not ok:
