@@ -76,3 +76,52 @@ def test_sqlite_journal_for_shared_filesystems(tmp_path):
     assert [str(x) for x in q] == WORKS
     with pytest.raises(ValueError, match="journal"):
         open_queue_backend(f"sqlite://{tmp_path}/x.db?journal=memory")
+
+
+def _immutable(*paths):
+    """Make ``paths`` unwritable even for root (``chattr +i``), or by mode for others; returns the undo."""
+    import os
+    import subprocess
+
+    if os.geteuid() == 0:
+        for p in paths:
+            if subprocess.run(["chattr", "+i", str(p)], capture_output=True).returncode != 0:
+                for q in paths:
+                    subprocess.run(["chattr", "-i", str(q)], capture_output=True)
+                pytest.skip("running as root on a filesystem without chattr +i: cannot make a file read-only")
+        return lambda: [subprocess.run(["chattr", "-i", str(p)], check=True) for p in reversed(paths)]
+    modes = [(p, p.stat().st_mode) for p in paths]
+    for p in paths:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    return lambda: [p.chmod(m) for p, m in modes]
+
+
+@pytest.mark.parametrize("folder_writable", [True, False])
+def test_status_and_list_look_at_a_queue_file_this_user_cannot_write(tmp_path, capsys, folder_writable):
+    """`queue status` on a queue file the operator may only read (another user's, a
+    read-only filesystem) was an error: the open made the tables and checked it could
+    write. Now status and list open it read-only and change nothing; drain, which writes,
+    is still refused naming the file."""
+    folder = tmp_path / "queues"
+    folder.mkdir()
+    path = folder / "q.db"
+    backend = f"sqlite://{path}"
+    q = WorkQueue(WORKS, num_epochs=2, backend=backend, name="train", worker_id="w1")
+    q.ack(q.take())
+    q.take()
+    q.close()  # the last connection: SQLite checkpoints and removes the -wal and -shm files
+    assert sorted(p.name for p in folder.iterdir()) == ["q.db"]
+    before = path.read_bytes()
+    undo = _immutable(path) if folder_writable else _immutable(path, folder)
+    try:
+        assert queue_cmd.main(["status", "--backend", backend, "--name", "train", "--json"]) == 0
+        m = json.loads(capsys.readouterr().out)
+        assert (m["items_per_epoch"], m["pending"], m["done"], m["remaining"]) == (5, 4, 1, 9)
+        assert queue_cmd.main(["list", "--backend", backend]) == 0
+        assert capsys.readouterr().out.split() == ["train"]
+        assert queue_cmd.main(["drain", "--backend", backend, "--name", "train"]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and ("read-only" in err if folder_writable else "writable?" in err)
+    finally:
+        undo()
+    assert path.read_bytes() == before

@@ -12,7 +12,9 @@ from ..errors import ShardfeedError
 from ..storage.urls import mask
 
 
-def _open(args: argparse.Namespace) -> Any:
+def _open(args: argparse.Namespace, read_only: bool = False) -> Any:
+    """The backend ``--backend`` names; ``read_only``: a SQLite file is only looked at (opened
+    read-only, so a file this user may not write can still be looked at)."""
     import os  # noqa: PLC0415
 
     from ..distributed.backend import default_backend_url, open_queue_backend, sqlite_file_of  # noqa: PLC0415
@@ -21,13 +23,17 @@ def _open(args: argparse.Namespace) -> Any:
     path = sqlite_file_of(url)
     if path is not None and not os.path.exists(path):  # looking at a queue never makes its file
         raise FileNotFoundError(f"{path}: no SQLite queue file there (check --backend)")
+    if path is not None and read_only:
+        from ..distributed.sqlite import SQLiteBackend  # noqa: PLC0415
+
+        return SQLiteBackend(url.split("://", 1)[1] if "://" in url else url, read_only=True)
     return open_queue_backend(url)
 
 
 def _status(args: argparse.Namespace) -> int:
     from ..distributed.workqueue import summarize  # noqa: PLC0415
 
-    backend = _open(args)
+    backend = _open(args, read_only=True)
     try:
         meta, snap = backend.get_meta(args.name), backend.snapshot(args.name)
         if meta is None or snap is None:
@@ -76,7 +82,7 @@ def _reset(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    backend = _open(args)
+    backend = _open(args, read_only=True)
     try:
         for name in backend.names():
             print(name)

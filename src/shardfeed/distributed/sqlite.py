@@ -29,9 +29,9 @@ import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from urllib.parse import parse_qsl
 
 from ..errors import ShardfeedError, WorkQueueLostError
 from .backend import COUNTERS, QueueBackend, gone
@@ -76,12 +76,17 @@ _WHY = (("SQLITE_NOTADB", "{path} is not a SQLite database (another file at that
 
 
 class SQLiteBackend(QueueBackend):
-    """Queues in the SQLite file at ``path`` (created with its directory if missing)."""
+    """Queues in the SQLite file at ``path`` (created with its directory if missing).
+    ``read_only``: only look (``shardfeed queue status`` and ``list``): the file is opened
+    read-only and never made, migrated or written, so a queue file this user may only read
+    (another user's, a read-only filesystem) can still be looked at; an operation that
+    writes is refused as on a read-only file."""
 
-    def __init__(self, path: str, timeout_s: float = 60.0, journal: str | None = None) -> None:
+    def __init__(self, path: str, timeout_s: float = 60.0, journal: str | None = None, *,
+                 read_only: bool = False) -> None:
         if "?" in path:
             path, query = path.split("?", 1)
-            opts = dict(parse_qsl(query))
+            opts = dict(urllib.parse.parse_qsl(query))
             unknown = set(opts) - {"journal"}
             if unknown:
                 raise ValueError(f"unknown SQLite backend option(s) {sorted(unknown)}: only ?journal=wal|delete")
@@ -98,7 +103,10 @@ class SQLiteBackend(QueueBackend):
         self._all_lock = threading.Lock()
         self._file: tuple[int, int] | None = None  # (device, inode) of the file the connections have open
         self._joined: dict[str, tuple[int, int]] = {}  # queue name -> the file this worker joined it in
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self.read_only = read_only
+        self._immutable = False  # read_only, and the file is read without locks (see _open_file)
+        if not read_only:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with self._errors(None, "open"):
             try:
                 self._open_file()
@@ -112,8 +120,23 @@ class SQLiteBackend(QueueBackend):
         """Make the tables (and indexes) if missing, move metas out of ``wq_queues``, check
         the file can be written, and remember which file it is."""
         conn = self._conn()
-        self._while_busy(lambda: conn.executescript(_SCHEMA))
-        self._migrate()
+        if self.read_only:  # only looked at: a read that fails on a file that is not a database
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.OperationalError as e:
+                wal = self.path + "-wal"
+                if not (getattr(e, "sqlite_errorname", "") or "").startswith("SQLITE_CANTOPEN") or self._immutable \
+                        or (os.path.exists(wal) and os.path.getsize(wal) > 0):
+                    raise
+                # a WAL file in a folder this user cannot write, without its -shm file and with
+                # nothing in a -wal file: no worker can be writing it (a writer keeps the -shm
+                # file there), so it is read as it is, without SQLite's shared-memory locks
+                self.close()
+                self._immutable = True
+                self._conn().execute("SELECT count(*) FROM sqlite_master").fetchone()
+        else:
+            self._while_busy(lambda: conn.executescript(_SCHEMA))
+            self._migrate()
         self._file = self._stat()
 
     def _stat(self) -> tuple[int, int] | None:
@@ -158,6 +181,16 @@ class SQLiteBackend(QueueBackend):
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None or self._local.pid != os.getpid():
+            if self.read_only:
+                if not os.path.exists(self.path):  # mode=ro never makes the file: say which is missing
+                    raise sqlite3.OperationalError("unable to open database file: there is no file at that path")
+                uri = "file:" + urllib.parse.quote(self.path) + "?mode=ro" + ("&immutable=1" if self._immutable else "")
+                c = sqlite3.connect(uri, uri=True, timeout=self.timeout_s, isolation_level=None,
+                                    check_same_thread=False)
+                self._local.conn, self._local.pid = c, os.getpid()
+                with self._all_lock:
+                    self._all.append(c)
+                return c
             c = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
             try:
                 self._while_busy(lambda: self._set_journal(c))
@@ -178,7 +211,7 @@ class SQLiteBackend(QueueBackend):
     @contextmanager
     def _begin(self) -> Iterator[sqlite3.Connection]:
         c = self._conn()
-        c.execute("BEGIN IMMEDIATE")
+        c.execute("BEGIN" if self.read_only else "BEGIN IMMEDIATE")  # a reader takes no write lock
         try:
             yield c
         except BaseException:
