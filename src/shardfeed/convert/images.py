@@ -29,7 +29,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-from ..formats.image_damage import MAX_IMAGE_PIXELS, jpeg_check, png_short_data
+from ..formats.image_damage import MAX_IMAGE_PIXELS, bomb_reason, jpeg_check, png_short_data
 from ..formats.native import image_check as _native_image_check
 from ..pipeline.images import _simplejpeg, gray_to_8_bits
 from .options import Discard
@@ -77,11 +77,6 @@ def empty_reason() -> str:
 def corrupt_reason(error: str, offset: int) -> str:
     """The discard reason of a JPEG/PNG the structural check refused at byte ``offset``."""
     return f"corrupt image: {error} (at byte {offset})"
-
-
-def bomb_reason(width: int, height: int, max_pixels: int) -> str:
-    """The discard reason of an image declaring more than ``max_pixels`` pixels."""
-    return f"decompression bomb: {width}x{height} = {width * height} pixels exceeds max_image_pixels={max_pixels}"
 
 
 def _open(data: bytes, max_pixels: int):

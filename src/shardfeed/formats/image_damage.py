@@ -26,6 +26,15 @@ MAX_IMAGE_PIXELS = 89_478_485
 """The most pixels an image's header may declare by default (Pillow's ``Image.MAX_IMAGE_PIXELS``):
 conversion's ``max_image_pixels`` and ``decode_images``' refuse larger ones before decoding."""
 
+def bomb_reason(width: int, height: int, max_pixels: int, thousands: bool = False) -> str:
+    """Why an image declaring ``width x height`` pixels, more than ``max_pixels``, is refused
+    (conversion's discard reason, the native row path's text; ``thousands``: the numbers
+    with separators, as ``decode_images``' error)."""
+    n = f"{width * height:,}" if thousands else str(width * height)
+    limit = f"{max_pixels:,}" if thousands else str(max_pixels)
+    return f"decompression bomb: {width}x{height} = {n} pixels exceeds max_image_pixels={limit}"
+
+
 MAX_JPEG_SCANS = 100
 """The most scans a JPEG may have (``SF_JPEG_MAX_SCANS`` in ``_native/imgcheck.h``): encoders
 write 1 to about 20, and each costs a decoder a pass over the whole image."""
@@ -105,4 +114,4 @@ def png_short_data(data: bytes) -> str | None:
     return None
 
 
-__all__ = ["JPEG_DAMAGE", "jpeg_check", "jpeg_damage", "png_short_data"]
+__all__ = ["JPEG_DAMAGE", "bomb_reason", "jpeg_check", "jpeg_damage", "png_short_data"]

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import ImageDecodeError
 from ..formats.bufpool import pass_closed
-from ..formats.image_damage import MAX_IMAGE_PIXELS, MAX_JPEG_SCANS, jpeg_damage
+from ..formats.image_damage import MAX_IMAGE_PIXELS, MAX_JPEG_SCANS, bomb_reason, jpeg_damage
 from ..formats.native import BytesBuffer, image_check, jpeg_scans
 from ..formats.spec import RaggedColumn, SparseColumn
 from ..registry import require
@@ -164,8 +164,7 @@ class DecodeImages:
         """Raise when ``width x height`` is over ``max_image_pixels``."""
         limit = self.max_image_pixels
         if limit is not None and width * height > limit:
-            raise ValueError(f"decompression bomb: {width}x{height} = {width * height:,} pixels exceeds "
-                             f"max_image_pixels={limit:,}")
+            raise ValueError(bomb_reason(width, height, limit, thousands=True))
 
     # -- one image -------------------------------------------------------------------
     def _scaled(self, h: int, w: int) -> tuple[int, int]:
