@@ -211,3 +211,76 @@ def test_list_items_and_ints_out_of_their_range_discard_the_row_naming_the_item(
     assert not rows and {d.row: d.reason for d in discards} == {
         1: f"column 'ns': {2**64} is out of int64 range (item 0)",
         2: "column 'xs': 3e+39 is out of float32 range (item 0)"}
+
+
+def test_numbers_beyond_float64_of_any_python_type_are_out_of_range_not_inf():
+    """Found from outside: ``Decimal("1e400")`` in a DataFrame's float column was written as
+    inf (only text was checked), and the int ``10**400`` stopped the whole conversion with
+    an OverflowError. Both discard the row; a Decimal or float infinity stays a value."""
+    import decimal
+
+    import pandas as pd
+
+    df = pd.DataFrame({"id": [1, 2, 3, 4, 5, 6], "v": pd.Series(
+        [decimal.Decimal("1e400"), decimal.Decimal("-1e999"), 10**400, decimal.Decimal("Infinity"), math.inf,
+         decimal.Decimal("2.5")], dtype=object),
+        "l": pd.Series([[1.0], [1.0], [1.0], [1.0], [1.0], [decimal.Decimal("1e400")]], dtype=object)})
+    rows, discards, _ = read_dataframe(df, Schema({"id": "int", "v": "float", "l": "float list"}))
+    assert {r.number: r.values["v"] for r in rows} == {4: math.inf, 5: math.inf}
+    assert {d.row: d.reason for d in discards} == {
+        1: "column 'v': '1E+400' is out of float32 range", 2: "column 'v': '-1E+999' is out of float32 range",
+        3: f"column 'v': '{str(10**400)[:60]}' is out of float32 range",
+        6: "column 'l': '1E+400' is out of float32 range (item 0)"}
+
+
+@pytest.mark.parametrize("cell", ["1_000", "\u0663", "\uff11\uff12"])
+def test_numbers_a_csv_reader_refuses_discard_the_row_as_read_csv_refuses_them(tmp_path, cell):
+    """Found from outside: conversion took ``1_000``, Arabic-Indic and full-width digits as
+    numbers (Python's ``int``/``float``), where ``sf.read_csv`` and TensorFlow refuse them:
+    the same CSV must not mean two things. Each discards its row, in int, float and list columns."""
+    (tmp_path / "t.csv").write_text(f"id,i,f,il\n1,{cell},1.5,1\n2,2,{cell},1\n3,2,1.5,1;{cell}\n4,7,2.5,1;2\n",
+                                    encoding="utf-8")
+    rows, discards = _read(str(tmp_path / "t.csv"), {"id": "int", "i": "int", "f": "float", "il": "int list"})
+    assert rows == {4: {"id": 4, "i": 7, "f": 2.5, "il": [1, 2]}}
+    assert {n: r.split(":")[0] for n, r in discards.items()} == {1: "column 'i'", 2: "column 'f'", 3: "column 'il'"}
+    assert all("not an integer" in discards[n] for n in (1, 3)) and "not a number" in discards[2]
+
+
+@pytest.mark.parametrize("kind", ["string", "string list", "string label", "bytes"])
+def test_text_utf8_cannot_hold_discards_its_row_instead_of_failing_the_conversion(tmp_path, kind):
+    """Found from outside: a lone surrogate in one DataFrame cell (or bytes that are not
+    UTF-8) stopped the whole conversion with a UnicodeEncodeError from the plan's digest;
+    now that row is discarded naming the column, and the others are written."""
+    import pandas as pd
+
+    import shardfeed as sf
+
+    bad = {"string": "bad\ud800", "string list": ["ok", "bad\udc80"], "string label": "bad\ud800",
+           "bytes": b"bad\xff"}[kind]
+    df = pd.DataFrame({"id": [0, 1, 2], "s": pd.Series(["a", bad, "c"], dtype=object)})
+    col_type = "string" if kind == "bytes" else kind
+    got = sf.convert(df, str(tmp_path / "out"), schema={"id": "int", "s": col_type}, progress=False)
+    counts = got.manifest["counts"]
+    assert (counts["records_written"], counts["rows_discarded"]) == (2, 1)
+    report = (tmp_path / "out" / "data-discards.csv").read_text().splitlines()[1:]
+    assert len(report) == 1 and report[0].startswith("2,<DataFrame>#2,column 's': ")
+    assert ("not UTF-8" if kind == "bytes" else "not valid Unicode") in report[0]
+
+
+def test_labels_are_kept_as_ids_only_when_every_label_is_an_ascii_integer(tmp_path):
+    """``str.isdigit`` took ``"²"`` and ``"٣"`` for digits: an AutoML table whose labels all
+    passed it stopped with a ValueError (``int("²")``) or read ``"٣"`` as class 3, and
+    ``"--5"`` failed the same way. Such labels are class names now."""
+    from shardfeed.convert.api import _integer_labels
+    from shardfeed.convert.options import Row
+    from shardfeed.convert.schema import automl_schema
+
+    for labels, ids in ((["1", "-2", " 3 "], [1, -2, 3]), (["1", "\u00b2"], None), (["\u0663"], None),
+                        (["--5"], None), (["1", "x"], None)):
+        rows = [Row(number=k + 1, origin="t.csv", split="TRAIN", image_uri="a.jpg", label=v)
+                for k, v in enumerate(labels)]
+        schema = _integer_labels(rows, automl_schema())
+        if ids is None:
+            assert schema.label_type == "string label" and [r.label for r in rows] == labels, labels
+        else:
+            assert schema.label_type == "integer label" and [r.label for r in rows] == ids, labels

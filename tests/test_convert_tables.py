@@ -450,9 +450,7 @@ def test_dataframe_rows_equal_those_of_its_itertuples_for_every_column_dtype():
         "when": pd.to_datetime([f"2020-01-{i % 28 + 1:02d}" for i in range(n)]),
         "extra": np.zeros(n),
     })
-    df.insert(0, "dup", np.arange(n))
-    df["dup2"] = np.ones(n, np.int64)
-    df = df.rename(columns={"dup2": "dup"})  # a repeated name: the last column is the one read
+    df.insert(0, "dup", np.ones(n, np.int64))
     schema = Schema({"label": "integer label", "flag": "int", "cat": "string", "s": "string", "sp": "string",
                      "f32": "float", "u8": "int", "ids": "int list", "when": "string", "dup": "int"},
                     defaults={"s": "none", "cat": "?"})
@@ -464,6 +462,26 @@ def test_dataframe_rows_equal_those_of_its_itertuples_for_every_column_dtype():
     assert rows == want_rows and discards == want_discards
     assert len(rows) > 20 and len(discards) > 5 and all(r.values["dup"] == 1 for r in rows)
     assert {r.values["flag"] for r in rows} == {0, 1}  # a nullable boolean's np.bool_ is an int, not "True"
+
+
+@pytest.mark.parametrize("names", [["id", "a", "a"], ["id", 1, "1"]])
+def test_a_dataframe_naming_a_schema_column_twice_is_refused_not_read_from_one_of_them(tmp_path, names):
+    """Found from outside: a DataFrame with two columns named ``a`` (a merge, a concat) wrote
+    the last one's cells and dropped the first's without a word, where a CSV header naming a
+    column twice is refused. Names are compared as text (``1`` and ``"1"`` are one name)."""
+    import pandas as pd
+
+    import shardfeed as sf
+
+    df = pd.DataFrame([[0, 111, 222]], columns=names)
+    a = str(names[1])
+    with pytest.raises(ValueError, match=f"the DataFrame has 2 columns named '{a}'"):
+        sf.convert(df, str(tmp_path / "out"), schema={"id": "int", a: "int"}, progress=False)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("*.tfrecord"))
+    # a repeated name the schema does not use is no question: the rest converts
+    df = pd.DataFrame([[0, 111, 222, 5]], columns=[*names, "b"])
+    got = sf.convert(df, str(tmp_path / "out2"), schema={"id": "int", "b": "int"}, progress=False)
+    assert got.manifest["counts"]["records_written"] == 1
 
 
 def test_csv_lines_of_blank_cells_are_no_rows_and_the_rest_keep_their_numbers(tmp_path):

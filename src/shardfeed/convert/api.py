@@ -14,7 +14,7 @@ from .annotations import annotation_format, read_annotation_csv, read_itag_manif
 from .options import ConvertOptions, fspath, options_from
 from .plan import Plan, make_plan
 from .runner_local import run_local  # the default runner, imported with the API (beam and spark when used)
-from .schema import Schema, as_schema
+from .schema import Schema, as_schema, integer_text
 from .sources import _dirname, parquet_parts, read_dataframe, read_image_folder, read_table_file
 from .writer import finalize, join, manifest_url
 
@@ -102,7 +102,7 @@ def _is_folder(url: str, storage_options: Mapping[str, Any] | None) -> bool:
 def _integer_labels(rows, schema: Schema) -> Schema:
     """AutoML layout: when every label is an integer, keep the integers as label ids."""
     labels = [r.label for r in rows]
-    if not labels or not all(isinstance(v, str) and v.strip().lstrip("-").isdigit() for v in labels):
+    if not labels or not all(integer_text(v) for v in labels):
         return schema
     for r in rows:
         r.label = int(r.label)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.spec import FixedLen, VarLen
+from ..pipeline.csv import plain_number
 from .options import Discard
 
 FLOAT32_MAX = 3.4028234663852886e38  # a finite float beyond it would be written as inf
@@ -171,17 +172,45 @@ def _json_value(column: str, v: Any) -> Any:
     raise Discard(f"column {column!r}: a struct or list holding {type(v).__name__} cannot be written as JSON")
 
 
+def integer_text(v: Any) -> bool:
+    """Whether ``v`` is a str that writes an integer as a CSV does (ASCII digits, a leading
+    ``-``): an AutoML table whose labels all are keeps them as label ids. ``"--5"``, ``"²"``
+    and other scripts' digits are not (``str.isdigit`` takes them; ``int`` then fails, or
+    reads ``"٣"`` as 3)."""
+    if not isinstance(v, str):
+        return False
+    t = v.strip()
+    return t.isascii() and t.lstrip("-").isdigit() and t.count("-") <= 1 and not t.startswith("-", 1)
+
+
+def _unicode(column: str, s: str) -> str:
+    """``s``, unless it holds a lone surrogate (a Python str made from bytes with
+    ``surrogateescape``, or built by hand), which UTF-8 cannot hold: that discards the row
+    naming the column, instead of failing the whole conversion where the text is encoded."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Discard(f"column {column!r}: text that is not valid Unicode (a lone surrogate "
+                          f"{s[exc.start]!r} at character {exc.start})") from None
+    return s
+
+
 def _to_text(column: str, v: Any) -> str:
     """A text cell: a str as it is, bytes decoded, a struct (dict) or list as JSON of the
-    values' own types (a Parquet struct's ints stay ints), anything else ``str``."""
+    values' own types (a Parquet struct's ints stay ints), anything else ``str``; text that
+    UTF-8 cannot hold (a lone surrogate) or bytes that are not UTF-8 discard the row."""
     if isinstance(v, bytes):
-        return v.decode("utf-8")
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Discard(f"column {column!r}: bytes that are not UTF-8 text (at byte {exc.start})") from None
     if isinstance(v, (Mapping, list, tuple)):
         try:
-            return json.dumps(v, ensure_ascii=False, default=lambda o: _json_value(column, o))
+            return _unicode(column, json.dumps(v, ensure_ascii=False, default=lambda o: _json_value(column, o)))
         except (TypeError, ValueError) as exc:  # keys JSON cannot hold, a cycle
             raise Discard(f"column {column!r}: cannot be written as JSON ({exc})") from None
-    return str(v)
+    return _unicode(column, str(v))
 
 
 def _item(item: int | None) -> str:
@@ -218,11 +247,14 @@ def _to_any_int(column: str, v: Any) -> int:
         if not v.is_integer():
             raise Discard(f"column {column!r}: {v!r} is not an integer")
         return int(v)
+    text = str(v).strip()
+    if not plain_number(text):  # 1_000, Arabic-Indic or full-width digits: not numbers in a CSV (TensorFlow's reading)
+        raise Discard(f"column {column!r}: {text[:60]!r} is not an integer")
     try:
-        return int(str(v).strip())
+        return int(text)
     except ValueError:
         try:
-            f = float(str(v).strip())
+            f = float(text)
         except ValueError:
             raise Discard(f"column {column!r}: {str(v)[:60]!r} is not an integer") from None
         if not f.is_integer():
@@ -233,15 +265,32 @@ def _to_any_int(column: str, v: Any) -> int:
 def _to_float(column: str, v: Any, item: int | None = None) -> float:
     if isinstance(v, (Mapping, list, tuple)):
         raise _nested(column, v, "a number")
+    if isinstance(v, str) and not plain_number(v):
+        raise Discard(f"column {column!r}: {v.strip()[:60]!r} is not a number")
     try:
         f = float(v)
+    except OverflowError:  # an int beyond even float64's range (10**400)
+        raise Discard(f"column {column!r}: {str(v)[:60]!r} is out of float32 range{_item(item)}") from None
     except (TypeError, ValueError):
         raise Discard(f"column {column!r}: {str(v)[:60]!r} is not a number") from None
-    if math.isinf(f) and isinstance(v, str) and v.strip().lstrip("+-").lower() not in ("inf", "infinity"):
-        # a finite number written beyond even float64's range ("1e400"): out of range, as "1e40"
-        # is, not the inf that float() makes of it
-        raise Discard(f"column {column!r}: {v.strip()[:60]!r} is out of float32 range{_item(item)}")
+    if math.isinf(f) and not _infinite(v):
+        # a finite number written beyond even float64's range ("1e400", Decimal("1e400")): out
+        # of range, as "1e40" is, not the inf that float() makes of it
+        raise Discard(f"column {column!r}: {str(v).strip()[:60]!r} is out of float32 range{_item(item)}")
     return f
+
+
+def _infinite(v: Any) -> bool:
+    """Whether ``v`` is itself infinite (a float inf, the text ``inf``/``Infinity``, a
+    Decimal or other number type's infinity), not a finite number that ``float()`` overflowed."""
+    if isinstance(v, (float, np.floating)):
+        return True
+    if isinstance(v, str):
+        return v.strip().lstrip("+-").lower() in ("inf", "infinity")
+    is_infinite = getattr(v, "is_infinite", None)  # decimal.Decimal
+    if callable(is_infinite):
+        return bool(is_infinite())
+    return False
 
 
 def parse_cell(schema: Schema, column: str, raw: Any) -> Any:
@@ -291,7 +340,7 @@ def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:
 
     if t in ("int", "integer label"):
         def parse_int(raw: Any) -> Any:
-            if type(raw) is str:  # int() strips as _to_int does; what it refuses, the general path judges
+            if type(raw) is str and raw.isascii() and "_" not in raw:  # plain_number; int() strips as _to_int does
                 try:
                     i = int(raw)
                 except ValueError:
@@ -302,7 +351,7 @@ def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:
         return parse_int
     if t == "float":
         def parse_float(raw: Any) -> Any:
-            if type(raw) is str:  # a blank str raises here and is a missing cell there
+            if type(raw) is str and raw.isascii() and "_" not in raw:  # a blank str raises here: missing there
                 try:
                     f = float(raw)
                 except ValueError:
@@ -314,7 +363,13 @@ def cell_parser(schema: Schema, column: str) -> Callable[[Any], Any]:
     if t in ("string", "string label"):
         def parse_str(raw: Any) -> Any:
             if type(raw) is str and raw and not raw.isspace():  # not blank: parse_cell gives it as it is
-                return raw
+                if raw.isascii():
+                    return raw
+                try:
+                    raw.encode("utf-8")  # a lone surrogate: parse_cell discards the row
+                    return raw
+                except UnicodeEncodeError:
+                    pass
             return slow(raw)
         return parse_str
     return slow

@@ -128,10 +128,15 @@ def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", 
     absent = [c for c in schema.columns if c not in columns]
     if absent:
         raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
-    # the schema's columns only (the rows read nothing else), each as the list its values
-    # give when iterated (as itertuples gives them); of a repeated name, the last column
-    last = {str(c): j for j, c in enumerate(df.columns)}
     used = list(schema.columns)
+    twice = next((c for c in used if columns.count(c) > 1), None)
+    if twice is not None:  # which column's cells to write? (a CSV header naming one twice is refused too)
+        what = "the DataFrame" if origin == "<DataFrame>" else origin
+        raise ValueError(f"{what} has {columns.count(twice)} columns named {twice!r} (as text): give each column "
+                         "its own name (df.columns) before converting")
+    # the schema's columns only (the rows read nothing else), each as the list its values
+    # give when iterated (as itertuples gives them)
+    last = {str(c): j for j, c in enumerate(df.columns)}
     values = [_column_values(df.iloc[:, last[c]]) for c in used]
 
     def records():

@@ -25,7 +25,7 @@ from .plan import (
     shard_layout,
     size_shards,
 )
-from .schema import Schema
+from .schema import Schema, integer_text
 from .spark_session import small_input_splits
 from .spark_source import SparkSource, _shipped
 
@@ -93,7 +93,7 @@ def _prepare(src: SparkSource, options: ConvertOptions, batches: Iterable[Any]) 
         multi = multi or (src.annotated and is_multi_label(mt, item))
         if item.label is not None:
             labels += 1
-            all_int += isinstance(item.label, str) and item.label.strip().lstrip("-").isdigit()
+            all_int += integer_text(item.label)
         if len(blobs) >= BATCH_ROWS:
             yield _batch(part, splits, pos, blobs, samples)
             splits, pos, blobs, samples = [], [], [], [] if sizing else None
