@@ -271,3 +271,60 @@ def test_cli_recognizes_a_pai_annotation_csv_without_being_told(tmp_path, capsys
     out = str(tmp_path / "out")
     assert main(["convert", path, out, "--model_type", "CLASSIFICATION", "-q"]) == 0
     assert [r["image/class/text"] for r in all_records(out)] == [[b"cat"], [b"dog"]]
+
+
+def test_segmentation_masks_of_one_bit_and_sixteen_bit_keep_their_class_ids_or_discard(tmp_path):
+    """Found from outside: a 1-bit mask (ids 0/1) was discarded for "the class channel 2 is
+    missing" while the same mask as 8-bit grey converted; a 16-bit mask's ids above 255
+    were stored as 255 without a word. Now 1-bit and 16-bit masks are class ids like a grey
+    one, and an id the 8-bit stored mask cannot hold discards the row naming it."""
+    img = jpeg(tmp_path / "a.jpg", w=10, h=8)
+    ids = np.zeros((8, 10), np.uint8)
+    ids[2:5, 2:5] = 1
+    Image.fromarray(ids > 0).save(tmp_path / "one.png")
+    small = ids.astype(np.uint16) * 200
+    Image.fromarray(small).save(tmp_path / "sixteen.png")
+    big = small.copy()
+    big[0, 0] = 1000
+    Image.fromarray(big).save(tmp_path / "big.png")
+    assert Image.open(tmp_path / "one.png").mode == "1" and Image.open(tmp_path / "big.png").mode.startswith("I")
+    path = pai_csv(tmp_path / "s.csv", [(img, {"ossUrl": "one.png"}), (img, {"ossUrl": "sixteen.png"}),
+                                        (img, {"ossUrl": "big.png"})])
+    out = str(tmp_path / "out")
+    res = sc.convert_annotations(path, out, model_type="SEGMENTATION", progress=False)
+    assert res.records_written == 2 and res.rows_discarded == 1
+    got = [np.asarray(Image.open(io.BytesIO(r["image/segmentation/class/encoded"][0]))) for r in all_records(out)]
+    assert (got[0] == ids).all() and (got[1] == ids * 200).all()
+    assert "mask holds class id 1000, outside 0-255" in reasons(out)[3]
+
+
+class StrictSpecConverter:
+    """A SELF_DEFINED converter whose records break its own spec on rows 2-5 (test below)."""
+
+    def __init__(self, options):
+        pass
+
+    def feature_spec(self):
+        return {"v": FixedLen("int64"), "name": FixedLen("bytes")}
+
+    def convert(self, row, context):
+        v = row.annotation["answer"]["v"]
+        return [{"v": v, "name": b"x"}, {"v": "notint", "name": b"x"}, {"name": b"x"}, {"v": [v, v], "name": b"x"},
+                {"v": 2.5, "name": b"x"}][v - 1]
+
+
+def test_a_self_defined_record_that_its_own_spec_cannot_read_is_discarded_naming_the_feature(tmp_path):
+    """Found from outside: records contradicting the converter's feature_spec() (a str for
+    int64, a required feature missing, two values for a scalar, a float for int64) were
+    written and the conversion reported success; reading the folder back then failed."""
+    import shardfeed as sf
+
+    path = pai_csv(tmp_path / "u.csv", [("a.jpg", {"v": v}) for v in range(1, 6)])
+    out = str(tmp_path / "out")
+    res = sc.convert_annotations(path, out, model_type="SELF_DEFINED",
+                                 converter_class=f"{__name__}:StrictSpecConverter", progress=False)
+    assert res.records_written == 1 and res.rows_discarded == 4
+    why = reasons(out)
+    assert all(why[n].startswith("the converter's record does not fit its feature_spec(): feature 'v'")
+               for n in (2, 3, 4, 5)), why
+    assert [int(b["v"][0]) for b in sf.read_converted(out, split="train").batch(8)] == [1]

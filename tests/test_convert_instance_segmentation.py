@@ -148,3 +148,26 @@ def test_bad_polygons_discard_the_row_with_a_reason(tmp_path):
     assert "object 1 has an empty box after clipping" in why[5]
     assert "object 1 (car) covers no pixel of the stored 200x100 image" in why[6]
     assert "not a number" in why[7]
+
+
+def test_a_self_crossing_polygon_keeps_its_pixels_and_only_collinear_points_are_degenerate(tmp_path):
+    """Found from outside: a bow tie (a self-crossing outline) was discarded as "zero area":
+    the shoelace areas of its two loops cancel. The mask rule is even-odd, so its loops are
+    its pixels; only points on one line are degenerate. A 10,000-point polygon (an answer
+    cell of about 200 KB, over Python csv's 128 Ki field limit) converts too."""
+    import math
+
+    img = jpeg(tmp_path / "a.jpg", 100, 80)
+    bowtie = [10, 10, 50, 50, 50, 10, 10, 50]
+    circle = [v for k in range(10_000) for v in (round(50 + 30 * math.cos(2 * math.pi * k / 10_000), 6),
+                                                  round(40 + 30 * math.sin(2 * math.pi * k / 10_000), 6))]
+    path = pai_csv(tmp_path / "i.csv", [(img, [obj("o", bowtie)]), (img, [obj("o", circle)]),
+                                        (img, [obj("o", [10, 10, 30, 30, 20, 20, 15, 15])])])
+    out = str(tmp_path / "out")
+    res = sc.convert_annotations(path, out, model_type="INSTANCE_SEGMENTATION", progress=False)
+    assert res.records_written == 2 and res.rows_discarded == 1
+    bow, disc = records(out)
+    want = rasterize(np.reshape(bowtie, (-1, 2)), 100, 80)
+    assert want.sum() == 800 and (masks(bow)[0] == want).all()  # two triangles of 400 pixels
+    assert abs(int(masks(disc)[0].sum()) - math.pi * 30 ** 2) < 60
+    assert "object 1 (o) has a degenerate polygon" in reasons(out)[3]

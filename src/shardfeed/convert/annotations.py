@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .. import storage
+from ..pipeline.csv import allow_long_fields
 from ..storage.urls import mask
 from .options import Discard, DiscardRecord, Row
 from .sources import _dirname, resolve_uri
@@ -343,6 +344,7 @@ class AnnotationSpan:
             for offset, line in reader.lines():
                 yield self._text(offset, line, "strict")
 
+        allow_long_fields()  # an answer cell may be long (a polygon of thousands of points): cells up to 2^30
         records = csv.reader(lines())
         while at < end:
             try:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import storage
+from ..pipeline.csv import allow_long_fields
 from ..storage.urls import mask
 from .options import Discard
 
@@ -126,6 +127,7 @@ def load_char_table(replace_map_path: str | None, char_dict_path: str | None,
                     storage_options: Mapping[str, Any] | None = None) -> CharTable:
     replace: dict[str, str] = {}
     if replace_map_path:
+        allow_long_fields()
         rows = list(csv.reader(io.StringIO(_read_text(replace_map_path, storage_options), newline="")))
         if rows and [c.strip().lower() for c in rows[0][:2]] == ["original", "replaced"]:
             rows = rows[1:]

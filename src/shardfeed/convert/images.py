@@ -29,6 +29,8 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..formats.image_damage import MAX_IMAGE_PIXELS, bomb_reason, jpeg_check, png_short_data
 from ..formats.native import image_check as _native_image_check
 from ..pipeline.images import _simplejpeg, gray_to_8_bits
@@ -237,10 +239,17 @@ def load_mask(data: bytes, size: tuple[int, int], *, channel: int = 2, max_pixel
     im = _open(data, max_pixels)
     try:
         im.load()
-        if im.mode in ("L", "P", "I;16", "I"):
-            m = im if im.mode in ("L", "P") else im.point(lambda v: v).convert("L")
-            if m.mode == "P":
-                m = Image.frombytes("L", m.size, m.tobytes())
+        if im.mode in ("L", "P"):
+            m = im if im.mode == "L" else Image.frombytes("L", im.size, im.tobytes())  # palette indices
+        elif im.mode == "1" or im.mode == "I" or im.mode.startswith("I;16"):
+            # a 1-bit mask holds ids 0/1, a 16/32-bit one ids that the stored 8-bit mask can hold only
+            # up to 255 (before: 1-bit refused for a missing channel, ids above 255 stored as 255)
+            ids = np.asarray(im)
+            top = int(ids.max()) if ids.size else 0
+            if top > 255 or (ids.size and int(ids.min()) < 0):
+                raise Discard(f"mask holds class id {top if top > 255 else int(ids.min())}, outside 0-255 "
+                              "(the stored mask is one 8-bit channel)")
+            m = Image.fromarray(ids.astype(np.uint8), "L")
         else:
             bands = im.split()
             if channel >= len(bands):

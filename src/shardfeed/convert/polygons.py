@@ -16,9 +16,24 @@ import numpy as np
 
 
 def polygon_area(points: np.ndarray) -> float:
-    """Area (shoelace formula) of the polygon with vertices ``points`` (n x 2)."""
+    """Area (shoelace formula) of the polygon with vertices ``points`` (n x 2): the signed
+    areas of a self-crossing outline's loops cancel (a symmetric bow tie gives 0), so this
+    is not the test of an empty polygon (:func:`collinear` is)."""
     x, y = points[:, 0], points[:, 1]
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+
+
+def collinear(points: np.ndarray) -> bool:
+    """Whether every vertex of ``points`` (n x 2) lies on one line (or on one point): the
+    polygon encloses nothing, whatever the order of its vertices. A self-crossing outline
+    (a bow tie) is not: its loops enclose pixels under the even-odd rule."""
+    d = np.asarray(points, np.float64) - np.asarray(points[0], np.float64)
+    far = d[int(np.argmax(np.abs(d).sum(axis=1)))] if len(d) else np.zeros(2)  # the line's direction, if any
+    scale = float(np.abs(far).max())
+    if scale == 0.0:
+        return True  # every vertex on one point
+    cross = d[:, 0] * far[1] - d[:, 1] * far[0]  # each vertex's distance from that line, times its length
+    return float(np.abs(cross).max()) <= 1e-12 * scale * float(np.abs(d).max())
 
 
 def rasterize(points: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -19,12 +19,15 @@ from typing import Any
 import numpy as np
 
 from .. import storage
+from ..errors import DecodeError, ParseError
+from ..formats.example import encode_example
+from ..formats.parse import parse_single_example
 from ..formats.spec import FixedLen, VarLen
 from ..storage.urls import mask
 from .classes import CharTable, LabelMap
 from .images import EncodedImage, image_size, load_image, load_mask
 from .options import ConvertOptions, Discard, Row
-from .polygons import encode_mask, polygon_area, rasterize
+from .polygons import collinear, encode_mask, rasterize
 from .schema import Schema
 
 logger = logging.getLogger(__name__)
@@ -296,7 +299,7 @@ class InstanceSegmentationConverter(BoxConverter):
         masks, areas = [], []
         for i, (obj, c, _) in enumerate(kept):
             pts = np.asarray(obj["points"], np.float64)
-            if polygon_area(pts) <= 0.0:
+            if collinear(pts):  # encloses nothing (a self-crossing outline does: its loops, even-odd)
                 raise Discard(f"object {i + 1} ({c[1]}) has a degenerate polygon (zero area)")
             m = rasterize(pts * (sx, sy), img.width, img.height)
             area = int(m.sum())
@@ -464,7 +467,24 @@ class UserConverter:
         return dict(self.impl.feature_spec())
 
     def convert(self, row: Row, split: str) -> dict[str, Any]:
-        return self.impl.convert(row, self.ctx)
+        """The converter's record(s), each checked against its own ``feature_spec()``: one
+        that the manifest's spec cannot read back (a str for an int64 feature, a required
+        feature missing, two values for a scalar) discards the row naming the feature,
+        instead of a conversion that succeeds and a dataset that fails when read."""
+        out = self.impl.convert(row, self.ctx)
+        for feats in [out] if isinstance(out, Mapping) else out if isinstance(out, list) else []:
+            if isinstance(feats, Mapping):  # anything else: the writer reports it
+                self._check(feats)
+        return out
+
+    def _check(self, feats: Mapping[str, Any]) -> None:
+        spec = getattr(self, "_spec", None)
+        if spec is None:
+            spec = self._spec = self.feature_spec()
+        try:
+            parse_single_example(encode_example(feats), spec)
+        except (ParseError, DecodeError) as exc:
+            raise Discard(f"the converter's record does not fit its feature_spec(): {exc}") from None
 
 
 def make_converter(ctx: ConvertContext, has_image: bool = True):
