@@ -171,3 +171,17 @@ def test_a_self_crossing_polygon_keeps_its_pixels_and_only_collinear_points_are_
     assert want.sum() == 800 and (masks(bow)[0] == want).all()  # two triangles of 400 pixels
     assert abs(int(masks(disc)[0].sum()) - math.pi * 30 ** 2) < 60
     assert "object 1 (o) has a degenerate polygon" in reasons(out)[3]
+
+
+def test_a_nan_or_infinite_coordinate_is_not_a_number_not_a_polygon_covering_no_pixel(tmp_path):
+    """Found from outside: NaN and Infinity (JSON as Python writes and reads it) in a
+    polygon's coordinates were reported as "covers no pixel", with a numpy warning."""
+    img = jpeg(tmp_path / "a.jpg", 100, 80)
+    path = pai_csv(tmp_path / "i.csv", [(img, [obj("o", [10, 10, float("nan"), 10, 50, 50])]),
+                                        (img, [obj("o", [10, 10, float("inf"), 10, 50, 50])]),
+                                        (img, [obj("o", [10, 10, 50, 10, 50, 50])])])
+    out = str(tmp_path / "out")
+    res = sc.convert_annotations(path, out, model_type="INSTANCE_SEGMENTATION", progress=False)
+    assert res.records_written == 1
+    why = reasons(out)
+    assert "not a finite number" in why[1] and "not a finite number" in why[2]

@@ -284,3 +284,40 @@ def test_labels_are_kept_as_ids_only_when_every_label_is_an_ascii_integer(tmp_pa
             assert schema.label_type == "string label" and [r.label for r in rows] == labels, labels
         else:
             assert schema.label_type == "integer label" and [r.label for r in rows] == ids, labels
+
+
+@pytest.mark.parametrize("option, bad", [("jpeg_quality", 95.5), ("jpeg_quality", "90"), ("jpeg_quality", None),
+                                         ("jpeg_quality", -5), ("jpeg_quality", 0), ("jpeg_quality", 101),
+                                         ("separator", ""), ("separator", 3), ("max_image_size", True),
+                                         ("read_parallel_num", True)])
+def test_an_option_of_the_wrong_type_or_range_is_an_error_naming_it_before_any_row(tmp_path, option, bad):
+    """Found from outside: jpeg_quality=95.5, "90" or None discarded every resized image as
+    "corrupt image", -5 and 101 were taken, separator="" stopped the job with a bare "empty
+    separator", max_image_size=True made 1x1 images."""
+    import pandas as pd
+
+    import shardfeed as sf
+
+    df = pd.DataFrame({"id": [1], "l": ["a;b"]})
+    with pytest.raises(ValueError, match=f"^{option} must be"):
+        sf.convert(df, str(tmp_path / "out"), schema={"id": "int", "l": "string list"}, progress=False,
+                   **{option: bad})
+    assert not (tmp_path / "out").exists()
+
+
+def test_table_files_that_lack_a_schema_column_are_named_and_an_empty_json_lines_file_holds_no_rows(tmp_path):
+    """Found from outside: a Parquet folder whose one part lacks a schema column was refused
+    as "schema names columns the DataFrame lacks" (no DataFrame was given, no file named);
+    an empty .jsonl the same, where an empty CSV converts to no rows."""
+    import shardfeed as sf
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "s": ["a", "b"]}), folder / "part-00000.parquet")
+    pq.write_table(pa.table({"id": [3]}), folder / "part-00001.parquet")
+    with pytest.raises(ValueError, match=r"part-00001\.parquet lacks column\(s\) the schema names: s \(it has \['id'\]\)"):
+        sf.convert(str(folder), str(tmp_path / "out"), schema={"id": "int", "s": "string"}, progress=False)
+    (tmp_path / "empty.jsonl").write_text("")
+    got = sf.convert(str(tmp_path / "empty.jsonl"), str(tmp_path / "out2"), schema={"id": "int", "s": "string"},
+                     progress=False)
+    assert got.manifest["counts"]["rows_read"] == 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -60,6 +61,8 @@ def _points_from_coord(coord: Any, any_polygon: bool = False) -> list[list[float
         vals = [float(v) for v in coord]
     except (TypeError, ValueError):
         raise Discard(f"coord holds a value that is not a number: {coord!r:.80}") from None
+    if not all(math.isfinite(v) for v in vals):  # NaN, Infinity (JSON as Python reads it), "inf"
+        raise Discard(f"coord holds a value that is not a finite number: {coord!r:.80}")
     return [[vals[i], vals[i + 1]] for i in range(0, len(vals), 2)]
 
 
@@ -70,9 +73,12 @@ def _points_from_polygon(value: Any, any_polygon: bool = False) -> list[list[flo
         want = "at least 3" if any_polygon else "4"
         raise Discard(f"polygon must have {want} [x, y] points, got {json.dumps(value)[:80]}")
     try:
-        return [[float(x), float(y)] for x, y in value]
+        points = [[float(x), float(y)] for x, y in value]
     except (TypeError, ValueError):
         raise Discard("polygon holds a value that is not a number") from None
+    if not all(math.isfinite(v) for p in points for v in p):
+        raise Discard("polygon holds a value that is not a finite number (NaN or Infinity)")
+    return points
 
 
 def _pick(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:

@@ -142,14 +142,22 @@ class ConvertOptions:
         self.test_ratio = float(self.test_ratio)
         for name in ("max_image_size", "max_test_image_size"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive int (pixels of the longest side) or None, got {v!r}")
         if self.max_test_image_size is None:
             self.max_test_image_size = self.max_image_size
         for name in ("read_parallel_num", "write_parallel_num", "num_samples_per_tfrecord"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
+        q = self.jpeg_quality
+        if not isinstance(q, int) or isinstance(q, bool) or not 1 <= q <= 100:
+            # checked here, not by the encoder: a bad value discarded every resized image as "corrupt"
+            raise ValueError(f"jpeg_quality must be an int from 1 to 100 (JPEG quality of re-encoded images), "
+                             f"got {q!r}")
+        if self.separator is not None and (not isinstance(self.separator, str) or not self.separator):
+            raise ValueError(f"separator must be a non-empty str (between a list cell's items) or None (items "
+                             f"split at runs of whitespace), got {self.separator!r}")
         b = self.bytes_per_tfrecord
         if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
             raise ValueError(f"bytes_per_tfrecord must be a positive int (bytes a shard should hold) or None, "

@@ -119,19 +119,21 @@ def _column_values(col: Any) -> list:
     return list(col)
 
 
-def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", base: str | None = None
-                   ) -> tuple[list[Row], list[DiscardRecord], Schema]:
+def read_dataframe(df: Any, schema: Schema | None, origin: str = "<DataFrame>", base: str | None = None,
+                   where: str | None = None) -> tuple[list[Row], list[DiscardRecord], Schema]:
     """Rows of a pandas DataFrame (row numbers are 1-based positions); ``origin`` names it
-    in the discard report, ``base`` is the folder relative image paths are taken from."""
+    in the discard report, ``base`` is the folder relative image paths are taken from,
+    ``where`` the file it was read from (a part of a folder), for errors."""
     columns = [str(c) for c in df.columns]
-    schema = schema or default_schema(columns, "the DataFrame" if origin == "<DataFrame>" else origin)
+    what = where or ("the DataFrame" if origin == "<DataFrame>" else origin)
+    schema = schema or default_schema(columns, what)
     absent = [c for c in schema.columns if c not in columns]
     if absent:
-        raise ValueError(f"schema names columns the DataFrame lacks: {', '.join(absent)}")
+        raise ValueError(f"{what} lacks column(s) the schema names: {', '.join(absent)} (it has "
+                         f"{columns[:20] if columns else 'no columns'})")
     used = list(schema.columns)
     twice = next((c for c in used if columns.count(c) > 1), None)
     if twice is not None:  # which column's cells to write? (a CSV header naming one twice is refused too)
-        what = "the DataFrame" if origin == "<DataFrame>" else origin
         raise ValueError(f"{what} has {columns.count(twice)} columns named {twice!r} (as text): give each column "
                          "its own name (df.columns) before converting")
     # the schema's columns only (the rows read nothing else), each as the list its values
@@ -223,7 +225,11 @@ def read_table_part(file_url: str, schema: Schema | None, storage_options: Mappi
     if fmt == "csv":
         rows, discards, used = read_csv(file_url, schema, storage_options)
     else:
-        rows, discards, used = read_dataframe(_frame(file_url, fmt, storage_options), schema, origin, base)
+        frame = _frame(file_url, fmt, storage_options)
+        if len(frame) == 0 and len(frame.columns) == 0:  # an empty JSON-lines file: no rows, as an empty CSV
+            logger.warning("%s: the file holds no rows", mask(file_url))
+            return [], [], schema or automl_schema()
+        rows, discards, used = read_dataframe(frame, schema, origin, base, where=mask(file_url))
     if first != 1 or (fmt == "csv" and origin != mask(file_url)):
         shift = first - 1
         for r in rows:
