@@ -179,8 +179,33 @@ def test_a_batch_for_default_convert_unpickles_as_default_convert_makes_it():
                 assert g.tolist() == w.tolist()
         assert back["s"].tolist() == [b"x"] and back["t"][1] == "keep" and back["t"][0].dtype == torch.int16
         assert isinstance(back["buf"], BytesBuffer) and back["buf"].data.tolist() == [97, 98]
-    assert td.for_default_convert({"one": np.arange(3)})["one"].dtype == np.int64  # one array: as it is
+    # one small array goes in the pipe too (found from outside: it went to default_convert, a
+    # shared-memory segment and a descriptor over a fresh connection per batch); one large
+    # array is left to PyTorch, whose one segment is what this would make
+    one = td.for_default_convert({"one": np.arange(3)})
+    assert type(one) is td._InBand
+    assert ForkingPickler.loads(ForkingPickler.dumps(one, pickle.HIGHEST_PROTOCOL))["one"].tolist() == [0, 1, 2]
+    assert td.for_default_convert({"one": big})["one"] is big
     assert not td._numeric(np.arange(3, dtype=">i4"))  # default_convert refuses it: left for it to say so
+
+
+def test_small_batches_of_dataloader_workers_pass_no_descriptor_even_with_one_numeric_column(tmp_path, monkeypatch):
+    """The docs say batches under 4 MiB travel in the worker's pipe; a batch of one numeric
+    column went to default_convert instead: a shared-memory segment and a descriptor over a
+    fresh connection per batch (counted here where the main process rebuilds them)."""
+    pytest.importorskip("torch")
+    import torch.multiprocessing.reductions as red
+    from torch.utils.data import DataLoader
+
+    calls = []
+    real = red.fd_id  # called where a storage's descriptor is received (rebuild_storage_fd), never pickled
+    monkeypatch.setattr(red, "fd_id", lambda fd: calls.append(fd) or real(fd))
+    url = str(tmp_path / "a.tfrecord")
+    sf.write_records(url, [sf.encode_example({"id": i}) for i in range(640)])
+    for spec in ({"id": sf.FixedLen("int64")}, {"id": sf.FixedLen("int64"), "twice": sf.FixedLen("int64", default=0)}):
+        loader = DataLoader(sf.read_tfrecord(url, spec=spec).batch(64).to_torch(), batch_size=None, num_workers=2)
+        got = sorted(i for b in loader for i in b["id"].tolist())
+        assert got == list(range(640)) and calls == [], spec
 
 
 def test_workers_parse_bytes_as_buffers_only_where_the_objects_can_be_made_again(tmp_path):

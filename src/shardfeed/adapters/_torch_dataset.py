@@ -226,7 +226,7 @@ def for_default_convert(element: Any) -> Any:
     large = nbytes >= LARGE_BATCH_BYTES and info is not None and info.id == 0 and not _warned
     if large:  # the main process warns once (worker 0's first large batch; none from here after it)
         _warned = True
-    if len(parts) < 2:
+    if not parts or (len(parts) == 1 and nbytes >= IN_BAND_BYTES):  # one segment either way: PyTorch's
         return _Noted(default_convert(element), nbytes, info.num_workers) if large else element
     offsets, total = [], 0
     for a in parts:
