@@ -96,6 +96,40 @@ def test_shard_splits_without_overlap():
     assert parts == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
 
 
+def _slow_when_odd(x):
+    import time
+
+    if x % 7 == 1:
+        time.sleep(0.002)  # finishes after the next few: deterministic=False gives them first
+    return x
+
+
+@pytest.mark.parametrize("chain", ["shuffle", "shuffle_map", "map_unordered", "tfrecord_shuffle"])
+def test_shard_above_a_stage_whose_order_varies_gives_each_element_once(tmp_path, chain):
+    """Found from outside: ``ds.shuffle(100).shard(k, n)`` without a seed dealt round robin
+    above the shuffle, and each reader's pass drew its own seed: records lost and others
+    delivered twice, without a word (so above a parallel map with ``deterministic=False``).
+    The split is now made below such a stage, as to_torch makes it."""
+    n_items, readers = 1000, 3
+    if chain == "tfrecord_shuffle":
+        url = str(tmp_path / "a.tfrecord")
+        sf.write_records(url, [i.to_bytes(4, "little") for i in range(n_items)], index=True)
+        ds = sf.read_tfrecord(url).map(lambda r: int.from_bytes(bytes(r), "little")).shuffle(100)
+    else:
+        ds = from_list(list(range(n_items)))
+        if chain.startswith("shuffle"):
+            ds = ds.shuffle(100)
+        if chain.endswith("map") or chain == "map_unordered":
+            ds = ds.map(_slow_when_odd, num_parallel_calls=4, deterministic=False)
+    for _ in range(2):  # every pass
+        got = [x for k in range(readers) for x in ds.shard(k, readers)]
+        assert sorted(got) == list(range(n_items)), chain
+    # a seeded shuffle gives every reader's pass one order: still dealt above it
+    seeded = from_list(list(range(12))).shuffle(4, seed=3)
+    order = list(from_list(list(range(12))).shuffle(4, seed=3))  # a first pass, as each reader's is
+    assert [list(seeded.shard(k, 3)) for k in range(3)] == [order[k::3] for k in range(3)]
+
+
 def test_interleave_cycle_and_block_length():
     ds = from_list([0, 1, 2]).interleave(lambda k: from_list([k * 10 + j for j in range(4)]), cycle_length=2,
                                          block_length=2)

@@ -127,6 +127,13 @@ class Dataset:
         spans do), or ``None`` to deal elements round robin above it."""
         return None
 
+    def _order_varies(self) -> bool:
+        """Whether this stage may give its elements in another order on another pass of
+        the same data: a shuffle without a seed, a parallel map with ``deterministic=False``.
+        ``shard`` cannot deal such a stage's elements round robin among readers (each
+        reader's pass would deal a different order: some elements twice, others never)."""
+        return False
+
     def cardinality(self) -> int | float | None:
         """Elements one pass yields, when that is known without reading: an int,
         ``math.inf`` for an endless ``repeat()``, ``None`` when unknown (after a ``filter``
@@ -234,13 +241,24 @@ class Dataset:
         files and record ranges) the split is made on the spans, so each reader fetches
         only its own bytes (whole files, or record ranges through index files); on a
         ``mix``, the mix of each input's part; elsewhere elements
-        ``index, index + count, index + 2*count, ...``. Either way every element is in
-        exactly one part."""
-        from .slicing import ShardDataset  # noqa: PLC0415
+        ``index, index + count, index + 2*count, ...``, except above a stage whose order
+        differs from pass to pass (a ``shuffle`` without a seed, a parallel ``map`` with
+        ``deterministic=False``): there the split is made just above the source, as
+        ``to_torch`` makes it, and each reader shuffles or maps its own part (dealing
+        orders that differ between the readers' passes would give some elements twice and
+        others never). Either way every element is in exactly one part."""
+        from .slicing import ShardDataset, split_near_source  # noqa: PLC0415
 
         ShardDataset(self, index, count)  # validates the arguments
         split = self._split(index, count)
-        return split if split is not None else ShardDataset(self, index, count)
+        if split is not None:
+            return split
+        node: Dataset = self
+        while isinstance(node, UnaryDataset):
+            if node._order_varies():
+                return split_near_source(self, index, count)
+            node = node.parent
+        return ShardDataset(self, index, count)
 
     def prefetch(self, buffer_size: int = AUTOTUNE) -> "Dataset":
         """Produce up to ``buffer_size`` elements ahead in a background thread

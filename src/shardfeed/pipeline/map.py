@@ -53,6 +53,9 @@ class MapDataset(UnaryDataset):
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality() if self.policy.raises else None
 
+    def _order_varies(self) -> bool:
+        return not self.deterministic and self._parallel  # outputs as they finish
+
     def __repr__(self) -> str:
         if self.kind != "map":  # a stage built on map (decode_images): its own arguments, not its function
             return super().__repr__()

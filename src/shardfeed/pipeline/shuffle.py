@@ -106,6 +106,9 @@ class ShuffleDataset(UnaryDataset):
     def cardinality(self) -> int | float | None:
         return self.parent.cardinality()
 
+    def _order_varies(self) -> bool:
+        return self.seed is None  # each pass (each reader's) draws its own
+
     def _deferred_spec(self):
         return self.parent._deferred_spec()
 
