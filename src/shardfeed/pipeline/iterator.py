@@ -18,6 +18,45 @@ if TYPE_CHECKING:
 
 STATE_VERSION = 1
 
+_exiting = False
+_exit_mark: "weakref.finalize | None" = None
+_exit_mark_lock = threading.Lock()
+
+
+class _Forever:
+    """An object that lives as long as the interpreter: its finalizer runs only at exit."""
+
+
+_FOREVER = _Forever()
+
+
+def _mark_exiting() -> None:
+    global _exiting
+    _exiting = True
+
+
+def _mark_exit_first() -> None:
+    """Keep a finalizer that marks the exit as the newest one: at interpreter exit Python
+    runs the finalizers newest first, so the mark is set before any pass's own finalizer
+    closes it under a thread still reading it (:func:`_park_at_exit`). (An ``atexit`` hook
+    of our own would run in an order of its own against multiprocessing's, which must run
+    after the passes' children are stopped.)"""
+    global _exit_mark
+    with _exit_mark_lock:
+        if _exit_mark is not None:
+            _exit_mark.detach()
+        _exit_mark = weakref.finalize(_FOREVER, _mark_exiting)
+
+
+def _park_at_exit() -> None:
+    """A thread that finds its pass closed by the interpreter's exit waits for the end
+    instead of raising: only daemon threads run then (the others were joined), and the
+    interpreter ends them where they wait. An error there printed "Exception in thread"
+    at every exit of a script that reads in a daemon thread, and a quiet end would run its
+    code for a finished pass."""
+    if _exiting and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
+
 
 def _close_holder(holder: list) -> None:
     ctx = holder[0]
@@ -39,7 +78,8 @@ class PipelineIterator:
     def __init__(self, ds: "Dataset", state: Mapping[str, Any] | None = None) -> None:
         self._ds = ds
         self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, _close_holder, self._holder)
+        self._finalizer = weakref.finalize(self, _close_holder, self._holder)  # also at interpreter exit
+        _mark_exit_first()
         self._start(state)
 
     def _start(self, state: Mapping[str, Any] | None) -> None:
@@ -72,6 +112,8 @@ class PipelineIterator:
 
     def __next__(self) -> Any:
         if self._done or self._ctx.closed:
+            if not self._done:
+                _park_at_exit()
             closer = self._closer
             if not self._done and closer is not None and closer != threading.get_ident():
                 raise IteratorClosedError()  # closed by another thread: say so, never end quietly
@@ -88,6 +130,7 @@ class PipelineIterator:
             x = next(self._root)
         except StopIteration:
             if self._ctx.closed:  # closed under us: an end here would hide the records not read
+                _park_at_exit()
                 raise IteratorClosedError() from None
             self._done = True
             try:
@@ -98,6 +141,7 @@ class PipelineIterator:
             raise
         except BaseException as exc:
             if self._ctx.closed and not isinstance(exc, KeyboardInterrupt):
+                _park_at_exit()
                 raise IteratorClosedError() from exc
             # an error (or Ctrl-C) ends the pass: stop the workers before it propagates
             self._ctx.close()

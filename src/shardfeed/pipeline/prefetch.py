@@ -62,6 +62,8 @@ class PrefetchNode(Node):
         self.queue = ChunkQueue(1)
         self.max_chunk = set_buffer(self.queue, self.size)
         self.thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()  # a close from another thread sees no thread or a started one
+        self._closing = False
         self.cur: list = []
         self.pos = 0
         self.cur_state: Any = self.init_state
@@ -72,10 +74,12 @@ class PrefetchNode(Node):
         b.ctx.on_close(self.close)
 
     def _start(self) -> None:
-        if self.ctx.closed:
-            raise RuntimeError("the iterator was closed")
-        self.thread = threading.Thread(target=_produce, args=(self,), name="shardfeed-prefetch", daemon=True)
-        self.thread.start()
+        with self._start_lock:
+            if self.ctx.closed or self._closing:
+                raise RuntimeError("the iterator was closed")
+            t = threading.Thread(target=_produce, args=(self,), name="shardfeed-prefetch", daemon=True)
+            t.start()
+            self.thread = t
 
     def _next(self) -> Any:
         while self.pos >= len(self.cur):
@@ -104,7 +108,9 @@ class PrefetchNode(Node):
 
     def close(self) -> None:
         self.queue.close()
-        t = self.thread
+        with self._start_lock:  # a thread being started (by the consumer, now) is joined too
+            self._closing = True
+            t = self.thread
         if t is not None and t is not threading.current_thread():
             t.join(JOIN_TIMEOUT_S)
             if t.is_alive():
