@@ -361,6 +361,32 @@ def test_process_workers_end_when_the_converting_process_is_killed(tmp_path):
     assert not alive, f"workers {alive} outlived the converting process"
 
 
+def test_a_worker_whose_parent_died_while_it_started_ends_at_once():
+    """A conversion worker spawned just before the converting process was killed took the
+    process that adopted it for its parent (it read its parent's pid after its imports,
+    seconds after the kill) and lived on (found from outside: 3 of 18 kills in the first
+    seconds). The pool passes the real parent's pid; a worker whose parent is another ends
+    when it starts."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    code = textwrap.dedent("""
+        import os, time
+        from shardfeed.convert import runner_local
+        runner_local._exit_with_parent(os.getppid() + 1_000_000)  # not our parent: ours has died
+        time.sleep(30)
+        print("LIVED ON")
+    """)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "LIVED ON" not in p.stdout and time.monotonic() - t0 < 25, (p.returncode, p.stdout)
+    code_ok = code.replace("os.getppid() + 1_000_000", "os.getppid()").replace("time.sleep(30)", "time.sleep(0.1)")
+    p = subprocess.run([sys.executable, "-c", code_ok], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "LIVED ON" in p.stdout, p.stderr[-1000:]
+
+
 def test_a_killed_worker_is_a_clear_error_naming_the_shard_and_resume_finishes(tmp_path):
     """Found from outside: a conversion worker killed mid-job surfaced as concurrent.futures'
     bare BrokenProcessPool, naming no shard."""
