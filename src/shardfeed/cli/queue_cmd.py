@@ -23,11 +23,7 @@ def _open(args: argparse.Namespace, read_only: bool = False) -> Any:
     path = sqlite_file_of(url)
     if path is not None and not os.path.exists(path):  # looking at a queue never makes its file
         raise FileNotFoundError(f"{path}: no SQLite queue file there (check --backend)")
-    if path is not None and read_only:
-        from ..distributed.sqlite import SQLiteBackend  # noqa: PLC0415
-
-        return SQLiteBackend(url.split("://", 1)[1] if "://" in url else url, read_only=True)
-    return open_queue_backend(url)
+    return open_queue_backend(url, read_only=read_only)
 
 
 def _status(args: argparse.Namespace) -> int:

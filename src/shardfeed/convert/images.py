@@ -245,9 +245,9 @@ def load_mask(data: bytes, size: tuple[int, int], *, channel: int = 2, max_pixel
             # a 1-bit mask holds ids 0/1, a 16/32-bit one ids that the stored 8-bit mask can hold only
             # up to 255 (before: 1-bit refused for a missing channel, ids above 255 stored as 255)
             ids = np.asarray(im)
-            top = int(ids.max()) if ids.size else 0
-            if top > 255 or (ids.size and int(ids.min()) < 0):
-                raise Discard(f"mask holds class id {top if top > 255 else int(ids.min())}, outside 0-255 "
+            low, top = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+            if low < 0 or top > 255:
+                raise Discard(f"mask holds class id {top if top > 255 else low}, outside 0-255 "
                               "(the stored mask is one 8-bit channel)")
             m = Image.fromarray(ids.astype(np.uint8), "L")
         else:

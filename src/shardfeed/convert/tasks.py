@@ -462,6 +462,7 @@ class UserConverter:
         for m in ("feature_spec", "convert"):
             if not callable(getattr(self.impl, m, None)):
                 raise TypeError(f"converter {cls.__name__} has no {m}() method")
+        self._spec: dict[str, Any] | None = None  # feature_spec(), asked for at the first record
 
     def feature_spec(self) -> dict[str, Any]:
         return dict(self.impl.feature_spec())
@@ -478,7 +479,7 @@ class UserConverter:
         return out
 
     def _check(self, feats: Mapping[str, Any]) -> None:
-        spec = getattr(self, "_spec", None)
+        spec = self._spec
         if spec is None:
             spec = self._spec = self.feature_spec()
         try:

@@ -128,11 +128,12 @@ def sqlite_file_of(url: str) -> str | None:
     return None
 
 
-def open_queue_backend(backend: "str | QueueBackend | None") -> QueueBackend:
+def open_queue_backend(backend: "str | QueueBackend | None", *, read_only: bool = False) -> QueueBackend:
     """A backend from a URL: ``"memory"`` (threads of this process), ``"sqlite:///path"``
     or a path ending in ``.db``/``.sqlite``/``.sqlite3`` (processes on one host or a
     shared filesystem), ``"redis://[:password@]host:port/db"`` (``rediss://`` for TLS;
-    many hosts). ``None``: :func:`default_backend_url`."""
+    many hosts). ``None``: :func:`default_backend_url`. ``read_only``: only to look (a
+    SQLite file is opened read-only; the other backends are read as they are)."""
     if isinstance(backend, QueueBackend):
         return backend
     if backend is None:
@@ -154,6 +155,8 @@ def open_queue_backend(backend: "str | QueueBackend | None") -> QueueBackend:
     else:
         raise ValueError(f"unknown work-queue backend {mask(url)!r}: use 'memory', 'sqlite:///path/queue.db' "
                          f"or 'redis://host:port/db' (registered: {', '.join(registry.names('queue'))})")
+    if name == "sqlite" and read_only:
+        return registry.load("queue", name)(arg, read_only=True)
     return registry.load("queue", name)(arg)
 
 

@@ -118,7 +118,8 @@ class SQLiteBackend(QueueBackend):
 
     def _open_file(self) -> None:
         """Make the tables (and indexes) if missing, move metas out of ``wq_queues``, check
-        the file can be written, and remember which file it is."""
+        the file can be written, and remember which file it is; ``read_only``: only check
+        that it reads as a database."""
         conn = self._conn()
         if self.read_only:  # only looked at: a read that fails on a file that is not a database
             try:
@@ -187,17 +188,14 @@ class SQLiteBackend(QueueBackend):
                 uri = "file:" + urllib.parse.quote(self.path) + "?mode=ro" + ("&immutable=1" if self._immutable else "")
                 c = sqlite3.connect(uri, uri=True, timeout=self.timeout_s, isolation_level=None,
                                     check_same_thread=False)
-                self._local.conn, self._local.pid = c, os.getpid()
-                with self._all_lock:
-                    self._all.append(c)
-                return c
-            c = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
-            try:
-                self._while_busy(lambda: self._set_journal(c))
-                c.execute("PRAGMA synchronous=NORMAL")
-            except BaseException:
-                c.close()
-                raise
+            else:
+                c = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
+                try:
+                    self._while_busy(lambda: self._set_journal(c))
+                    c.execute("PRAGMA synchronous=NORMAL")
+                except BaseException:
+                    c.close()
+                    raise
             self._local.conn, self._local.pid = c, os.getpid()
             with self._all_lock:
                 self._all.append(c)
